@@ -1,0 +1,67 @@
+// Operator arguments -> the core's FwdArgs / inputs. Shared by every backend's
+// implementation so that all of them read a call the same way.
+#pragma once
+
+#include <string>
+
+#include "bridge.h"
+
+namespace fusedattn::binding {
+
+struct OpTensors {
+  const std::optional<at::Tensor>& bias;
+  const std::optional<at::Tensor>& softmax_offset;
+  const std::optional<at::Tensor>& attn_mask;
+  const std::optional<at::Tensor>& alibi_slopes;
+  const std::optional<at::Tensor>& cu_seqlens_q;
+  const std::optional<at::Tensor>& cu_seqlens_kv;
+  const std::optional<at::Tensor>& cu_seqlens_q_padded;
+  const std::optional<at::Tensor>& cu_seqlens_kv_padded;
+};
+
+struct OpSettings {
+  const std::string& q_format;
+  const std::string& kv_format;
+  const std::string& mask_type;
+  int64_t window_left, window_right, bottom_right_diagonal;
+  const std::string& softmax_type;
+  double scale, dropout_p;
+  int64_t max_seqlen_q, max_seqlen_kv;
+};
+
+inline FwdArgs make_args(const OpSettings& s, bool return_max_logit) {
+  FwdArgs a;
+  raise_if_error(parse_format(s.q_format, &a.q_format));
+  raise_if_error(parse_format(s.kv_format, &a.kv_format));
+  raise_if_error(parse_mask_type(s.mask_type, &a.mask_type));
+  raise_if_error(parse_softmax_type(s.softmax_type, &a.softmax_type));
+  a.window_left = s.window_left;
+  a.window_right = s.window_right;
+  a.bottom_right_diagonal = static_cast<int>(s.bottom_right_diagonal);
+  a.scale = s.scale;
+  a.dropout_p = s.dropout_p;
+  a.max_seqlen_q = s.max_seqlen_q;
+  a.max_seqlen_kv = s.max_seqlen_kv;
+  a.return_max_logit = return_max_logit;
+  return a;
+}
+
+inline FwdInputs make_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OpTensors& t,
+                             const std::optional<at::Tensor>& rng_state) {
+  FwdInputs in;
+  in.q = to_ref(q, "q");
+  in.k = to_ref(k, "k");
+  in.v = to_ref(v, "v");
+  in.bias = to_ref(t.bias, "core_attention_bias");
+  in.softmax_offset = to_ref(t.softmax_offset, "softmax_offset");
+  in.attn_mask = to_ref(t.attn_mask, "attention_mask");
+  in.alibi_slopes = to_ref(t.alibi_slopes, "alibi_slopes");
+  in.cu_seqlens_q = to_ref(t.cu_seqlens_q, "cu_seqlens_q");
+  in.cu_seqlens_kv = to_ref(t.cu_seqlens_kv, "cu_seqlens_kv");
+  in.cu_seqlens_q_padded = to_ref(t.cu_seqlens_q_padded, "cu_seqlens_q_padded");
+  in.cu_seqlens_kv_padded = to_ref(t.cu_seqlens_kv_padded, "cu_seqlens_kv_padded");
+  in.rng_state = to_ref(rng_state, "rng_state");
+  return in;
+}
+
+}  // namespace fusedattn::binding

@@ -1,0 +1,240 @@
+"""The operators' Python side: args objects, fake implementations and autograd.
+
+The C++ extension registers ``torch.ops.fusedattn.fwd`` and ``torch.ops.fusedattn.bwd``
+(schemas in csrc/binding/ops.cpp). Every non-tensor setting of a call lives in one
+frozen ``FwdArgs``; the op call, its fake implementation and its backward are all
+built from that one object, so they cannot disagree about a call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+_LIB_DIR = Path(__file__).resolve().parent
+
+
+def _load_library() -> None:
+    candidates = sorted(_LIB_DIR.glob("_C*.so")) + sorted(_LIB_DIR.glob("_C*.pyd"))
+    if not candidates:
+        raise ImportError(
+            f"fusedattn's compiled extension (_C) was not found in {_LIB_DIR}; "
+            "install the package with `pip install --no-build-isolation .`"
+        )
+    torch.ops.load_library(str(candidates[0]))
+
+
+_load_library()
+
+QKV_FORMATS = ("bshd", "sbhd", "thd")
+MASK_TYPES = (
+    "no_mask",
+    "padding",
+    "causal",
+    "padding_causal",
+    "causal_bottom_right",
+    "padding_causal_bottom_right",
+    "arbitrary",
+)
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+
+
+@dataclass(frozen=True)
+class FwdArgs:
+    """Every non-tensor setting of one forward call (see csrc/core/include/fusedattn/attn_args.h).
+
+    ``window_left/right`` use TransformerEngine's convention (-1 = unbounded);
+    ``bottom_right_diagonal=None`` takes the mask type's default.
+    ``max_seqlen_q/kv`` matter only for thd and may be left None: nothing on the op
+    path then reads cu_seqlens on the host.
+    """
+
+    scale: float
+    q_format: str = "bshd"
+    kv_format: str = "bshd"
+    mask_type: str = "no_mask"
+    window_left: int = -1
+    window_right: int = -1
+    bottom_right_diagonal: Optional[bool] = None
+    softmax_type: str = "vanilla"
+    dropout_p: float = 0.0
+    max_seqlen_q: Optional[int] = None
+    max_seqlen_kv: Optional[int] = None
+    return_max_logit: bool = False
+
+    def op_args(self) -> tuple:
+        """The op schema's non-tensor arguments, in schema order."""
+        brd = -1 if self.bottom_right_diagonal is None else int(bool(self.bottom_right_diagonal))
+        return (
+            self.q_format,
+            self.kv_format,
+            self.mask_type,
+            int(self.window_left),
+            int(self.window_right),
+            brd,
+            self.softmax_type,
+            float(self.scale),
+            float(self.dropout_p),
+            -1 if self.max_seqlen_q is None else self.max_seqlen_q,
+            -1 if self.max_seqlen_kv is None else self.max_seqlen_kv,
+        )
+
+    @classmethod
+    def from_op_args(cls, q_format, kv_format, mask_type, window_left, window_right, brd,
+                     softmax_type, scale, dropout_p, max_seqlen_q, max_seqlen_kv,
+                     return_max_logit=False) -> "FwdArgs":
+        return cls(
+            scale=scale,
+            q_format=q_format,
+            kv_format=kv_format,
+            mask_type=mask_type,
+            window_left=window_left,
+            window_right=window_right,
+            bottom_right_diagonal=None if brd < 0 else bool(brd),
+            softmax_type=softmax_type,
+            dropout_p=dropout_p,
+            max_seqlen_q=None if _is_minus_one(max_seqlen_q) else max_seqlen_q,
+            max_seqlen_kv=None if _is_minus_one(max_seqlen_kv) else max_seqlen_kv,
+            return_max_logit=return_max_logit,
+        )
+
+    def replace(self, **changes) -> "FwdArgs":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class BwdArgs:
+    """What backward needs beyond the forward's settings."""
+
+    fwd: FwdArgs
+    need_dbias: bool = False
+
+
+def _is_minus_one(x) -> bool:
+    return isinstance(x, int) and x == -1
+
+
+# Optional tensor inputs of both operators, in schema order after q, k, v.
+OPTIONAL_INPUTS = (
+    "bias",
+    "softmax_offset",
+    "attn_mask",
+    "alibi_slopes",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+)
+
+
+def draw_rng_state(device: torch.device) -> torch.Tensor:
+    """(seed, offset) for the counter-based dropout, drawn by an ordinary torch random op.
+
+    Being a plain torch op, it follows torch.manual_seed, is functionalised by
+    torch.compile and is captured by CUDA graphs (philox seed/offset of the graph).
+    """
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
+
+
+# ---------------------------------------------------------------------------
+# Fake implementations: the same shape rules as fwd_output_shapes /
+# bwd_output_shapes in csrc/core/src/check.cc, with symbolic sizes kept symbolic.
+
+
+def _out_shapes(q, v, args: FwdArgs):
+    d_v = v.shape[-1]
+    if args.q_format == "thd":
+        t_q, h_q = q.shape[0], q.shape[1]
+        return (t_q, h_q, d_v), (h_q, t_q), h_q
+    if args.q_format == "sbhd":
+        s_q, b, h_q = q.shape[0], q.shape[1], q.shape[2]
+        return (s_q, b, h_q, d_v), (b, h_q, s_q), h_q
+    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    return (b, s_q, h_q, d_v), (b, h_q, s_q), h_q
+
+
+@torch.library.register_fake("fusedattn::fwd")
+def _fwd_fake(q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
+              cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, q_format, kv_format, mask_type,
+              window_left, window_right, bottom_right_diagonal, softmax_type, scale, dropout_p,
+              max_seqlen_q, max_seqlen_kv, return_max_logit):
+    args = FwdArgs.from_op_args(q_format, kv_format, mask_type, window_left, window_right,
+                                bottom_right_diagonal, softmax_type, scale, dropout_p,
+                                max_seqlen_q, max_seqlen_kv, return_max_logit)
+    out_shape, lse_shape, h_q = _out_shapes(q, v, args)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    rng = q.new_empty((2,), dtype=torch.int64)
+    max_logit = q.new_empty((h_q,) if args.return_max_logit else (0,), dtype=torch.float32)
+    return out, lse, rng, max_logit
+
+
+@torch.library.register_fake("fusedattn::bwd")
+def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, bias, softmax_offset, attn_mask,
+              alibi_slopes, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+              q_format, kv_format, mask_type, window_left, window_right, bottom_right_diagonal,
+              softmax_type, scale, dropout_p, max_seqlen_q, max_seqlen_kv, need_dbias):
+    dq = q.new_empty(q.shape)
+    dk = k.new_empty(k.shape)
+    dv = v.new_empty(v.shape)
+    if need_dbias and bias is not None:
+        dbias = bias.new_empty(bias.shape)
+    else:
+        dbias = q.new_empty((0,))
+    h_q = q.shape[1] if q_format == "thd" else q.shape[2]
+    d_off = q.new_empty((h_q,) if softmax_type == "learnable" else (0,), dtype=torch.float32)
+    return dq, dk, dv, dbias, d_off
+
+
+# ---------------------------------------------------------------------------
+# Autograd. q, k, v and out are saved by reference (save_for_backward keeps the
+# very tensors, no copies), together with lse and rng_state.
+
+_N_FWD_TENSOR_INPUTS = 3 + len(OPTIONAL_INPUTS) + 1  # q, k, v, optionals, rng_state
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[0:3]
+    optionals = inputs[3:3 + len(OPTIONAL_INPUTS)]
+    args = FwdArgs.from_op_args(*inputs[_N_FWD_TENSOR_INPUTS:])
+    out, lse, rng_state_out, max_logit = output
+    ctx.mark_non_differentiable(lse, rng_state_out, max_logit)
+    ctx.save_for_backward(q, k, v, out, lse, rng_state_out, *optionals)
+    ctx.fwd_args = args
+
+
+def _backward(ctx, dout, _dlse, _drng, _dmax_logit):
+    q, k, v, out, lse, rng_state, *optionals = ctx.saved_tensors
+    bias, softmax_offset = optionals[0], optionals[1]
+    args: FwdArgs = ctx.fwd_args
+    bargs = BwdArgs(fwd=args, need_dbias=bias is not None and ctx.needs_input_grad[3])
+    dq, dk, dv, dbias, d_off = torch.ops.fusedattn.bwd(
+        dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(), bargs.need_dbias
+    )
+    grads = [dq, dk, dv, dbias if bargs.need_dbias else None]
+    grads.append(d_off.to(softmax_offset.dtype) if softmax_offset is not None and ctx.needs_input_grad[4] else None)
+    grads.extend([None] * (len(ctx.needs_input_grad) - len(grads)))
+    return tuple(grads)
+
+
+torch.library.register_autograd("fusedattn::fwd", _backward, setup_context=_setup_context)
+
+
+def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_mask=None,
+              alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+              cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None):
+    """Differentiable attention over q/k/v in their formats (heads not merged).
+
+    Returns ``(out, max_logit)``: out in q's format with head dim d_v, and the
+    per-head max logit ``[h_q]`` (fp32) when ``args.return_max_logit``, else None.
+    """
+    rng_state = draw_rng_state(q.device) if args.dropout_p > 0 else None
+    out, _lse, _rng, max_logit = torch.ops.fusedattn.fwd(
+        q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
+        cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, *args.op_args(), args.return_max_logit,
+    )
+    return out, (max_logit if args.return_max_logit else None)
