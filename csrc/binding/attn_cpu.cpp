@@ -1,89 +1,25 @@
-// CPU implementations of the operators: convert, let the core validate and
-// fill params, allocate outputs with the core's shape rules, run the CPU engine.
+// CPU implementations of the operators: op_impl.h's flow with the CPU engine,
+// whose parallelism goes through PyTorch's intra-op pool.
 #include <torch/library.h>
 
-#include "call_args.h"
+#include "op_impl.h"
 
 namespace fusedattn::binding {
 namespace {
 
-using OptT = std::optional<at::Tensor>;
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_cpu(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& bias, const OptT& softmax_offset,
-    const OptT& attn_mask, const OptT& alibi_slopes, const OptT& cu_seqlens_q, const OptT& cu_seqlens_kv,
-    const OptT& cu_seqlens_q_padded, const OptT& cu_seqlens_kv_padded, const OptT& rng_state,
-    const std::string& q_format, const std::string& kv_format, const std::string& mask_type, int64_t window_left,
-    int64_t window_right, int64_t bottom_right_diagonal, const std::string& softmax_type, double scale,
-    double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv, bool return_max_logit) {
-  const OpSettings settings{q_format,     kv_format, mask_type, window_left,  window_right, bottom_right_diagonal,
-                            softmax_type, scale,     dropout_p, max_seqlen_q, max_seqlen_kv};
-  const FwdArgs args = make_args(settings, return_max_logit);
-  const OpTensors opt{bias,         softmax_offset, attn_mask,           alibi_slopes,
-                      cu_seqlens_q, cu_seqlens_kv,  cu_seqlens_q_padded, cu_seqlens_kv_padded};
-  const FwdInputs in = make_inputs(q, k, v, opt, rng_state);
-
-  Problem prob;
-  raise_if_error(check_fwd(args, in, &prob));
-  const FwdOutputShapes shapes = fwd_output_shapes(args, prob);
-  const auto opts = q.options();
-  at::Tensor out = empty_like_shape(shapes.out, opts);
-  at::Tensor lse = empty_like_shape(shapes.lse, opts);
-  at::Tensor max_logit = empty_like_shape(shapes.max_logit, opts);
-  // The op returns its own copy of rng_state: outputs never alias inputs.
-  at::Tensor rng_out = dropout_p > 0 ? rng_state->clone() : at::zeros({2}, opts.dtype(at::kLong));
-
-  FwdOutputs outs{to_ref(out, "out"), to_ref(lse, "softmax_lse"), to_ref(max_logit, "max_logit")};
-  FwdParams params;
-  raise_if_error(make_fwd_params(args, in, outs, &params));
-  raise_if_error(run_fwd_cpu(params, AtenExecutor{}));
-  return {out, lse, rng_out, max_logit};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& softmax_lse, const at::Tensor& rng_state, const OptT& bias, const OptT& softmax_offset,
-    const OptT& attn_mask, const OptT& alibi_slopes, const OptT& cu_seqlens_q, const OptT& cu_seqlens_kv,
-    const OptT& cu_seqlens_q_padded, const OptT& cu_seqlens_kv_padded, const std::string& q_format,
-    const std::string& kv_format, const std::string& mask_type, int64_t window_left, int64_t window_right,
-    int64_t bottom_right_diagonal, const std::string& softmax_type, double scale, double dropout_p,
-    int64_t max_seqlen_q, int64_t max_seqlen_kv, bool need_dbias) {
-  const OpSettings settings{q_format,     kv_format, mask_type, window_left,  window_right, bottom_right_diagonal,
-                            softmax_type, scale,     dropout_p, max_seqlen_q, max_seqlen_kv};
-  BwdArgs args;
-  args.fwd = make_args(settings, false);
-  args.need_dbias = need_dbias;
-  const OpTensors opt{bias,         softmax_offset, attn_mask,           alibi_slopes,
-                      cu_seqlens_q, cu_seqlens_kv,  cu_seqlens_q_padded, cu_seqlens_kv_padded};
-  BwdInputs in;
-  in.fwd = make_inputs(q, k, v, opt, rng_state);
-  in.dout = to_ref(dout, "dout");
-  in.out = to_ref(out, "out");
-  in.lse = to_ref(softmax_lse, "softmax_lse");
-
-  Problem prob;
-  raise_if_error(check_bwd(args, in, &prob));
-  const BwdOutputShapes shapes = bwd_output_shapes(args, in, prob);
-  const auto opts = q.options();
-  at::Tensor dq = empty_like_shape(shapes.dq, opts);
-  at::Tensor dk = empty_like_shape(shapes.dk, opts);
-  at::Tensor dv = empty_like_shape(shapes.dv, opts);
-  at::Tensor dbias = empty_like_shape(shapes.dbias, opts);
-  at::Tensor d_off = empty_like_shape(shapes.d_softmax_offset, opts);
-
-  BwdOutputs outs{to_ref(dq, "dq"), to_ref(dk, "dk"), to_ref(dv, "dv"), to_ref(dbias, "dbias"),
-                  to_ref(d_off, "d_softmax_offset")};
-  BwdParams params;
-  raise_if_error(make_bwd_params(args, in, outs, &params));
-  raise_if_error(run_bwd_cpu(params, AtenExecutor{}));
-  return {dq, dk, dv, dbias, d_off};
-}
+struct CpuEngine {
+  struct Scope {
+    explicit Scope(const at::Tensor&) {}
+  };
+  static Status run_fwd(const FwdParams& params, const at::Tensor&) { return run_fwd_cpu(params, AtenExecutor{}); }
+  static Status run_bwd(const BwdParams& params, const at::Tensor&) { return run_bwd_cpu(params, AtenExecutor{}); }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedattn, CPU, m) {
-  m.impl("fwd", &fwd_cpu);
-  m.impl("bwd", &bwd_cpu);
+  m.impl("fwd", &fwd_impl<CpuEngine>);
+  m.impl("bwd", &bwd_impl<CpuEngine>);
 }
 
 }  // namespace fusedattn::binding

@@ -1,0 +1,169 @@
+# The CUDA engine (csrc/cuda) and its place in the extension. Included at the
+# end of the top-level CMakeLists.txt, after the _C target exists:
+#
+#   include(cmake/cuda.cmake)
+#
+# Options:
+#   FUSEDATTN_CUDA=AUTO|ON|OFF   AUTO (default): build the CUDA engine into the
+#       extension when the torch built against has CUDA (torch.version.cuda)
+#       and nvcc is found; ON: the same, but fail when either is missing.
+#   FUSEDATTN_CUDA_COMPILE_ONLY=ON   compile the torch-free kernels
+#       (target fusedattn_cuda_kernels) with nvcc alone, also with a CPU-only
+#       torch or without the extension: CI's guard against the CUDA sources
+#       rotting on machines without a GPU.
+#   FUSEDATTN_CUDA_TC=ON|OFF   whether the tensor-core kernels (csrc/cuda/tc) are
+#       built; OFF leaves the weak "not handled" hooks of tc_default.cu.
+#   FUSEDATTN_CUDA_JOBS=N   at most N nvcc processes at once under Ninja
+#       (default: one per 3 GiB of memory, at most one per core).
+# Architectures: CMAKE_CUDA_ARCHITECTURES when given (-D...), else
+# TORCH_CUDA_ARCH_LIST (CMake variable or environment, torch's syntax: "8.0;9.0",
+# "9.0+PTX"), else "80;90" (sm_80 and sm_90 machine code, PTX for newer GPUs).
+
+set(FUSEDATTN_CUDA "AUTO" CACHE STRING "Build the CUDA engine: AUTO, ON or OFF")
+set_property(CACHE FUSEDATTN_CUDA PROPERTY STRINGS AUTO ON OFF)
+option(FUSEDATTN_CUDA_COMPILE_ONLY "Compile the torch-free CUDA kernels (fusedattn_cuda_kernels) without linking them" OFF)
+option(FUSEDATTN_CUDA_TC "Build the tensor-core kernels (csrc/cuda/tc); OFF: the SIMT engine runs every call" ON)
+set(FUSEDATTN_CUDA_JOBS "" CACHE STRING "Most nvcc processes at once (Ninja); empty: from cores and memory")
+
+# ---- should the engine be built? ------------------------------------------------
+set(_fa_cuda_reason "")
+set(_fa_torch_cuda FALSE)
+if(FUSEDATTN_BUILD_EXTENSION AND NOT FUSEDATTN_CUDA STREQUAL "OFF")
+  execute_process(
+    COMMAND "${Python3_EXECUTABLE}" -c "import torch; print(torch.version.cuda or '')"
+    OUTPUT_VARIABLE _fa_torch_cuda_version OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _fa_rc)
+  if(_fa_rc EQUAL 0 AND NOT _fa_torch_cuda_version STREQUAL "")
+    set(_fa_torch_cuda TRUE)
+  else()
+    set(_fa_cuda_reason "torch has no CUDA")
+  endif()
+elseif(NOT FUSEDATTN_BUILD_EXTENSION)
+  set(_fa_cuda_reason "the extension is not built")
+else()
+  set(_fa_cuda_reason "FUSEDATTN_CUDA=OFF")
+endif()
+
+set(_fa_want_cuda FALSE)
+if(_fa_torch_cuda OR FUSEDATTN_CUDA_COMPILE_ONLY)
+  if(NOT CMAKE_CUDA_COMPILER)
+    include(CheckLanguage)
+    check_language(CUDA)
+  endif()
+  if(CMAKE_CUDA_COMPILER)
+    set(_fa_want_cuda TRUE)
+  else()
+    set(_fa_cuda_reason "nvcc was not found (put it on PATH or set CUDACXX)")
+    set(_fa_torch_cuda FALSE)
+  endif()
+endif()
+if(FUSEDATTN_CUDA STREQUAL "ON" AND NOT _fa_torch_cuda)
+  message(FATAL_ERROR "fusedattn: FUSEDATTN_CUDA=ON but the CUDA engine cannot be built: ${_fa_cuda_reason}")
+endif()
+
+if(_fa_want_cuda)
+  # ---- architectures ------------------------------------------------------------
+  # torch's CMake config replaces CMAKE_CUDA_ARCHITECTURES by OFF (a normal
+  # variable), so a value given on the command line is read from the cache.
+  if(DEFINED CACHE{CMAKE_CUDA_ARCHITECTURES} AND NOT "$CACHE{CMAKE_CUDA_ARCHITECTURES}" MATCHES "^(OFF|)$")
+    set(FUSEDATTN_CUDA_ARCHS "$CACHE{CMAKE_CUDA_ARCHITECTURES}")
+  else()
+    set(_fa_torch_list "")
+    if(DEFINED TORCH_CUDA_ARCH_LIST AND NOT TORCH_CUDA_ARCH_LIST STREQUAL "")
+      set(_fa_torch_list "${TORCH_CUDA_ARCH_LIST}")
+    elseif(DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT "$ENV{TORCH_CUDA_ARCH_LIST}" STREQUAL "")
+      set(_fa_torch_list "$ENV{TORCH_CUDA_ARCH_LIST}")
+    endif()
+    set(FUSEDATTN_CUDA_ARCHS "")
+    if(_fa_torch_list STREQUAL "")
+      set(FUSEDATTN_CUDA_ARCHS 80 90)
+    else()
+      string(REPLACE " " ";" _fa_torch_list "${_fa_torch_list}")
+      foreach(_fa_a IN LISTS _fa_torch_list)
+        if(_fa_a MATCHES "^([0-9]+)\\.([0-9]+)([a-z]?)(\\+PTX)?$")
+          set(_fa_num "${CMAKE_MATCH_1}${CMAKE_MATCH_2}${CMAKE_MATCH_3}")
+          if(CMAKE_MATCH_4)
+            list(APPEND FUSEDATTN_CUDA_ARCHS "${_fa_num}")  # machine code and PTX
+          else()
+            list(APPEND FUSEDATTN_CUDA_ARCHS "${_fa_num}-real")
+          endif()
+        elseif(NOT _fa_a STREQUAL "")
+          message(WARNING "fusedattn: ignoring TORCH_CUDA_ARCH_LIST entry '${_fa_a}' (use numbers such as 9.0)")
+        endif()
+      endforeach()
+      if(FUSEDATTN_CUDA_ARCHS STREQUAL "")
+        set(FUSEDATTN_CUDA_ARCHS 80 90)
+      endif()
+    endif()
+  endif()
+
+  if(NOT CMAKE_CUDA_COMPILER_LOADED)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES ${FUSEDATTN_CUDA_ARCHS})
+    endif()
+    enable_language(CUDA)
+  endif()
+  # torch's config adds its own -gencode flags (from TORCH_CUDA_ARCH_LIST or the
+  # GPU it detects) to CMAKE_CUDA_FLAGS; the kernels use CUDA_ARCHITECTURES
+  # alone, so each architecture is compiled once.
+  string(REGEX REPLACE "-gencode[ =]arch=[^ ]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
+
+  # ---- the kernels: object files, torch-free --------------------------------------
+  file(GLOB_RECURSE FUSEDATTN_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/*.cu)
+  if(NOT FUSEDATTN_CUDA_TC)
+    list(FILTER FUSEDATTN_CUDA_SOURCES EXCLUDE REGEX "/csrc/cuda/tc/")
+  endif()
+  add_library(fusedattn_cuda_objects OBJECT ${FUSEDATTN_CUDA_SOURCES})
+  target_include_directories(fusedattn_cuda_objects
+    PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/include ${CMAKE_CURRENT_SOURCE_DIR}/csrc/core/include
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda)
+  set_target_properties(fusedattn_cuda_objects PROPERTIES
+    CUDA_ARCHITECTURES "${FUSEDATTN_CUDA_ARCHS}"
+    CUDA_STANDARD 17
+    CUDA_STANDARD_REQUIRED ON
+    POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(fusedattn_cuda_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  if(FUSEDATTN_CUDA_COMPILE_ONLY)
+    # CI's compile check fails on any warning; a user's build never does.
+    target_compile_options(fusedattn_cuda_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Werror>)
+  endif()
+  # The core's Status strings cross into the binding: same C++ ABI as torch.
+  if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
+    target_compile_definitions(fusedattn_cuda_objects PRIVATE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
+  endif()
+  # The default tensor-core hooks are weak symbols (csrc/cuda/tc_default.cu);
+  # linking object files rather than an archive lets strong ones win.
+  add_library(fusedattn_cuda_kernels STATIC $<TARGET_OBJECTS:fusedattn_cuda_objects>)
+  set_target_properties(fusedattn_cuda_kernels PROPERTIES LINKER_LANGUAGE CXX)
+
+  # Bound parallel nvcc processes (each can take a few GiB).
+  if(FUSEDATTN_CUDA_JOBS STREQUAL "")
+    cmake_host_system_information(RESULT _fa_cores QUERY NUMBER_OF_LOGICAL_CORES)
+    cmake_host_system_information(RESULT _fa_mem QUERY TOTAL_PHYSICAL_MEMORY)
+    math(EXPR _fa_jobs "${_fa_mem} / 3072")
+    if(_fa_jobs GREATER _fa_cores)
+      set(_fa_jobs ${_fa_cores})
+    endif()
+    if(_fa_jobs LESS 1)
+      set(_fa_jobs 1)
+    endif()
+  else()
+    set(_fa_jobs ${FUSEDATTN_CUDA_JOBS})
+  endif()
+  set_property(GLOBAL APPEND PROPERTY JOB_POOLS fusedattn_nvcc=${_fa_jobs})
+  set_target_properties(fusedattn_cuda_objects PROPERTIES JOB_POOL_COMPILE fusedattn_nvcc)
+
+  message(STATUS "fusedattn: CUDA kernels for architectures ${FUSEDATTN_CUDA_ARCHS} (${_fa_jobs} nvcc jobs)")
+endif()
+
+# ---- the extension's CUDA operators ------------------------------------------------
+if(_fa_want_cuda AND _fa_torch_cuda AND TARGET _C)
+  find_package(CUDAToolkit REQUIRED)
+  target_link_libraries(_C PRIVATE fusedattn_cuda_objects CUDA::cudart)
+  target_compile_definitions(_C PRIVATE FUSEDATTN_WITH_CUDA=1)
+  message(STATUS "fusedattn: CUDA engine: on (torch CUDA ${_fa_torch_cuda_version})")
+else()
+  if(_fa_cuda_reason STREQUAL "")
+    set(_fa_cuda_reason "torch has no CUDA")
+  endif()
+  message(STATUS "fusedattn: CUDA engine: off (${_fa_cuda_reason})")
+endif()

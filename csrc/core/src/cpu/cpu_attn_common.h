@@ -1,0 +1,123 @@
+// What the CPU forward and backward share: the per-call context (dims,
+// sequence extents, windows, dropout), row addressing of strided tensors,
+// and the logits tile pipeline (scale, bias, mask).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu_bias.h"
+#include "cpu_convert.h"
+#include "cpu_dropout.h"
+#include "cpu_mask.h"
+#include "cpu_seqlen.h"
+#include "cpu_simd.h"
+#include "cpu_tiles.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn {
+namespace cpu {
+
+template <class T>
+struct AttnCtx {
+  using A = typename Elem<T>::Acc;
+
+  const FwdParams* p = nullptr;
+  SeqLayout lay;
+  std::vector<Window> win;  // per batch entry
+  int64_t B = 0, hq = 0, hkv = 0, group = 1, dqk = 0, dv = 0;
+  int64_t dqk_p = 0, dv_p = 0;  // head dims padded to whole vectors
+  A scale = 1;
+  Dropout<A> drop;
+  bool has_sink = false;
+
+  Status init(const FwdParams& params) {
+    p = &params;
+    FUSEDATTN_RETURN_IF_ERROR(make_seq_layout(params, &lay));
+    const Problem& pr = params.prob;
+    B = pr.b;
+    hq = pr.h_q;
+    hkv = pr.h_kv;
+    group = hq / hkv;
+    dqk = pr.d_qk;
+    dv = pr.d_v;
+    dqk_p = round_up(dqk, kPadElems);
+    dv_p = round_up(dv, kPadElems);
+    scale = static_cast<A>(params.scale);
+    drop = Dropout<A>::make(params.dropout);
+    has_sink = params.softmax.type != SoftmaxType::kVanilla;
+    if (params.softmax.type == SoftmaxType::kLearnable && params.softmax.offset == nullptr) {
+      return Status::Invalid("learnable softmax needs softmax_offset");
+    }
+    if (params.bias.type == BiasType::kPostScaleBias && params.bias.bias.data == nullptr) {
+      return Status::Invalid("post_scale_bias needs a bias tensor");
+    }
+    if (params.bias.type == BiasType::kAlibi && params.bias.alibi_slopes == nullptr) {
+      return Status::Invalid("alibi needs alibi_slopes");
+    }
+    win.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) win[b] = Window::make(params.mask, lay.seq[b].len_q, lay.seq[b].len_kv);
+    return Status::Ok();
+  }
+
+  A sink(int64_t h) const {
+    return p->softmax.type == SoftmaxType::kLearnable ? static_cast<A>(p->softmax.offset[h]) : static_cast<A>(0);
+  }
+
+  // Number of key tiles a query tile sees (0 if none): the work of a forward item.
+  int64_t key_tiles(int64_t b, int64_t i0, int nr) const {
+    int64_t lo, hi;
+    keys_for_rows(win[b], i0, i0 + nr, &lo, &hi);
+    return hi > lo ? (hi - 1) / kBlockN - lo / kBlockN + 1 : 0;
+  }
+
+  // Logits tile for (b, h), rows i0.. (nr), keys j0.. (nj real, ncols computed):
+  // S holds q.k on entry, s (invisible entries -inf) on return.
+  void finish_logits(int64_t b, int64_t h, int64_t i0, int nr, int64_t j0, int nj, int ncols, A* S) const {
+    const Window& w = win[b];
+    scale_and_bias_tile<T, A>(p->bias, w, b, h, i0, nr, j0, nj, ncols, scale, S, kBlockN);
+    const bool explicit_mask = p->mask.mask.data != nullptr;
+    if (!tile_all_visible(w, explicit_mask, i0, nr, j0, ncols)) {
+      mask_tile<A>(w, p->mask.mask, b, h, i0, nr, j0, ncols, S, kBlockN);
+    }
+  }
+};
+
+// Element (b, token, h, 0) of a sequence tensor (b ignored for thd, whose b stride is 0).
+template <class T>
+inline T* row_ptr(const SeqTensor& t, int64_t b, int64_t token, int64_t h) {
+  return static_cast<T*>(t.data) + b * t.stride_b + token * t.stride_s + h * t.stride_h;
+}
+
+// dst[0..d) = src[k * sd], dst[d..dpad) = 0.
+template <class T, class A>
+inline void load_row(const T* src, int64_t sd, int64_t d, int64_t dpad, A* __restrict dst) {
+  if (sd == 1) {
+    for (int64_t k = 0; k < d; ++k) dst[k] = static_cast<A>(Elem<T>::load(src + k));
+  } else {
+    for (int64_t k = 0; k < d; ++k) dst[k] = static_cast<A>(Elem<T>::load(src + k * sd));
+  }
+  for (int64_t k = d; k < dpad; ++k) dst[k] = 0;
+}
+
+// dst[k * sd] = f * src[k].
+template <class T, class A>
+inline void store_row(T* dst, int64_t sd, int64_t d, const A* __restrict src, A f) {
+  for (int64_t k = 0; k < d; ++k) Elem<T>::store(dst + k * sd, static_cast<typename Elem<T>::Acc>(src[k] * f));
+}
+
+template <class T>
+inline void zero_row(T* dst, int64_t sd, int64_t d) {
+  for (int64_t k = 0; k < d; ++k) Elem<T>::store(dst + k * sd, 0);
+}
+
+// Zeros rows (all heads) of a sequence tensor at the uncovered tokens.
+template <class T>
+void zero_uncovered(const SeqTensor& t, const std::vector<TokenRange>& ranges, int64_t heads, int64_t d) {
+  for (const TokenRange& r : ranges)
+    for (int64_t tok = r.begin; tok < r.end; ++tok)
+      for (int64_t h = 0; h < heads; ++h) zero_row(row_ptr<T>(t, r.b, tok, h), t.stride_d, d);
+}
+
+}  // namespace cpu
+}  // namespace fusedattn

@@ -1,0 +1,181 @@
+// Portable SIMD for the CPU engine: GCC/Clang vector extensions sized to the
+// widest vector unit the compiler targets (-march=native picks AVX-512 or
+// AVX2; without it the code is still vectorised, on SSE2/NEON width). No
+// intrinsics, so the same source builds on any architecture.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace fusedattn {
+namespace cpu {
+
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
+
+template <class A>
+struct Simd;
+
+template <>
+struct Simd<float> {
+  typedef float V __attribute__((vector_size(kVecBytes)));
+  // Same vector with element alignment: dereferencing it is an unaligned load/store.
+  typedef float Vu __attribute__((vector_size(kVecBytes), aligned(4), may_alias));
+  typedef int32_t I __attribute__((vector_size(kVecBytes)));
+  static constexpr int N = kVecBytes / 4;
+};
+
+template <>
+struct Simd<double> {
+  typedef double V __attribute__((vector_size(kVecBytes)));
+  typedef double Vu __attribute__((vector_size(kVecBytes), aligned(8), may_alias));
+  typedef int64_t I __attribute__((vector_size(kVecBytes)));
+  static constexpr int N = kVecBytes / 8;
+};
+
+// Scratch rows are padded to this many elements of any accumulation type, so
+// every row is a whole number of vectors of float and of double.
+constexpr int kPadElems = kVecBytes / 4;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+template <class A>
+inline typename Simd<A>::V vload(const A* p) {
+  return *reinterpret_cast<const typename Simd<A>::Vu*>(p);
+}
+template <class A>
+inline void vstore(A* p, typename Simd<A>::V v) {
+  *reinterpret_cast<typename Simd<A>::Vu*>(p) = v;
+}
+template <class A>
+inline typename Simd<A>::V vsplat(A x) {
+  typename Simd<A>::V v = {};
+  return v + x;
+}
+template <class A>
+inline typename Simd<A>::V vmax(typename Simd<A>::V a, typename Simd<A>::V b) {
+  return a > b ? a : b;
+}
+template <class A>
+inline A hsum(typename Simd<A>::V v) {
+  A s = 0;
+  for (int i = 0; i < Simd<A>::N; ++i) s += v[i];
+  return s;
+}
+template <class A>
+inline A hmax(typename Simd<A>::V v) {
+  A m = v[0];
+  for (int i = 1; i < Simd<A>::N; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// exp for float vectors (Cephes expf: range reduction by ln2 in two parts and
+// a degree-7 polynomial, about 1 ulp). Inputs below ln(FLT_MIN) (also -inf)
+// give exactly 0; inputs above 88 are clamped (the engine only takes exp of
+// non-positive differences).
+inline Simd<float>::V vexp(Simd<float>::V x) {
+  using V = Simd<float>::V;
+  using I = Simd<float>::I;
+  const I underflow = x < vsplat(-87.33654475f);
+  x = x < vsplat(88.0f) ? x : vsplat(88.0f);
+  x = x > vsplat(-87.33654475f) ? x : vsplat(-87.33654475f);
+  // n = round(x / ln2) by the 1.5 * 2^23 trick (exact for |n| < 2^22).
+  const V magic = vsplat(12582912.0f);
+  const V t = x * vsplat(1.44269504088896341f) + magic;
+  const V n = t - magic;
+  V r = x - n * vsplat(0.693359375f);
+  r = r - n * vsplat(-2.12194440e-4f);
+  const V z = r * r;
+  V y = vsplat(1.9875691500e-4f);
+  y = y * r + vsplat(1.3981999507e-3f);
+  y = y * r + vsplat(8.3334519073e-3f);
+  y = y * r + vsplat(4.1665795894e-2f);
+  y = y * r + vsplat(1.6666665459e-1f);
+  y = y * r + vsplat(5.0000001201e-1f);
+  y = y * z + r + vsplat(1.0f);
+  // 2^n from the exponent bits: n lies in [-126, 127] after the clamps.
+  const I ni = (I)t - (I)magic;  // vector casts reinterpret the bits
+  const I pow2 = (ni + 127) << 23;
+  y = y * (V)pow2;
+  return (V)((I)y & ~underflow);
+}
+
+// Scalar exp in the accumulation type (per-row rescaling factors).
+inline float exp_acc(float x) { return std::exp(x); }
+inline double exp_acc(double x) { return std::exp(x); }
+
+template <class A>
+constexpr A neg_inf() {
+  return -std::numeric_limits<A>::infinity();
+}
+
+// Row helpers over n elements (n a multiple of Simd<A>::N).
+template <class A>
+inline A row_max(const A* __restrict s, int n) {
+  using S = Simd<A>;
+  typename S::V m = vsplat<A>(neg_inf<A>());
+  for (int j = 0; j < n; j += S::N) m = vmax<A>(m, vload(s + j));
+  return hmax<A>(m);
+}
+
+// s[j] = exp(s[j] - m), returns the sum. m must be finite.
+inline float row_exp_sum(float* __restrict s, int n, float m) {
+  using S = Simd<float>;
+  const S::V mv = vsplat(m);
+  S::V acc0 = {}, acc1 = {};
+  int j = 0;
+  for (; j + 2 * S::N <= n; j += 2 * S::N) {
+    const S::V e0 = vexp(vload(s + j) - mv);
+    const S::V e1 = vexp(vload(s + j + S::N) - mv);
+    vstore(s + j, e0);
+    vstore(s + j + S::N, e1);
+    acc0 += e0;
+    acc1 += e1;
+  }
+  for (; j < n; j += S::N) {
+    const S::V e = vexp(vload(s + j) - mv);
+    vstore(s + j, e);
+    acc0 += e;
+  }
+  return hsum<float>(acc0 + acc1);
+}
+
+inline double row_exp_sum(double* __restrict s, int n, double m) {
+  double sum = 0;
+  for (int j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// s[j] = exp(s[j] - m) without the sum.
+inline void row_exp(float* __restrict s, int n, float m) {
+  using S = Simd<float>;
+  const S::V mv = vsplat(m);
+  for (int j = 0; j < n; j += S::N) vstore(s + j, vexp(vload(s + j) - mv));
+}
+inline void row_exp(double* __restrict s, int n, double m) {
+  for (int j = 0; j < n; ++j) s[j] = std::exp(s[j] - m);
+}
+
+template <class A>
+inline void row_scale(A* __restrict s, int n, A f) {
+  using S = Simd<A>;
+  const typename S::V fv = vsplat(f);
+  for (int j = 0; j < n; j += S::N) vstore(s + j, vload(s + j) * fv);
+}
+
+template <class A>
+inline void row_fill(A* __restrict s, int n, A v) {
+  for (int j = 0; j < n; ++j) s[j] = v;
+}
+
+}  // namespace cpu
+}  // namespace fusedattn

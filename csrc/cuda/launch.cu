@@ -1,0 +1,54 @@
+// Dispatch of the CUDA engine: the tensor-core engine (csrc/cuda/tc) is asked
+// first and takes the calls it supports; everything else runs on the SIMT
+// engine (csrc/cuda/simt), which covers every dtype and feature.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "fusedattn/cuda_api.h"
+#include "simt/simt.h"
+
+namespace fusedattn {
+namespace {
+
+// FUSEDATTN_CUDA_ENGINE=simt sends every call to the SIMT engine (to test it,
+// or to rule the tensor-core kernels out); read once per process.
+bool tc_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("FUSEDATTN_CUDA_ENGINE");
+    return e == nullptr || std::strcmp(e, "simt") != 0;
+  }();
+  return enabled;
+}
+
+}  // namespace
+
+size_t fwd_workspace_bytes(const FwdParams& params) {
+  const size_t tc_bytes = tc_enabled() ? tc::fwd_workspace_bytes(params) : 0;
+  return std::max(tc_bytes, simt::fwd_workspace_bytes(params));
+}
+
+size_t bwd_workspace_bytes(const BwdParams& params) {
+  const size_t tc_bytes = tc_enabled() ? tc::bwd_workspace_bytes(params) : 0;
+  return std::max(tc_bytes, simt::bwd_workspace_bytes(params));
+}
+
+Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch) {
+  if (params.prob.device != DeviceType::kCUDA) return Status::Invalid("run_fwd_cuda: tensors are not on a CUDA device");
+  bool handled = false;
+  if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(tc::try_run_fwd(params, launch, &handled));
+  if (handled) return Status::Ok();
+  return simt::run_fwd(params, launch);
+}
+
+Status run_bwd_cuda(const BwdParams& params, const CudaLaunch& launch) {
+  if (params.fwd.prob.device != DeviceType::kCUDA) {
+    return Status::Invalid("run_bwd_cuda: tensors are not on a CUDA device");
+  }
+  bool handled = false;
+  if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(tc::try_run_bwd(params, launch, &handled));
+  if (handled) return Status::Ok();
+  return simt::run_bwd(params, launch);
+}
+
+}  // namespace fusedattn

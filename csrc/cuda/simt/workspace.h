@@ -1,0 +1,39 @@
+// Workspace layout of the SIMT backward (host-side, shared by the launcher
+// and the workspace-size query).
+#pragma once
+
+#include <cstddef>
+
+#include "fusedattn/params.h"
+
+namespace fusedattn {
+namespace simt {
+
+// Workspace of one backward call, in the accumulation type: dq_acc
+// [rows, h_q, d_qk], dsum [rows, h_q], dbias_acc [dbias numel]; rows = t_q for
+// thd, b * s_q otherwise. Each part starts on a 256-byte boundary.
+struct BwdWorkspace {
+  size_t dq_off = 0, dsum_off = 0, dbias_off = 0, bytes = 0;
+  size_t dq_bytes = 0, dbias_bytes = 0;
+};
+
+inline BwdWorkspace bwd_workspace(const BwdParams& bp, size_t acc_size) {
+  const FwdParams& p = bp.fwd;
+  const Problem& pr = p.prob;
+  const auto up = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(p.seqlens.q_is_thd ? pr.t_q : pr.b * pr.s_q);
+  BwdWorkspace w;
+  w.dq_bytes = rows * pr.h_q * pr.d_qk * acc_size;
+  const size_t dsum_bytes = rows * pr.h_q * acc_size;
+  if (bp.dbias.data != nullptr) {
+    w.dbias_bytes = acc_size * bp.dbias.sizes[0] * bp.dbias.sizes[1] * bp.dbias.sizes[2] * bp.dbias.sizes[3];
+  }
+  w.dq_off = 0;
+  w.dsum_off = up(w.dq_bytes);
+  w.dbias_off = w.dsum_off + up(dsum_bytes);
+  w.bytes = w.dbias_off + up(w.dbias_bytes);
+  return w;
+}
+
+}  // namespace simt
+}  // namespace fusedattn

@@ -1,0 +1,368 @@
+// Host side of the tensor-core engine: the support rules, the one function
+// that turns FwdParams / BwdParams into kernel arguments, the workspace
+// layout, and the launch sequence around the main kernels. The main kernels
+// are reached through generated/table.inc (from kernels.list), so what is
+// compiled and what is dispatched cannot drift apart.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "aux_kernels.h"
+#include "fusedattn/philox.h"
+#include "launch.h"
+#include "tc_api.h"
+
+namespace fusedattn {
+namespace tc {
+namespace {
+
+enum class Dir { kFwd, kBwd };
+
+struct TableEntry {
+  Dir dir;
+  DType dtype;
+  int head_dim;
+  bool general;
+  KernelFn fn;
+};
+
+// The launchers are explicitly instantiated in generated/*.cu; here they are
+// only declared (launch.h), so taking their addresses links to those.
+const TableEntry kTable[] = {
+#include "generated/table.inc"
+};
+
+constexpr int kBuckets[] = {64, 128, 256};
+constexpr int64_t kMaxSeq = int64_t{1} << 29;  // keeps window arithmetic in int32
+
+template <typename... Ts>
+std::string cat(const Ts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+int head_dim_bucket(const Problem& p) {
+  const int64_t d = std::max(p.d_qk, p.d_v);
+  for (int b : kBuckets) {
+    if (d <= b) return b;
+  }
+  return 0;
+}
+
+bool needs_general(const FwdParams& p) {
+  return p.bias.type != BiasType::kNoBias || p.mask.mask.data != nullptr || p.dropout.p > 0.f;
+}
+
+const TableEntry* find_kernel(Dir dir, DType dtype, int head_dim, bool general) {
+  for (const TableEntry& e : kTable) {
+    if (e.dir == dir && e.dtype == dtype && e.head_dim == head_dim && e.general == general) return &e;
+  }
+  return nullptr;
+}
+
+// Compute capability major of the current device, cached per device.
+int device_major() {
+  static int cache[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 0 || dev >= 64) return 0;
+  if (cache[dev] == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
+    cache[dev] = major;
+  }
+  return cache[dev];
+}
+
+// 16-byte cp.async / vector stores: aligned base, unit stride on d, every
+// other stride a multiple of 8 elements.
+std::string check_seq_tensor(const SeqTensor& t, const char* name) {
+  if (t.data == nullptr) return cat(name, " is null");
+  if (t.stride_d != 1) return cat(name, " has stride ", t.stride_d, " on the head dim (the fast path needs 1)");
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return cat(name, " is not 16-byte aligned");
+  if (t.stride_b % 8 != 0 || t.stride_s % 8 != 0 || t.stride_h % 8 != 0) {
+    return cat(name, " strides (b ", t.stride_b, ", s ", t.stride_s, ", h ", t.stride_h,
+               ") are not multiples of 8 elements");
+  }
+  return "";
+}
+
+std::string common_support(const FwdParams& p, Dir dir) {
+  const Problem& pr = p.prob;
+  if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) {
+    return cat("dtype ", dtype_name(pr.dtype), " (tensor-core kernels take float16 and bfloat16)");
+  }
+  if (pr.device != DeviceType::kCUDA) return "not a CUDA tensor";
+  const int major = device_major();
+  if (major < 8) return cat("compute capability ", major, ".x (tensor-core kernels need sm_80 or newer)");
+  const int bucket = head_dim_bucket(pr);
+  if (bucket == 0) return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (at most 256)");
+  const bool general = needs_general(p);
+  if (find_kernel(dir, pr.dtype, bucket, general) == nullptr) {
+    return cat("no ", dir == Dir::kFwd ? "forward" : "backward", " kernel for dtype ", dtype_name(pr.dtype),
+               ", head-dim bucket ", bucket, ", variant ", general ? "general" : "fast", " in kernels.list");
+  }
+  if (pr.b > 65535 || pr.h_q > 65535 || pr.h_kv > 65535) return cat("batch ", pr.b, " or heads ", pr.h_q, " > 65535");
+  if (pr.s_q >= kMaxSeq || pr.s_kv >= kMaxSeq || pr.t_q >= kMaxSeq || pr.t_kv >= kMaxSeq) {
+    return cat("sequence/token extent >= 2^29 (s_q=", pr.s_q, ", s_kv=", pr.s_kv, ")");
+  }
+  if (pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return cat("h_q=", pr.h_q, " not a multiple of h_kv=", pr.h_kv);
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"},
+                                {&p.out, "out"}}) {
+    std::string r = check_seq_tensor(*t, name);
+    if (!r.empty()) return r;
+  }
+  if (p.lse == nullptr) return "softmax_lse is null";
+  if (p.seqlens.q_is_thd && (p.seqlens.cu_seqlens_q == nullptr || p.seqlens.offsets_q == nullptr)) {
+    return "thd q without cu_seqlens_q";
+  }
+  if (p.seqlens.kv_is_thd && (p.seqlens.cu_seqlens_kv == nullptr || p.seqlens.offsets_kv == nullptr)) {
+    return "thd kv without cu_seqlens_kv";
+  }
+  if (p.dropout.p > 0.f && p.dropout.rng_state == nullptr) return "dropout without rng_state";
+  if (p.bias.type == BiasType::kPostScaleBias && p.bias.bias.data == nullptr) return "post-scale bias without data";
+  if (p.bias.type == BiasType::kAlibi && p.bias.alibi_slopes == nullptr) return "alibi without slopes";
+  if (p.softmax.type == SoftmaxType::kLearnable && p.softmax.offset == nullptr) return "learnable softmax without offset";
+  return "";
+}
+
+int clamp_window(int64_t w) { return w < 0 ? -1 : static_cast<int>(std::min<int64_t>(w, int64_t{1} << 30)); }
+
+KArgs make_fwd_kargs(const FwdParams& p) {
+  KArgs a{};
+  const Problem& pr = p.prob;
+  a.q = p.q.data;
+  a.k = p.k.data;
+  a.v = p.v.data;
+  a.o = p.out.data;
+  a.q_sb = p.q.stride_b; a.q_ss = p.q.stride_s; a.q_sh = p.q.stride_h;
+  a.k_sb = p.k.stride_b; a.k_ss = p.k.stride_s; a.k_sh = p.k.stride_h;
+  a.v_sb = p.v.stride_b; a.v_ss = p.v.stride_s; a.v_sh = p.v.stride_h;
+  a.o_sb = p.out.stride_b; a.o_ss = p.out.stride_s; a.o_sh = p.out.stride_h;
+  a.lse = p.lse;
+  a.lse_sb = p.lse_stride_b; a.lse_sh = p.lse_stride_h; a.lse_ss = p.lse_stride_s;
+  a.max_logit = p.max_logit;
+  a.cu_q = p.seqlens.cu_seqlens_q;
+  a.cu_kv = p.seqlens.cu_seqlens_kv;
+  a.q_thd = p.seqlens.q_is_thd;
+  a.kv_thd = p.seqlens.kv_is_thd;
+  a.off_q = a.q_thd ? p.seqlens.offsets_q : nullptr;
+  a.off_kv = a.kv_thd ? p.seqlens.offsets_kv : nullptr;
+  a.b = static_cast<int>(pr.b);
+  a.h_q = static_cast<int>(pr.h_q);
+  a.h_kv = static_cast<int>(pr.h_kv);
+  a.group = a.h_q / a.h_kv;
+  a.s_q = static_cast<int>(pr.s_q);
+  a.s_kv = static_cast<int>(pr.s_kv);
+  a.d_qk = static_cast<int>(pr.d_qk);
+  a.d_v = static_cast<int>(pr.d_v);
+  a.wl = clamp_window(p.mask.window_left);
+  a.wr = clamp_window(p.mask.window_right);
+  a.bottom_right = p.mask.bottom_right;
+  const PairTensor& m = p.mask.mask;
+  a.mask = static_cast<const uint8_t*>(m.data);
+  a.mk_sb = m.stride_b; a.mk_sh = m.stride_h; a.mk_si = m.stride_i; a.mk_sj = m.stride_j;
+  a.bias_type = p.bias.type == BiasType::kPostScaleBias ? 1 : p.bias.type == BiasType::kAlibi ? 2 : 0;
+  const PairTensor& bt = p.bias.bias;
+  a.bias = bt.data;
+  a.bs_sb = bt.stride_b; a.bs_sh = bt.stride_h; a.bs_si = bt.stride_i; a.bs_sj = bt.stride_j;
+  a.alibi = p.bias.alibi_slopes;
+  a.al_sb = p.bias.alibi_stride_b;
+  a.al_sh = p.bias.alibi_stride_h;
+  a.softmax_type = p.softmax.type == SoftmaxType::kVanilla ? 0 : p.softmax.type == SoftmaxType::kOffByOne ? 1 : 2;
+  a.sink = p.softmax.offset;
+  a.dropout = p.dropout.p > 0.f;
+  a.drop_thr = dropout_threshold(p.dropout.p);
+  a.rp_drop = a.dropout ? 1.f / (1.f - p.dropout.p) : 1.f;
+  a.rng = p.dropout.rng_state;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.acc_d = head_dim_bucket(pr);
+  return a;
+}
+
+int64_t rows_q(const Problem& pr, bool q_thd) { return q_thd ? pr.t_q : pr.b * pr.s_q; }
+
+bool dbias_full(const BwdParams& p) {
+  const Problem& pr = p.fwd.prob;
+  const int64_t* s = p.dbias.sizes;
+  return s[0] == pr.b && s[1] == pr.h_q && s[2] == pr.s_q && s[3] == pr.s_kv;
+}
+
+int64_t dbias_numel(const BwdParams& p) {
+  return p.dbias.sizes[0] * p.dbias.sizes[1] * p.dbias.sizes[2] * p.dbias.sizes[3];
+}
+
+struct BwdWorkspace {
+  size_t dq_acc = 0, lse2 = 0, dsum = 0, dbias = 0, total = 0;
+};
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+BwdWorkspace bwd_layout(const BwdParams& p) {
+  const Problem& pr = p.fwd.prob;
+  const int64_t rows = rows_q(pr, p.fwd.seqlens.q_is_thd);
+  BwdWorkspace w;
+  size_t off = 0;
+  w.dq_acc = off;
+  off += align256(static_cast<size_t>(rows) * pr.h_q * head_dim_bucket(pr) * 4);
+  w.lse2 = off;
+  off += align256(static_cast<size_t>(rows) * pr.h_q * 4);
+  w.dsum = off;
+  off += align256(static_cast<size_t>(rows) * pr.h_q * 4);
+  w.dbias = off;
+  if (p.dbias.data != nullptr && !dbias_full(p)) off += align256(static_cast<size_t>(dbias_numel(p)) * 4);
+  w.total = off;
+  return w;
+}
+
+template <typename Elem>
+Status launch_fwd_aux_pre(const KArgs& a, cudaStream_t st) {
+  if (a.max_logit != nullptr) fill_float_kernel<<<(a.h_q + 255) / 256, 256, 0, st>>>(a.max_logit, a.h_q, -INFINITY);
+  return launch_status("max_logit init");
+}
+
+template <typename Elem>
+void launch_fill_gaps(void* base, int64_t ss, int64_t sh, int heads, int d, int64_t tokens, const int32_t* off,
+                      const int32_t* cu, int nseq, int s_max, float* lse, int64_t lse_sh, int64_t lse_ss,
+                      cudaStream_t st) {
+  if (tokens <= 0) return;
+  const int64_t blocks = (tokens + 7) / 8;
+  thd_fill_gaps_kernel<Elem><<<static_cast<unsigned>(blocks), 256, 0, st>>>(
+      static_cast<Elem*>(base), ss, sh, heads, d, tokens, off, cu, nseq, s_max, lse, lse_sh, lse_ss);
+}
+
+template <typename Elem>
+Status run_fwd_all(const FwdParams& p, const KArgs& a, KernelFn main, cudaStream_t st) {
+  FUSEDATTN_RETURN_IF_ERROR(launch_fwd_aux_pre<Elem>(a, st));
+  FUSEDATTN_RETURN_IF_ERROR(main(a, st));
+  if (a.q_thd) {
+    launch_fill_gaps<Elem>(a.o, a.o_ss, a.o_sh, a.h_q, a.d_v, p.prob.t_q, a.off_q, a.cu_q, a.b, a.s_q, a.lse,
+                           a.lse_sh, a.lse_ss, st);
+  }
+  return launch_status("forward gap fill");
+}
+
+template <typename Elem>
+Status run_bwd_all(const BwdParams& p, KArgs& a, KernelFn main, cudaStream_t st) {
+  cudaMemsetAsync(a.dq_acc, 0, static_cast<size_t>(a.rows_q) * a.h_q * a.acc_d * 4, st);
+  if (a.softmax_type == 2 && a.d_sink != nullptr) cudaMemsetAsync(a.d_sink, 0, static_cast<size_t>(a.h_q) * 4, st);
+  if (a.dbias != nullptr) {
+    if (a.dbias_direct) {
+      cudaMemsetAsync(a.dbias, 0, static_cast<size_t>(dbias_numel(p)) * sizeof(Elem), st);
+    } else {
+      cudaMemsetAsync(a.dbias_acc, 0, static_cast<size_t>(dbias_numel(p)) * 4, st);
+    }
+  }
+  FUSEDATTN_RETURN_IF_ERROR(launch_status("backward memset"));
+  bwd_preprocess_kernel<Elem><<<dim3((a.s_q + 7) / 8, a.h_q, a.b), 256, 0, st>>>(a);
+  FUSEDATTN_RETURN_IF_ERROR(launch_status("backward preprocess"));
+  FUSEDATTN_RETURN_IF_ERROR(main(a, st));
+  const int64_t conv_blocks = (a.rows_q * a.h_q + 7) / 8;
+  if (conv_blocks > 0) dq_convert_kernel<Elem><<<static_cast<unsigned>(conv_blocks), 256, 0, st>>>(a);
+  if (a.dbias != nullptr && !a.dbias_direct) {
+    const int64_t n = dbias_numel(p);
+    const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65536));
+    dbias_convert_kernel<Elem><<<blocks, 256, 0, st>>>(a.dbias_acc, static_cast<Elem*>(a.dbias), n);
+  }
+  if (a.kv_thd) {
+    const int64_t t_kv = p.fwd.prob.t_kv;
+    launch_fill_gaps<Elem>(a.dk, a.dk_ss, a.dk_sh, a.h_kv, a.d_qk, t_kv, a.off_kv, a.cu_kv, a.b, a.s_kv, nullptr, 0,
+                           0, st);
+    launch_fill_gaps<Elem>(a.dv, a.dv_ss, a.dv_sh, a.h_kv, a.d_v, t_kv, a.off_kv, a.cu_kv, a.b, a.s_kv, nullptr, 0,
+                           0, st);
+  }
+  return launch_status("backward epilogue");
+}
+
+}  // namespace
+
+std::string fwd_support(const FwdParams& p) { return common_support(p, Dir::kFwd); }
+
+std::string bwd_support(const BwdParams& p) {
+  std::string r = common_support(p.fwd, Dir::kBwd);
+  if (!r.empty()) return r;
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.dout, "dout"}, {&p.dq, "dq"},
+                                {&p.dk, "dk"}, {&p.dv, "dv"}}) {
+    r = check_seq_tensor(*t, name);
+    if (!r.empty()) return r;
+  }
+  if (p.dbias.data != nullptr) {
+    const PairTensor& d = p.dbias;
+    const int64_t* s = d.sizes;
+    if (d.stride_j != 1 || d.stride_i != s[3] || d.stride_h != s[2] * s[3] || d.stride_b != s[1] * s[2] * s[3]) {
+      return "dbias is not contiguous";
+    }
+  }
+  if (p.fwd.softmax.type == SoftmaxType::kLearnable && p.d_softmax_offset == nullptr) {
+    return "learnable softmax without d_softmax_offset";
+  }
+  return "";
+}
+
+size_t fwd_workspace_bytes(const FwdParams&) { return 0; }
+
+size_t bwd_workspace_bytes(const BwdParams& p) {
+  if (!bwd_support(p).empty()) return 0;
+  return bwd_layout(p).total;
+}
+
+Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
+  *handled = false;
+  if (!fwd_support(p).empty()) return Status::Ok();
+  const KArgs a = make_fwd_kargs(p);
+  const TableEntry* e = find_kernel(Dir::kFwd, p.prob.dtype, a.acc_d, needs_general(p));
+  auto st = static_cast<cudaStream_t>(launch.stream);
+  *handled = true;
+  if (p.prob.dtype == DType::kFloat16) return run_fwd_all<__half>(p, a, e->fn, st);
+  return run_fwd_all<__nv_bfloat16>(p, a, e->fn, st);
+}
+
+Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) {
+  *handled = false;
+  if (!bwd_support(p).empty()) return Status::Ok();
+  const BwdWorkspace w = bwd_layout(p);
+  if (w.total > 0 && (launch.workspace == nullptr || launch.workspace_bytes < w.total)) return Status::Ok();
+  KArgs a = make_fwd_kargs(p.fwd);
+  a.dout = p.dout.data;
+  a.do_sb = p.dout.stride_b; a.do_ss = p.dout.stride_s; a.do_sh = p.dout.stride_h;
+  a.dq = p.dq.data;
+  a.dq_sb = p.dq.stride_b; a.dq_ss = p.dq.stride_s; a.dq_sh = p.dq.stride_h;
+  a.dk = p.dk.data;
+  a.dk_sb = p.dk.stride_b; a.dk_ss = p.dk.stride_s; a.dk_sh = p.dk.stride_h;
+  a.dv = p.dv.data;
+  a.dv_sb = p.dv.stride_b; a.dv_ss = p.dv.stride_s; a.dv_sh = p.dv.stride_h;
+  a.max_logit = nullptr;
+  if (p.dbias.data != nullptr) {
+    const PairTensor& d = p.dbias;
+    a.dbias = d.data;
+    for (int i = 0; i < 4; ++i) a.db_sizes[i] = d.sizes[i];
+    // Broadcast dims accumulate: they are indexed with stride 0.
+    a.db_sb = d.sizes[0] == 1 ? 0 : d.stride_b;
+    a.db_sh = d.sizes[1] == 1 ? 0 : d.stride_h;
+    a.db_si = d.sizes[2] == 1 ? 0 : d.stride_i;
+    a.db_sj = d.stride_j;
+    a.dbias_direct = dbias_full(p);
+  }
+  a.d_sink = p.d_softmax_offset;
+  char* ws = static_cast<char*>(launch.workspace);
+  a.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
+  a.lse2 = reinterpret_cast<float*>(ws + w.lse2);
+  a.dsum = reinterpret_cast<float*>(ws + w.dsum);
+  a.dbias_acc = a.dbias != nullptr && !a.dbias_direct ? reinterpret_cast<float*>(ws + w.dbias) : nullptr;
+  a.rows_q = rows_q(p.fwd.prob, a.q_thd);
+  const bool general = needs_general(p.fwd) || a.dbias != nullptr;
+  const TableEntry* e = find_kernel(Dir::kBwd, p.fwd.prob.dtype, a.acc_d, general);
+  if (e == nullptr) return Status::Ok();
+  auto st = static_cast<cudaStream_t>(launch.stream);
+  *handled = true;
+  if (p.fwd.prob.dtype == DType::kFloat16) return run_bwd_all<__half>(p, a, e->fn, st);
+  return run_bwd_all<__nv_bfloat16>(p, a, e->fn, st);
+}
+
+}  // namespace tc
+}  // namespace fusedattn

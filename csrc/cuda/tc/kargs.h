@@ -1,0 +1,130 @@
+// The kernels' view of one call: a flat struct of pointers, element strides
+// and pre-computed scalars, filled on the host from FwdParams / BwdParams in
+// one function (make_kargs in dispatch.cu) and passed by value as a
+// __grid_constant__ parameter. Also the per-sequence and visibility helpers
+// every kernel shares, so the mask rule of params.h is written once here.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedattn {
+namespace tc {
+
+struct KArgs {
+  // q, k, v and the forward output (an output in forward, an input in backward).
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  int64_t q_sb, q_ss, q_sh;
+  int64_t k_sb, k_ss, k_sh;
+  int64_t v_sb, v_ss, v_sh;
+  int64_t o_sb, o_ss, o_sh;
+  float* lse;  // (b, h, token) with the strides below
+  int64_t lse_sb, lse_sh, lse_ss;
+  float* max_logit;  // [h_q] or null
+
+  // sequences
+  const int32_t* cu_q;   // null: every sequence has length s_q
+  const int32_t* cu_kv;
+  const int32_t* off_q;  // thd token offsets; null for bshd/sbhd
+  const int32_t* off_kv;
+  int q_thd, kv_thd;
+  int b, h_q, h_kv, group, s_q, s_kv, d_qk, d_v;
+
+  // visibility (windows clamped to [-1, 2^30])
+  int wl, wr, bottom_right;
+  const uint8_t* mask;  // bool, true = masked out; null when absent
+  int64_t mk_sb, mk_sh, mk_si, mk_sj;
+
+  // bias: 0 none, 1 post-scale tensor, 2 ALiBi
+  int bias_type;
+  const void* bias;
+  int64_t bs_sb, bs_sh, bs_si, bs_sj;
+  const float* alibi;
+  int64_t al_sb, al_sh;
+
+  // softmax: 0 vanilla, 1 off-by-one, 2 learnable
+  int softmax_type;
+  const float* sink;  // [h_q], learnable
+
+  // dropout
+  int dropout;
+  uint32_t drop_thr;
+  float rp_drop;  // 1 / (1 - p)
+  const int64_t* rng;
+
+  float scale, scale_log2;
+
+  // ---- backward only ----
+  const void* dout;
+  int64_t do_sb, do_ss, do_sh;
+  void* dq;
+  void* dk;
+  void* dv;
+  int64_t dq_sb, dq_ss, dq_sh;
+  int64_t dk_sb, dk_ss, dk_sh;
+  int64_t dv_sb, dv_ss, dv_sh;
+  void* dbias;  // q's dtype, contiguous, bias's own (possibly broadcast) shape
+  int64_t db_sizes[4];
+  int64_t db_sb, db_sh, db_si, db_sj;
+  int dbias_direct;  // 1: full shape, each element written once; 0: fp32 atomics into dbias_acc
+  float* dbias_acc;
+  float* d_sink;  // [h_q], learnable
+  // workspace: dq accumulator [rows_q][h_q][kD] and row statistics [h_q][rows_q]
+  float* dq_acc;
+  float* lse2;  // lse * log2(e), +inf for rows that see no key or lie past the sequence
+  float* dsum;  // rowsum(dO * O)
+  int64_t rows_q;  // t_q (thd) or b * s_q
+  int acc_d;       // the head-dim bucket: row length of dq_acc
+};
+
+struct SeqInfo {
+  int len_q, len_kv;
+  int64_t off_q, off_kv;  // token index of position 0 (thd), else 0
+};
+
+__device__ __forceinline__ SeqInfo seq_info(const KArgs& a, int b) {
+  SeqInfo s;
+  int lq = a.s_q, lk = a.s_kv;
+  if (a.cu_q) lq = a.cu_q[b + 1] - a.cu_q[b];
+  if (a.cu_kv) lk = a.cu_kv[b + 1] - a.cu_kv[b];
+  // Lengths beyond the declared maxima would index bias/mask out of bounds.
+  s.len_q = max(0, min(lq, a.s_q));
+  s.len_kv = max(0, min(lk, a.s_kv));
+  s.off_q = a.off_q ? a.off_q[b] : 0;
+  s.off_kv = a.off_kv ? a.off_kv[b] : 0;
+  return s;
+}
+
+// Row of a query in the workspace's per-row arrays: its token for thd, else b * s_q + i.
+__device__ __forceinline__ int64_t q_row_token(const KArgs& a, const SeqInfo& sq, int b, int i) {
+  return a.q_thd ? sq.off_q + i : static_cast<int64_t>(b) * a.s_q + i;
+}
+
+// The diagonal of params.h's visibility rule.
+__device__ __forceinline__ int seq_diag(const KArgs& a, const SeqInfo& s) {
+  return a.bottom_right ? s.len_kv - s.len_q : 0;
+}
+
+// Window and length part of the rule (the explicit mask is checked apart).
+__device__ __forceinline__ bool visible(const KArgs& a, int i, int j, int len_kv, int diag) {
+  bool v = j < len_kv;
+  if (a.wr >= 0) v = v && j <= i + diag + a.wr;
+  if (a.wl >= 0) v = v && j >= i + diag - a.wl;
+  return v;
+}
+
+// Whether a (rows [m0, m0 + bm), cols [n0, n0 + bn)) tile may hold an
+// invisible element among its in-sequence rows; tiles that cannot skip the
+// per-element checks.
+__device__ __forceinline__ bool tile_needs_mask(const KArgs& a, int m0, int bm, int n0, int bn, int len_kv,
+                                                int diag) {
+  if (n0 + bn > len_kv) return true;
+  if (a.wr >= 0 && n0 + bn - 1 > m0 + diag + a.wr) return true;
+  if (a.wl >= 0 && n0 < m0 + bm - 1 + diag - a.wl) return true;
+  return false;
+}
+
+}  // namespace tc
+}  // namespace fusedattn

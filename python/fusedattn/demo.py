@@ -1,0 +1,341 @@
+"""End-to-end demo: a small byte-level GPT whose attention is fusedattn's.
+
+    python -m fusedattn.demo [--device auto|cpu|cuda] [--steps 40] [--gen-tokens 32]
+
+It (a) trains a few steps under ``torch.compile(fullgraph=True)`` and counts
+graph breaks (must be 0), (b) checks logits and gradients against the same
+model with torch's ``F.scaled_dot_product_attention``, (c) generates greedily
+with a ``dynamic=True`` compile and counts compilations, and (d) prints eager
+and compiled timings. Exits non-zero on a graph break or a failed agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fusedattn import DotProductAttention
+
+TEXT = """\
+Attention lets every position of a sequence look at every other position and decide
+how much each one matters. A query is compared with all keys; the scores, scaled by
+one over the square root of the head size, go through a softmax, and the weights mix
+the values. Causal attention hides the future, so a language model predicts the next
+byte from the bytes before it and nothing else.
+A fused attention kernel never writes the full score matrix to memory. It walks over
+blocks of keys, keeps a running maximum and a running sum for each query row, and
+rescales the partial output whenever the maximum grows. The result is the same as the
+plain formula, up to rounding, but it needs memory linear in the sequence length.
+Grouped-query attention shares each key and value head among several query heads.
+The cache of keys and values shrinks by the group size, and the quality barely moves.
+Compilers like to see whole programs. When a library hides its kernel behind an
+opaque call, the compiler splits the graph around it and loses the chance to fuse the
+code before and after. A real operator with a shape function keeps the graph whole.
+The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
+How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow.
+"""
+
+
+@dataclass
+class Config:
+    vocab: int = 256
+    d_model: int = 128
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int = 2  # grouped-query attention: 2 query heads per key/value head
+    max_len: int = 128
+    seq_len: int = 64
+    batch: int = 16
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+# ---------------------------------------------------------------------------
+# The model. Attention modules take q [b, s, h, d] and k, v [b, s, h_kv, d] and
+# return [b, s, h * d]; q/k/v are strided views of one projection (no copy).
+
+
+def fused_attention(cfg: Config) -> nn.Module:
+    return DotProductAttention(cfg.n_head, cfg.head_dim, num_gqa_groups=cfg.n_kv_head,
+                               qkv_format="bshd", attn_mask_type="causal")
+
+
+class TorchSDPAAttention(nn.Module):
+    """The reference: torch's F.scaled_dot_product_attention, same contract."""
+
+    def forward(self, q, k, v):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        return out.transpose(1, 2).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Config, attn: nn.Module):
+        super().__init__()
+        self.cfg = cfg
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=False)
+        self.attn = attn
+        self.proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(),
+                                 nn.Linear(4 * cfg.d_model, cfg.d_model))
+
+    def forward(self, x):
+        c = self.cfg
+        b, s, _ = x.shape
+        qkv = self.qkv(self.ln1(x)).view(b, s, c.n_head + 2 * c.n_kv_head, c.head_dim)
+        q = qkv[:, :, :c.n_head]
+        k = qkv[:, :, c.n_head:c.n_head + c.n_kv_head]
+        v = qkv[:, :, c.n_head + c.n_kv_head:]
+        x = x + self.proj(self.attn(q, k, v))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, cfg: Config, attn_factory):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, attn_factory(cfg)) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos.weight[: idx.shape[1]]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.ln_f(x) @ self.tok.weight.t()  # tied output embedding
+
+
+# ---------------------------------------------------------------------------
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def graph_breaks() -> int:
+    return sum(torch._dynamo.utils.counters["graph_break"].values())
+
+
+def unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def batches(data, cfg: Config, device, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch,), generator=g)
+        x = torch.stack([data[i:i + cfg.seq_len] for i in starts])
+        y = torch.stack([data[i + 1:i + 1 + cfg.seq_len] for i in starts])
+        yield x.to(device), y.to(device)
+
+
+def loss_fn(logits, y):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def train_steps(model, opt, it, n, device, log_every=0):
+    losses, times = [], []
+    for step in range(n):
+        x, y = next(it)
+
+        def step_fn():
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        loss, dt = timed(step_fn, device)
+        losses.append(loss.item())
+        times.append(dt)
+        if log_every and (step % log_every == 0 or step == n - 1):
+            print(f"  step {step:3d}  loss {losses[-1]:.4f}  ({dt * 1e3:.0f} ms)")
+    return losses, times
+
+
+def max_abs_diff(a, b) -> float:
+    return (a.detach().float() - b.detach().float()).abs().max().item()
+
+
+def agreement(model, cfg, data, device, tol):
+    """Same weights, attention swapped for torch SDPA: logits and all gradients."""
+    ref = TinyGPT(cfg, lambda c: TorchSDPAAttention()).to(device)
+    ref.load_state_dict(model.state_dict())
+    x, y = next(batches(data, cfg, device, seed=1234))
+    results = {}
+    for name, m in (("fusedattn", model), ("torch_sdpa", ref)):
+        m.zero_grad(set_to_none=True)
+        logits = m(x)
+        loss_fn(logits, y).backward()
+        results[name] = (logits.detach(), {n: p.grad.detach().clone() for n, p in m.named_parameters()})
+    lf, gf = results["fusedattn"]
+    lt, gt = results["torch_sdpa"]
+    d_logits = max_abs_diff(lf, lt)
+    scale_logits = lt.abs().max().item()
+    d_grads, worst = 0.0, ""
+    ok_grads = True
+    for n in gt:
+        d = max_abs_diff(gf[n], gt[n])
+        bound = tol * max(1.0, gt[n].abs().max().item())
+        ok_grads &= d <= bound
+        if d > d_grads:
+            d_grads, worst = d, n
+    ok = d_logits <= tol * max(1.0, scale_logits) and ok_grads
+    model.zero_grad(set_to_none=True)
+    return ok, d_logits, d_grads, worst
+
+
+@torch.no_grad()
+def generate(model, prompt, n_tokens, device):
+    idx = prompt
+    per_token = []
+    for _ in range(n_tokens):
+        logits, dt = timed(lambda: model(idx), device)
+        per_token.append(dt)
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx, per_token
+
+
+def printable(ids) -> str:
+    return "".join(chr(c) if 32 <= c < 127 else ("\\n" if c == 10 else "?") for c in ids.tolist())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--steps", type=int, default=40,
+                   help="compiled training steps (the text stays babble for a few hundred)")
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--eager-steps", type=int, default=5, help="eager steps timed for comparison")
+    p.add_argument("--gen-tokens", type=int, default=32)
+    p.add_argument("--backend", default="inductor", help="torch.compile backend")
+    p.add_argument("--tol", type=float, default=1e-3,
+                   help="agreement tolerance, relative to max(1, max|reference|)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    cfg = Config()
+    data = torch.tensor(list(TEXT.encode()), dtype=torch.long)
+    print(f"fusedattn demo on {device} (torch {torch.__version__}, {torch.get_num_threads()} threads): "
+          f"{cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads / {cfg.n_kv_head} kv heads "
+          f"(GQA), batch {cfg.batch} x {cfg.seq_len} bytes, {len(data)} bytes of text")
+    failures = []
+    torch._dynamo.utils.counters.clear()
+
+    model = TinyGPT(cfg, fused_attention).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    it = batches(data, cfg, device, seed=args.seed)
+
+    # (a) compiled training
+    print(f"\n(a) training {args.steps} steps, torch.compile(fullgraph=True, backend={args.backend!r})")
+    compiled = torch.compile(model, fullgraph=True, backend=args.backend)
+    losses, times = train_steps(compiled, opt, it, args.steps, device, log_every=max(1, args.steps // 5))
+    gb = graph_breaks()
+    print(f"  graph breaks: {gb}")
+    print(f"  loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    if gb:
+        failures.append(f"{gb} graph break(s)")
+    if not losses[-1] < losses[0]:
+        failures.append("loss did not go down")
+    steady = times[2:] if len(times) > 3 else times[1:] or times
+    compiled_step = statistics.median(steady)
+    compile_time = times[0]
+
+    # eager steps on a copy, so the trained model is left alone
+    eager_model = copy.deepcopy(model)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=args.lr, weight_decay=0.01)
+    eager_opt.load_state_dict(opt.state_dict())
+    _, eager_times = train_steps(eager_model, eager_opt, it, args.eager_steps + 1, device)
+    eager_step = statistics.median(eager_times[1:])
+    del eager_model, eager_opt
+
+    # (b) agreement with torch SDPA, and compiled vs eager
+    print("\n(b) agreement with torch.nn.functional.scaled_dot_product_attention (same weights)")
+    ok, d_logits, d_grads, worst = agreement(model, cfg, data, device, args.tol)
+    print(f"  max |diff| logits: {d_logits:.3e}")
+    print(f"  max |diff| grads:  {d_grads:.3e}  (largest in {worst})")
+    x, _ = next(batches(data, cfg, device, seed=99))
+    # With grad enabled, like training, so the training graph is reused (no_grad would recompile).
+    d_comp = max_abs_diff(compiled(x), model(x))
+    print(f"  compiled vs eager logits: {d_comp:.3e}")
+    ok &= d_comp <= args.tol
+    print(f"  agreement: {'OK' if ok else 'FAILED'} (tol {args.tol:g})")
+    if not ok:
+        failures.append("agreement with torch SDPA")
+
+    # (c) greedy generation, compiled once for every length
+    print(f"\n(c) greedy generation of {args.gen_tokens} tokens, torch.compile(dynamic=True, fullgraph=True)")
+    model.eval()
+    prompt_text = TEXT[:24]
+    prompt = torch.tensor([list(prompt_text.encode())], dtype=torch.long, device=device)
+    gen_compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=args.backend)
+    graphs_before = unique_graphs()
+    out, gen_times = generate(gen_compiled, prompt, args.gen_tokens, device)
+    n_graphs = unique_graphs() - graphs_before
+    eager_out, eager_gen_times = generate(model, prompt, args.gen_tokens, device)
+    print(f"  prompt:    {printable(prompt[0])!r}")
+    print(f"  generated: {printable(out[0, prompt.shape[1]:])!r}")
+    print(f"  compilations during generation: {n_graphs} (recompiles: {max(0, n_graphs - 1)}); "
+          f"graphs compiled in this run: {unique_graphs()}")
+    print(f"  compiled tokens == eager tokens: {bool(torch.equal(out, eager_out))}")
+    gb = graph_breaks()
+    print(f"  graph breaks (total): {gb}")
+    if gb and not any("graph break" in f for f in failures):
+        failures.append(f"{gb} graph break(s)")
+
+    # (d) timings
+    tok_per_step = cfg.batch * cfg.seq_len
+    gen_steady = gen_times[1:] or gen_times
+    print("\n(d) timings")
+    print(f"  train step eager:    {eager_step * 1e3:8.1f} ms  ({tok_per_step / eager_step:9.0f} tokens/s)")
+    print(f"  train step compiled: {compiled_step * 1e3:8.1f} ms  ({tok_per_step / compiled_step:9.0f} tokens/s)"
+          f"  speed-up {eager_step / compiled_step:.2f}x")
+    print(f"  first compiled step (compile included): {compile_time:.1f} s")
+    print(f"  generation eager:    {len(eager_gen_times) / sum(eager_gen_times):8.1f} tokens/s")
+    print(f"  generation compiled: {len(gen_steady) / sum(gen_steady):8.1f} tokens/s"
+          f"  (first token, compile included: {gen_times[0]:.1f} s)")
+
+    if failures:
+        print("\nFAILED: " + "; ".join(failures))
+        return 1
+    print("\nOK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Functional entry points: torch's SDPA contract, and DotProductAttention as a function."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from . import _ops
+from ._gate import eager_fallback_gate, needs_eager
+from .attention import MaskArg, _attention_forward, _build_fwd_args, _unpack_packed_qkv
+
+__all__ = ["scaled_dot_product_attention", "dot_product_attention"]
+
+
+def _to_4d(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape)) if x.dim() < 4 else x
+
+
+@eager_fallback_gate(when=needs_eager)
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` on fusedattn's operator.
+
+    query ``[b, h_q, s_q, d_qk]``, key ``[b, h_kv, s_kv, d_qk]``, value
+    ``[b, h_kv, s_kv, d_v]`` (or the same without ``b``); returns
+    ``[b, h_q, s_q, d_v]``. The tensors reach the operator as bshd views
+    (``transpose(1, 2)``, no copy), and the output is the transposed view of
+    the operator's bshd output.
+
+    attn_mask: bool (True = takes part, torch's convention) or float (added to
+    the scaled scores, with gradient), broadcastable to ``[b, h_q, s_q, s_kv]``.
+    is_causal: top-left aligned causal mask, as in torch. dropout_p applies
+    whenever it is > 0 (torch's functional contract: no training flag).
+    """
+    if attn_mask is not None and is_causal:
+        raise RuntimeError(
+            "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
+        raise ValueError(
+            "fusedattn.scaled_dot_product_attention takes 4-D [b, h, s, d] (or 3-D [h, s, d]) "
+            f"query/key/value of the same rank, got shapes {tuple(query.shape)}, "
+            f"{tuple(key.shape)}, {tuple(value.shape)}")
+    if not enable_gqa and query.shape[-3] != key.shape[-3]:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: query has {query.shape[-3]} heads but key/value have "
+            f"{key.shape[-3]}; pass enable_gqa=True for grouped-query attention")
+    unbatched = query.dim() == 3
+    if unbatched:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+
+    bias = mask = None
+    mask_type = "causal" if is_causal else "no_mask"
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            mask = _to_4d(~attn_mask)  # torch: True takes part; the operator: True is masked out
+            mask_type = "arbitrary"
+        else:
+            bias = _to_4d(attn_mask).to(query.dtype)
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    args = _build_fwd_args(
+        q_format="bshd", kv_format="bshd", mask_type=mask_type, window_size=None,
+        bottom_right_diagonal=None, softmax_type="vanilla", scale=scale, dropout_p=dropout_p,
+        max_seqlen_q=None, max_seqlen_kv=None, return_max_logit=False,
+    )
+    out, _ = _ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                            args, bias=bias, attn_mask=mask)
+    out = out.transpose(1, 2)
+    return out.squeeze(0) if unbatched else out
+
+
+@eager_fallback_gate(when=needs_eager)
+def dot_product_attention(
+    query_layer: Optional[torch.Tensor] = None,
+    key_layer: Optional[torch.Tensor] = None,
+    value_layer: Optional[torch.Tensor] = None,
+    attention_mask: MaskArg = None,
+    *,
+    qkv_format: str = "bshd",
+    attn_mask_type: str = "no_mask",
+    window_size: Optional[Tuple[int, int]] = None,
+    bottom_right_diagonal: Optional[bool] = None,
+    softmax_scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    softmax_type: str = "vanilla",
+    softmax_offset: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_kv: Optional[torch.Tensor] = None,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    core_attention_bias_type: str = "no_bias",
+    core_attention_bias: Optional[torch.Tensor] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    return_max_logit: bool = False,
+    qkv_layer: Optional[torch.Tensor] = None,
+    kv_layer: Optional[torch.Tensor] = None,
+    qkv_interleave_dim: int = -3,
+):
+    """``DotProductAttention.forward`` as a function, without a module.
+
+    Same arguments and output (heads merged) as the module; what the module
+    holds comes in as arguments: ``softmax_scale`` (default ``1/sqrt(d_qk)``),
+    ``dropout_p`` (applied whenever > 0), ``softmax_type`` and, for
+    ``"learnable"``, ``softmax_offset`` (fp32 ``[h_q]``). Defaults differ from
+    the module's where a function has no reason to copy them: ``qkv_format="bshd"``
+    and ``attn_mask_type="no_mask"``.
+    """
+    query_layer, key_layer, value_layer = _unpack_packed_qkv(
+        qkv_layer, kv_layer, query_layer, key_layer, value_layer, qkv_format, qkv_interleave_dim)
+    return _attention_forward(
+        query_layer, key_layer, value_layer,
+        qkv_format=qkv_format, attn_mask_type=attn_mask_type, attention_mask=attention_mask,
+        window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
+        softmax_scale=softmax_scale, dropout_p=dropout_p, softmax_type=softmax_type,
+        softmax_offset=softmax_offset,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+        core_attention_bias_type=core_attention_bias_type,
+        core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
+        return_max_logit=return_max_logit,
+    )

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# GPU check: on a machine with an NVIDIA GPU, a CUDA build of torch, nvcc,
+# scikit-build-core, cmake and ninja (no network needed), build fusedattn from
+# this checkout, run the GPU tests and a short timing, write every log to
+# OUTDIR and print a summary table last.
+#
+#   scripts/gpu_check.sh OUTDIR
+#
+# Environment:
+#   PYTHON                 interpreter with torch (default: python3)
+#   TORCH_CUDA_ARCH_LIST   architectures to build (default: the GPU's, e.g. 9.0)
+#   SKBUILD_CMAKE_DEFINE   extra CMake definitions, e.g. "FUSEDATTN_CUDA_TC=OFF"
+#   GPU_CHECK_ENGINES      engines the GPU tests run with (default "default simt":
+#                          the dispatch as built, then FUSEDATTN_CUDA_ENGINE=simt)
+#   GPU_CHECK_PYTEST       extra pytest arguments (e.g. "-x -k thd")
+#   GPU_CHECK_SKIP_BUILD=1 use the fusedattn already installed
+#   GPU_CHECK_SANITIZER    a pytest -k expression: those tests of tests/gpu also run
+#                          under compute-sanitizer memcheck and racecheck
+#   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
+set -uo pipefail
+OUT="${1:?usage: scripts/gpu_check.sh OUTDIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+cd "$ROOT"
+export PYTHONUNBUFFERED=1
+if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+
+declare -a SUMMARY=()
+note() { SUMMARY+=("$(printf '%-34s %s' "$1" "$2")"); }
+now() { date +%s; }
+
+# ---- environment ---------------------------------------------------------------
+{
+  echo "== nvidia-smi"; nvidia-smi 2>&1 | head -20
+  echo "== nvcc"; nvcc --version 2>&1 | tail -2
+  echo "== python / torch"
+  "$PY" -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)" 2>&1
+  echo "== build tools"; "$PY" -m pip show scikit-build-core cmake ninja 2>&1 | grep -E "^(Name|Version)"
+} > "$OUT/env.log" 2>&1
+GPU="$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo none)"
+note "gpu" "$GPU"
+if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+  TORCH_CUDA_ARCH_LIST="$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))" 2>/dev/null || echo "8.0;9.0")"
+  export TORCH_CUDA_ARCH_LIST
+fi
+note "architectures" "$TORCH_CUDA_ARCH_LIST"
+
+# ---- build -------------------------------------------------------------------------
+if [ "${GPU_CHECK_SKIP_BUILD:-0}" != "1" ]; then
+  t0=$(now)
+  CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+    "$PY" -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1
+  rc=$?
+  note "build (pip install .)" "rc=$rc in $(( $(now) - t0 )) s"
+  grep -E "fusedattn: |ptxas (warning|error)|error:" "$OUT/build.log" > "$OUT/build_summary.log" 2>/dev/null
+  if [ $rc -ne 0 ]; then
+    tail -40 "$OUT/build.log"
+    printf '\n== summary\n'; printf '%s\n' "${SUMMARY[@]}"
+    exit 1
+  fi
+fi
+"$PY" -c "import fusedattn, torch; print(torch._C._dispatch_has_kernel_for_dispatch_key('fusedattn::fwd', 'CUDA'))" \
+  > "$OUT/cuda_registered.log" 2>&1
+note "CUDA kernels registered" "$(tail -1 "$OUT/cuda_registered.log")"
+
+# ---- tests ---------------------------------------------------------------------------
+status=0
+pytest_counts() { grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|(passed|failed|error)(,| in )" "$1" | tail -1 | sed 's/=//g'; }
+for engine in ${GPU_CHECK_ENGINES:-default simt}; do
+  log="$OUT/test_gpu_${engine}.log"
+  t0=$(now)
+  if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
+  # shellcheck disable=SC2086
+  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_cuda_engine.py \
+    ${GPU_CHECK_PYTEST:-} > "$log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  note "tests/gpu ($engine engine)" "rc=$rc $(pytest_counts "$log") ($(( $(now) - t0 )) s)"
+done
+unset FUSEDATTN_CUDA_ENGINE
+# The main suite on the GPU, once its conftest honours FUSEDATTN_TEST_DEVICE.
+if grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
+  t0=$(now)
+  # shellcheck disable=SC2086
+  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider -m "not slow" tests \
+    --ignore=tests/gpu ${GPU_CHECK_PYTEST:-} > "$OUT/test_suite_cuda.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  note "tests/ (FUSEDATTN_TEST_DEVICE=cuda)" "rc=$rc $(pytest_counts "$OUT/test_suite_cuda.log") ($(( $(now) - t0 )) s)"
+else
+  note "tests/ (FUSEDATTN_TEST_DEVICE=cuda)" "not run: tests/conftest.py does not read FUSEDATTN_TEST_DEVICE yet"
+fi
+
+# ---- compute-sanitizer on a few tests ------------------------------------------------
+if [ -n "${GPU_CHECK_SANITIZER:-}" ] && command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    t0=$(now)
+    timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu/test_cuda_engine.py -k "$GPU_CHECK_SANITIZER" \
+      > "$OUT/sanitizer_${tool}.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && status=1
+    note "compute-sanitizer $tool" "rc=$rc $(grep -E "ERROR SUMMARY" "$OUT/sanitizer_${tool}.log" | tail -1) \
+$(pytest_counts "$OUT/sanitizer_${tool}.log") ($(( $(now) - t0 )) s)"
+  done
+fi
+
+# ---- timing ----------------------------------------------------------------------------
+if [ -x bench/run_gpu.sh ]; then
+  bench/run_gpu.sh "$OUT" > "$OUT/bench.log" 2>&1
+  note "bench/run_gpu.sh" "rc=$?"
+fi
+for engine in ${GPU_CHECK_ENGINES:-default simt}; do
+  if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
+  "$PY" - "$engine" > "$OUT/timing_${engine}.log" 2>&1 <<'PYEOF'
+# Median times (CUDA events) of forward and forward+backward, causal
+# self-attention, against torch's SDPA in the same dtype.
+import math, sys, torch
+import torch.nn.functional as F
+from fusedattn._ops import FwdArgs, attention
+
+engine = sys.argv[1]
+def bench(fn, iters=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+b, s, h, d = 4, 2048, 16, 128
+flops_fwd = 4 * b * h * s * s * d / 2  # causal: half the score matrix
+for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    args = FwdArgs(scale=1 / math.sqrt(d), mask_type="causal")
+    do = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    def fa_f():
+        with torch.no_grad():
+            attention(q, k, v, args)
+    def fa_fb():
+        out, _ = attention(q, k, v, args)
+        torch.autograd.grad(out, (q, k, v), do)
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    def sd_f():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+    def sd_fb():
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        torch.autograd.grad(out, (qt, kt, vt), do.transpose(1, 2))
+    r = {n: bench(f) for n, f in (("fa_fwd", fa_f), ("fa_fwdbwd", fa_fb), ("sdpa_fwd", sd_f), ("sdpa_fwdbwd", sd_fb))}
+    name = str(dtype).replace("torch.", "")
+    print(f"TIMING engine={engine} {name} b{b} s{s} h{h} d{d} causal: fusedattn fwd {r['fa_fwd']:.3f} ms "
+          f"({flops_fwd / r['fa_fwd'] / 1e9:.1f} TFLOP/s), fwd+bwd {r['fa_fwdbwd']:.3f} ms | torch sdpa fwd "
+          f"{r['sdpa_fwd']:.3f} ms, fwd+bwd {r['sdpa_fwdbwd']:.3f} ms")
+PYEOF
+  rc=$?
+  note "timing ($engine engine)" "rc=$rc (timing_${engine}.log)"
+done
+unset FUSEDATTN_CUDA_ENGINE
+
+printf '\n== timings\n'
+grep -h "^TIMING" "$OUT"/timing_*.log 2>/dev/null | sed 's/^TIMING //'
+printf '\n== failures\n'
+grep -hE "^(FAILED|ERROR) " "$OUT"/test_*.log 2>/dev/null | head -30
+printf '\n== summary\n'
+printf '%s\n' "${SUMMARY[@]}"
+exit $status

@@ -1,0 +1,300 @@
+"""The CUDA engine, checked on a GPU (skipped cleanly without one).
+
+* every config of conftest.MATRIX through forward and backward on CUDA,
+  against the float64 reference with FlashAttention's rule (the same checks
+  as test_numerics.check_case: out, lse, max_logit, rng_state, every
+  gradient, exact zeros at padded rows / gaps);
+* CUDA against the CPU engine on the same inputs (dropout included: the
+  masks are one function of (seed, offset, b, h, i, j) on both engines);
+* the dropout mask read back exactly and compared with the CPU engine's;
+* head dims up to 256 with d_qk != d_v, long rows, every dtype;
+* CUDA graph capture of forward + backward, replayed on new inputs copied in;
+* torch.compile(fullgraph=True) of forward + backward.
+
+Run with ``FUSEDATTN_TEST_DEVICE=cuda pytest tests/gpu`` (scripts/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import conftest as C
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+DEV = "cuda"
+
+
+def _has_cuda_kernel() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    import fusedattn._ops  # noqa: F401  (loads the extension)
+
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fusedattn::fwd", "CUDA")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _require_cuda_kernel():
+    if not _has_cuda_kernel():
+        pytest.skip("fusedattn was built without the CUDA engine")
+    yield
+
+
+def to_device(case: C.Case, device) -> C.Case:
+    leaves = {n: t.detach().to(device).requires_grad_(t.requires_grad) for n, t in case.leaves.items()}
+    extra = {n: (t.to(device) if t is not None else None) for n, t in case.extra.items()}
+    if case.extra["cu_seqlens_kv"] is case.extra["cu_seqlens_q"] and case.extra["cu_seqlens_q"] is not None:
+        extra["cu_seqlens_kv"] = extra["cu_seqlens_q"]
+        extra["cu_seqlens_kv_padded"] = extra["cu_seqlens_q_padded"]
+    return dataclasses.replace(case, leaves=leaves, extra=extra, dout=case.dout.to(device))
+
+
+def _cpu(x):
+    if isinstance(x, dict):
+        return {n: _cpu(t) for n, t in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cpu(t) for t in x)
+    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
+
+
+_ORIG_ENGINE_RUN = C.engine_run
+
+
+def engine_run_cuda(case, leaves=None, dout=None):
+    """conftest.engine_run on a CUDA copy of the case; results come back on the CPU."""
+    assert leaves is None and dout is None
+    out = _ORIG_ENGINE_RUN(to_device(case, DEV))
+    torch.cuda.synchronize()
+    return _cpu(out)
+
+
+def _slow(cfg) -> bool:
+    return cfg.shape == "long" or max(cfg.dims) >= 192
+
+
+# ---------------------------------------------------------------------------
+# The whole matrix against the float64 reference
+
+
+@pytest.mark.parametrize("cfg", C.MATRIX, ids=str)
+def test_cuda_matches_reference(cfg, monkeypatch):
+    monkeypatch.setattr(C, "engine_run", engine_run_cuda)
+    C.check_case(C.build_case(cfg))
+
+
+EXTRA_CASES = [
+    # every head-dim bucket, d_qk != d_v, multiple tiles, combined features
+    C.Config(layout="bshd", mask="padding_causal_bottom_right", dims=(256, 128), shape="long", dtype="fp32",
+             seqlens="random", window="b", softmax="off-by-one", dropout=0.25, max_logit=True),
+    C.Config(layout="bshd", mask="causal", dims=(256, 256), shape="long", dtype="bf16", heads=(4, 2),
+             bias="alibi_bh"),
+    C.Config(layout="thd", mask="padding", dims=(72, 136), shape="long", dtype="fp16", seqlens="random",
+             max_seqlen="none", softmax="learnable", heads=(4, 4)),
+    C.Config(layout="bshd", mask="arbitrary", attn_mask_shape="b11s", dims=(128, 128), shape="long",
+             dtype="fp32", bias="b11s", dropout=0.25),
+    C.Config(layout="bhsd_views", mask="causal_bottom_right", dims=(64, 64), shape="cross_long_q", dtype="fp16",
+             bias="111s", max_logit=True),
+]
+
+
+@pytest.mark.parametrize("cfg", [C.normalise(c) for c in EXTRA_CASES], ids=str)
+def test_cuda_extra_cases(cfg, monkeypatch):
+    monkeypatch.setattr(C, "engine_run", engine_run_cuda)
+    C.check_case(C.build_case(cfg))
+
+
+# fp64 at every head-dim bucket. The forward is float64 throughout; gradients
+# recompute P from the fp32 softmax_lse (the operator's contract, shared with
+# the CPU engine), which bounds their accuracy near 1e-7 relative.
+FP64_CASES = [
+    C.Config(layout="bshd", mask="causal", dims=(64, 64), shape="long", dtype="fp64", bias="bhss",
+             softmax="learnable", heads=(4, 2)),
+    C.Config(layout="thd_gaps", mask="padding_causal", dims=(128, 96), shape="long", dtype="fp64",
+             seqlens="random", max_seqlen="given", dropout=0.25, heads=(4, 1), bias="alibi_h"),
+    C.Config(layout="sbhd", mask="no_mask", dims=(256, 256), shape="long", dtype="fp64", bias="1hss",
+             window="a", softmax="off-by-one", max_logit=True),
+]
+
+
+@pytest.mark.parametrize("cfg", [C.normalise(c) for c in FP64_CASES], ids=str)
+def test_cuda_float64(cfg):
+    case = C.build_case(cfg)
+    out, lse, _, ml, grads = engine_run_cuda(case)
+    r64, g64 = C.reference_run(case, torch.float64)
+    torch.testing.assert_close(out, r64.out, rtol=1e-9, atol=1e-9)
+    v = r64.lse_valid
+    torch.testing.assert_close(lse[v].double(), r64.lse[v], rtol=1e-6, atol=1e-6)
+    if case.args.return_max_logit:
+        f = torch.isfinite(r64.max_logit)
+        torch.testing.assert_close(ml[f].double(), r64.max_logit[f], rtol=1e-6, atol=1e-6)
+    for n in case.leaves:
+        scale = max(1.0, g64[n].abs().max().item())
+        torch.testing.assert_close(grads[n].double(), g64[n].double(), rtol=1e-5, atol=1e-5 * scale,
+                                   msg=lambda m: f"d{n}: {m}")
+
+
+# ---------------------------------------------------------------------------
+# CUDA against the CPU engine
+
+TOL = {torch.float64: 1e-9, torch.float32: 3e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
+
+
+def _close(name, a, b, dtype, where=None):
+    a = a.detach().double().cpu()
+    b = b.detach().double().cpu()
+    if where is not None:
+        a, b = a[where], b[where]
+    if a.numel() == 0:
+        return None
+    scale = max(1.0, b.abs().max().item())
+    err = (a - b).abs().max().item()
+    if not (err <= TOL[dtype] * scale):
+        return f"{name}: max |cuda - cpu| = {err:.3e} > {TOL[dtype] * scale:.1e}"
+    return None
+
+
+def _cpu_engine_works() -> bool:
+    q = torch.randn(1, 4, 1, 8, requires_grad=True)
+    try:
+        out, *_ = torch.ops.fusedattn.fwd(q, q, q, *([None] * 9), "bshd", "bshd", "no_mask", -1, -1, -1, "vanilla",
+                                          1.0, 0.0, -1, -1, False)
+        out.sum().backward()
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("cfg", C.sample_inputs(), ids=str)
+def test_cuda_matches_cpu_engine(cfg):
+    if not _cpu_engine_works():
+        pytest.skip("the CPU engine is not available")
+    case = C.build_case(cfg)
+    out_c, lse_c, rng_c, ml_c, g_c = C.engine_run(case)
+    out_g, lse_g, rng_g, ml_g, g_g = engine_run_cuda(case)
+    dt = case.dtype
+    msgs = [_close("out", out_g, out_c, dt)]
+    fin = torch.isfinite(lse_c)
+    if not torch.equal(fin, torch.isfinite(lse_g)):
+        msgs.append("softmax_lse: finite on different rows")
+    msgs.append(_close("softmax_lse", lse_g, lse_c, torch.float32 if dt != torch.float64 else dt, where=fin))
+    if not torch.equal(rng_c, rng_g):
+        msgs.append("rng_state_out differs")
+    if case.args.return_max_logit:
+        msgs.append(_close("max_logit", ml_g, ml_c, dt, where=torch.isfinite(ml_c)))
+    for n in g_c:
+        msgs.append(_close("d" + n, g_g[n], g_c[n], dt))
+    C.assert_matches_reference(msgs)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_mask_equals_cpu_engine(layout, p):
+    """q = 0 makes every visible weight 1/s_kv and v = I reads the keep mask back exactly."""
+    if not _cpu_engine_works():
+        pytest.skip("the CPU engine is not available")
+    b, h_q, h_kv, s_q, s_kv = 2, 4, 2, 48, 96
+    rng_state = torch.tensor([0x0123_4567_89AB_CDEF, (5 << 32) + 99], dtype=torch.int64)
+    q = torch.zeros(b, s_q, h_q, 8)
+    k = torch.randn(b, s_kv, h_kv, 8)
+    v = torch.eye(s_kv).view(1, s_kv, 1, s_kv).expand(b, s_kv, h_kv, s_kv).contiguous()
+    cu = [None, None]
+    fmt, mask = "bshd", "no_mask"
+    if layout == "thd":
+        q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+        cu = [torch.tensor([0, s_q, 2 * s_q], dtype=torch.int32), torch.tensor([0, s_kv, 2 * s_kv], dtype=torch.int32)]
+        fmt, mask = "thd", "padding"
+    outs = []
+    for dev in ("cpu", DEV):
+        t = [x.to(dev) if x is not None else None for x in (q, k, v, *cu, rng_state)]
+        out, *_ = torch.ops.fusedattn.fwd(t[0], t[1], t[2], None, None, None, None, t[3], t[4], None, None, t[5],
+                                          fmt, fmt, mask, -1, -1, -1, "vanilla", 1.0, p, -1, -1, False)
+        outs.append(out.cpu().double() * (1 - p) * s_kv)
+    keep_cpu, keep_gpu = outs
+    assert torch.allclose(keep_gpu, keep_gpu.round(), atol=1e-4)
+    assert torch.equal(keep_gpu.round(), keep_cpu.round())
+
+
+# ---------------------------------------------------------------------------
+# CUDA graphs and torch.compile
+
+
+def _graph_case():
+    cfg = C.normalise(C.Config(layout="thd_gaps", mask="padding_causal", dims=(64, 64), shape="long",
+                               dtype="bf16", seqlens="random", max_seqlen="given", dropout=0.25,
+                               softmax="learnable", heads=(4, 2), bias="alibi_h"))
+    return to_device(C.build_case(cfg), DEV)
+
+
+def test_cuda_graph_capture_and_replay():
+    case = _graph_case()
+    static = {n: t.detach().clone().requires_grad_() for n, t in case.leaves.items()}
+    dout = case.dout.clone()
+
+    def step():
+        for t in static.values():
+            t.grad = None
+        out, lse, _, _ = C.run_op(case, static)
+        out.backward(dout)
+        return out, lse, {n: t.grad for n, t in static.items()}
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm up the allocator and the kernels outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    for t in static.values():
+        t.grad = None
+    with torch.cuda.graph(g):
+        g_out, g_lse, g_grads = step()
+
+    for trial in range(2):
+        new = {n: torch.randn_like(t, dtype=torch.float32).to(t.dtype) for n, t in static.items()}
+        new_dout = torch.randn_like(dout)
+        with torch.no_grad():
+            for n, t in static.items():
+                t.copy_(new[n])
+            dout.copy_(new_dout)
+        g.replay()
+        torch.cuda.synchronize()
+        eager_leaves = {n: t.clone().requires_grad_() for n, t in new.items()}
+        e_out, e_lse, _, _ = C.run_op(case, eager_leaves)
+        e_out.backward(new_dout)
+        assert torch.equal(g_out, e_out), f"trial {trial}: replayed out differs from eager"
+        assert torch.equal(g_lse, e_lse), f"trial {trial}: replayed lse differs from eager"
+        for n, t in eager_leaves.items():
+            # dq (and a reduced dbias) accumulate with atomics: equal up to summation order.
+            torch.testing.assert_close(g_grads[n].float(), t.grad.float(), rtol=2e-2, atol=2e-2,
+                                       msg=lambda m: f"trial {trial}: d{n}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_compile_fullgraph(dtype):
+    from fusedattn._ops import FwdArgs, attention
+
+    torch._dynamo.reset()
+    b, s, h_q, h_kv, d = 2, 80, 4, 2, 64
+    q = torch.randn(b, s, h_q, d, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, s, h_kv, d, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, s, h_kv, d, device=DEV, dtype=dtype, requires_grad=True)
+    bias = torch.randn(1, h_q, s, s, device=DEV, dtype=dtype, requires_grad=True)
+    args = FwdArgs(scale=1 / math.sqrt(d), mask_type="causal", softmax_type="off-by-one", return_max_logit=True)
+
+    def f(q, k, v, bias):
+        out, ml = attention(q * 1.0, k, v, args, bias=bias)
+        return (out.float() ** 2).sum() + ml.sum()
+
+    compiled = torch.compile(f, fullgraph=True)
+    loss_c = compiled(q, k, v, bias)
+    grads_c = torch.autograd.grad(loss_c, (q, k, v, bias))
+    loss_e = f(q, k, v, bias)
+    grads_e = torch.autograd.grad(loss_e, (q, k, v, bias))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(loss_c, loss_e, rtol=tol, atol=tol)
+    for gc, ge in zip(grads_c, grads_e):
+        torch.testing.assert_close(gc, ge, rtol=tol, atol=tol)
