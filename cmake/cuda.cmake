@@ -62,10 +62,19 @@ endif()
 
 if(_fa_want_cuda)
   # ---- architectures ------------------------------------------------------------
-  # torch's CMake config replaces CMAKE_CUDA_ARCHITECTURES by OFF (a normal
-  # variable), so a value given on the command line is read from the cache.
-  if(DEFINED CACHE{CMAKE_CUDA_ARCHITECTURES} AND NOT "$CACHE{CMAKE_CUDA_ARCHITECTURES}" MATCHES "^(OFF|)$")
-    set(FUSEDATTN_CUDA_ARCHS "$CACHE{CMAKE_CUDA_ARCHITECTURES}")
+  # A CMAKE_CUDA_ARCHITECTURES given on the command line wins. It is told from
+  # the value CMake itself caches when CUDA is enabled without one (the
+  # compiler's default, e.g. 75) by its help string; torch's CMake config also
+  # shadows the variable with OFF, hence the cache reads.
+  set(_fa_user_archs "")
+  if(DEFINED CACHE{CMAKE_CUDA_ARCHITECTURES})
+    get_property(_fa_help CACHE CMAKE_CUDA_ARCHITECTURES PROPERTY HELPSTRING)
+    if(_fa_help MATCHES "command line" AND NOT "$CACHE{CMAKE_CUDA_ARCHITECTURES}" MATCHES "^(OFF|)$")
+      set(_fa_user_archs "$CACHE{CMAKE_CUDA_ARCHITECTURES}")
+    endif()
+  endif()
+  if(NOT _fa_user_archs STREQUAL "")
+    set(FUSEDATTN_CUDA_ARCHS "${_fa_user_archs}")
   else()
     set(_fa_torch_list "")
     if(DEFINED TORCH_CUDA_ARCH_LIST AND NOT TORCH_CUDA_ARCH_LIST STREQUAL "")

@@ -19,7 +19,7 @@ import math
 import random
 import sys
 import zlib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, Optional
 

@@ -377,7 +377,7 @@ def test_dpa_gqa_groups_must_divide_heads():
 
 def test_dpa_unknown_format():
     mod = DotProductAttention(2, 16, qkv_format="bhsd")
-    q, k, v = (torch.randn(1, 2, 4, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
     with pytest.raises(ValueError, match=r"qkv_format"):
         mod(q, k, v)
 

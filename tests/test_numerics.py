@@ -13,7 +13,6 @@ in float64.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -98,8 +97,7 @@ def test_dropout_mask_is_layout_independent():
     cu = torch.tensor([0, 5, 14, 17], dtype=torch.int32)
     args_b = FwdArgs(scale=0.3, mask_type="padding", dropout_p=p)
     ob = _fwd(qb, kb, vb, args_b, cu_seqlens_q=cu, cu_seqlens_kv=cu, rng_state=rng_state)[0]
-    gaps = [2, 0, 1]
-    offs = [0, 7, 16]
+    offs = [0, 7, 16]  # gaps of 2, 0 and 1 tokens after the sequences
     cu_pad = torch.tensor([0, 7, 16, 20], dtype=torch.int32)
 
     def pack(x):
@@ -114,7 +112,6 @@ def test_dropout_mask_is_layout_independent():
     for bi, n in enumerate(lens):
         torch.testing.assert_close(ot[offs[bi]:offs[bi] + n], ob[bi, :n], rtol=1e-6, atol=1e-6)
     assert torch.isfinite(ot).all()
-    del gaps
 
 
 def _dropout_case(dtype="fp32", **kw):
@@ -317,9 +314,12 @@ def test_float64_matches_reference():
         case = build_case(normalise(cfg))
         out, lse, _, _, grads = engine_run(case)
         r64, g64 = reference_run(case, torch.float64)
-        torch.testing.assert_close(out, r64.out, rtol=1e-9, atol=1e-9)
+        # float64 runs through fp32 parameters by contract (FwdParams::scale, the alibi slopes and
+        # the softmax offset are float; softmax_lse is fp32, so backward's recomputed probabilities
+        # carry fp32 rounding): results are float64 to about 1e-7 relative, not to 1e-15.
+        torch.testing.assert_close(out, r64.out, rtol=1e-6, atol=1e-6)
         for n in case.leaves:
-            tol = 1e-5 if n == "softmax_offset" else 1e-8  # the offset and its gradient are fp32 by contract
+            tol = 1e-5 if n == "softmax_offset" else 1e-6
             torch.testing.assert_close(grads[n].double(), g64[n].double(), rtol=tol, atol=tol)
 
 

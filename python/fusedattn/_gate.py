@@ -46,6 +46,13 @@ def needs_eager(call: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _disable(fn, reason: str):
+    try:
+        return torch.compiler.disable(fn, reason=reason)
+    except TypeError:  # torch without disable(reason=...): the warning still names it
+        return torch.compiler.disable(fn)
+
+
 def eager_fallback_gate(when: Callable[[Dict[str, Any]], Optional[str]],
                         reasons: Iterable[str] = GATED_REASONS):
     """Decorate ``fn`` so that calls for which ``when`` gives a reason run eagerly.
@@ -71,7 +78,7 @@ def eager_fallback_gate(when: Callable[[Dict[str, Any]], Optional[str]],
 
             report_and_run.__name__ = f"{fn.__name__}_eager_fallback"
             report_and_run.__qualname__ = f"{fn.__qualname__}_eager_fallback"
-            return torch.compiler.disable(report_and_run, reason=f"{WARNING_PREFIX}{reason}")
+            return _disable(report_and_run, WARNING_PREFIX + reason)
 
         runners = {reason: make_runner(reason) for reason in reasons}
 
@@ -79,8 +86,7 @@ def eager_fallback_gate(when: Callable[[Dict[str, Any]], Optional[str]],
             warnings.warn(WARNING_PREFIX + reason, stacklevel=3)
             return fn(*args, **kwargs)
 
-        unknown_runner = torch.compiler.disable(
-            report_unknown_and_run, reason=WARNING_PREFIX + "(undeclared reason)")
+        unknown_runner = _disable(report_unknown_and_run, WARNING_PREFIX + "(undeclared reason)")
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import statistics
 import sys
 import time
@@ -326,9 +325,11 @@ def main(argv=None) -> int:
     print(f"  train step compiled: {compiled_step * 1e3:8.1f} ms  ({tok_per_step / compiled_step:9.0f} tokens/s)"
           f"  speed-up {eager_step / compiled_step:.2f}x")
     print(f"  first compiled step (compile included): {compile_time:.1f} s")
-    print(f"  generation eager:    {len(eager_gen_times) / sum(eager_gen_times):8.1f} tokens/s")
-    print(f"  generation compiled: {len(gen_steady) / sum(gen_steady):8.1f} tokens/s"
-          f"  (first token, compile included: {gen_times[0]:.1f} s)")
+    # Medians: one full re-forward per token is short enough that a busy machine's
+    # hiccups would dominate a mean.
+    print(f"  generation eager:    {1 / statistics.median(eager_gen_times):8.1f} tokens/s (median per token)")
+    print(f"  generation compiled: {1 / statistics.median(gen_steady):8.1f} tokens/s (median per token;"
+          f" first token, compile included: {gen_times[0]:.1f} s)")
 
     if failures:
         print("\nFAILED: " + "; ".join(failures))

@@ -66,6 +66,10 @@ def scaled_dot_product_attention(
             mask_type = "arbitrary"
         else:
             bias = _to_4d(attn_mask).to(query.dtype)
+            if bias.shape[-1] == 1:
+                # The operator broadcasts a bias over b, h and s_q but wants s_kv
+                # whole; a stride-0 expand is no copy.
+                bias = bias.expand(*bias.shape[:-1], key.shape[-2])
 
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])

@@ -2,6 +2,7 @@
 // milliseconds per call on a std::thread executor.
 //   bench_cpu_attn [threads] [b h s d] [fp32|bf16|fp16] [causal 0|1] [bwd 0|1]
 #include <cstdlib>
+#include <ctime>
 
 #include "attn_test_util.h"
 
@@ -24,24 +25,38 @@ int main(int argc, char** argv) {
   ThreadExecutor exec(threads);
   FwdParams p = fwd_params(c);
   BwdParams bp = bwd_params(c, false);
+  // Best wall time of 5 runs; also the process CPU time of that run (on a
+  // shared machine CPU time / threads is the better estimate of free-machine wall time).
+  double cpu_ms = 0;
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+  };
   auto time_it = [&](auto&& fn) {
     fn();
     double best = 1e30;
     for (int r = 0; r < 5; ++r) {
+      const double c0 = cpu_now();
       auto t0 = std::chrono::steady_clock::now();
       fn();
-      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (wall < best) {
+        best = wall;
+        cpu_ms = cpu_now() - c0;
+      }
     }
     return best;
   };
   const double fwd_ms = time_it([&] { run_fwd_cpu(p, exec); });
   const double flops = 4.0 * cfg.b * cfg.hq * cfg.sq * cfg.skv * cfg.dqk * (cfg.wr == 0 ? 0.5 : 1.0);
-  std::printf("fwd b=%lld h=%lld s=%lld d=%lld %s causal=%d threads=%d: %.2f ms (%.1f GFLOP/s)\n", (long long)cfg.b,
-              (long long)cfg.hq, (long long)cfg.sq, (long long)cfg.dqk, dt.c_str(), cfg.wr == 0, threads, fwd_ms,
-              flops / fwd_ms * 1e-6);
+  std::printf("fwd b=%lld h=%lld s=%lld d=%lld %s causal=%d threads=%d: %.2f ms (%.1f GFLOP/s), cpu %.2f ms\n",
+              (long long)cfg.b, (long long)cfg.hq, (long long)cfg.sq, (long long)cfg.dqk, dt.c_str(), cfg.wr == 0,
+              threads, fwd_ms, flops / fwd_ms * 1e-6, cpu_ms);
   if (bwd) {
     const double bwd_ms = time_it([&] { run_bwd_cpu(bp, exec); });
-    std::printf("bwd: %.2f ms (%.1f GFLOP/s at 2.5x fwd flops)\n", bwd_ms, 2.5 * flops / bwd_ms * 1e-6);
+    std::printf("bwd: %.2f ms (%.1f GFLOP/s at 2.5x fwd flops), cpu %.2f ms\n", bwd_ms, 2.5 * flops / bwd_ms * 1e-6,
+                cpu_ms);
   }
   return 0;
 }

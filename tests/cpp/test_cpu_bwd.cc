@@ -241,6 +241,22 @@ void test_determinism() {
   CHECK(a.dv.bytes == b.dv.bytes);
   CHECK(a.dbias.bytes == b.dbias.bytes);
   CHECK(a.d_offset == b.d_offset);
+
+  // Without dbias, 4 (batch, kv head) pairs: serial runs the fused schedule,
+  // 3 threads the two-pass one; both sum in the same order.
+  cfg.bias = BiasType::kNoBias;
+  Case x = build_case(cfg), y = build_case(cfg);
+  FwdParams fx = fwd_params(x);
+  CHECK(run_fwd_cpu(fx, SerialExecutor{}).ok());
+  y.out.bytes = x.out.bytes;
+  y.lse = x.lse;
+  BwdParams px = bwd_params(x, true), py = bwd_params(y, true);
+  CHECK(run_bwd_cpu(px, SerialExecutor{}).ok());
+  CHECK(run_bwd_cpu(py, ThreadExecutor(3)).ok());
+  CHECK(x.dq.bytes == y.dq.bytes);
+  CHECK(x.dk.bytes == y.dk.bytes);
+  CHECK(x.dv.bytes == y.dv.bytes);
+  CHECK(x.d_offset == y.d_offset);
 }
 
 }  // namespace

@@ -60,6 +60,13 @@ void test_matrix(const Executor& exec) {
       run_and_compare(c, exec);
     }
   {
+    Config c = base("negative_scale");
+    c.b = 1; c.sq = 70; c.skv = 70; c.hq = 2; c.hkv = 2; c.dqk = 16; c.dv = 16; c.scale = -0.3; c.wr = 0;
+    run_and_compare(c, exec);
+    c.name = "zero_scale"; c.scale = 0;
+    run_and_compare(c, exec);
+  }
+  {
     Config c = base("sliding_window");
     c.b = 1; c.sq = 140; c.skv = 200; c.hq = 2; c.hkv = 2; c.dqk = 16; c.dv = 16;
     c.wl = 20; c.wr = 3; c.bottom_right = true;

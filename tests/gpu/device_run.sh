@@ -20,7 +20,13 @@ for step in "${@:-check bench}"; do
   case "$step" in
     check) timeout 300 "$H" check 2>&1 | tee "$OUT/check.log" | grep -v "^PASS" ;;
     bench) timeout 200 "$H" bench 2>&1 | tee "$OUT/bench.log" ;;
+    benchalt) [ -x .tcbuild/tc_harness_alt ] && timeout 200 .tcbuild/tc_harness_alt bench 2>&1 | sed 's/^BENCH/ALT/' | tee "$OUT/bench_alt.log" ;;
     sanitize) timeout 120 compute-sanitizer --tool memcheck --print-limit 5 "$H" check "d64 plain" 2>&1 | tail -8 ;;
+    ncu) for cfg in "128 4096 0" "256 4096 0" "64 4096 0"; do
+           timeout 120 ncu --clock-control none -k regex:bwd_kernel -c 1 --section SpeedOfLight \
+             --section WarpStateStats --section ComputeWorkloadAnalysis "$H" one $cfg > "$OUT/ncu_${cfg// /_}.txt" 2>&1
+           grep -E "Duration|Throughput|Issue Slots|Warp Cycles Per Issued|Stall|Executed Ipc" "$OUT/ncu_${cfg// /_}.txt" | head -30
+         done ;;
     peer) PYTHONUNBUFFERED=1 timeout 200 python3 tests/gpu/sdpa_peer.py 2>&1 | tee "$OUT/peer.log" ;;
   esac
 done

@@ -644,6 +644,11 @@ int main(int argc, char** argv) {
     for (const B& x : list) bench_one(DType::kBFloat16, 16384 / x.s, x.s, 2048 / x.d, x.d, x.causal, iters);
     return 0;
   }
-  printf("usage: tc_harness check [filter] | bench\n");
+  if (mode == "one" && argc > 4) {  // one timed config, e.g. for ncu: one D S CAUSAL
+    const int d = atoi(argv[2]), s = atoi(argv[3]);
+    bench_one(DType::kBFloat16, 16384 / s, s, 2048 / d, d, atoi(argv[4]) != 0, 1);
+    return 0;
+  }
+  printf("usage: tc_harness check [filter] | bench | one D S CAUSAL\n");
   return 2;
 }

@@ -107,9 +107,11 @@ def test_cuda_extra_cases(cfg, monkeypatch):
     C.check_case(C.build_case(cfg))
 
 
-# fp64 at every head-dim bucket. The forward is float64 throughout; gradients
-# recompute P from the fp32 softmax_lse (the operator's contract, shared with
-# the CPU engine), which bounds their accuracy near 1e-7 relative.
+# fp64 at every head-dim bucket. The arithmetic is float64 throughout, but two
+# inputs of the engines are fp32 by the params contract (shared with the CPU
+# engine): FwdParams::scale (1/sqrt(128) is not a float, so logits carry a
+# ~3e-8 relative error) and the saved softmax_lse from which backward
+# recomputes P; both bound the accuracy near 1e-7 relative.
 FP64_CASES = [
     C.Config(layout="bshd", mask="causal", dims=(64, 64), shape="long", dtype="fp64", bias="bhss",
              softmax="learnable", heads=(4, 2)),
@@ -125,7 +127,9 @@ def test_cuda_float64(cfg):
     case = C.build_case(cfg)
     out, lse, _, ml, grads = engine_run_cuda(case)
     r64, g64 = C.reference_run(case, torch.float64)
-    torch.testing.assert_close(out, r64.out, rtol=1e-9, atol=1e-9)
+    exact_scale = float(torch.tensor(case.args.scale, dtype=torch.float32)) == case.args.scale
+    tol_out = 1e-9 if exact_scale else 1e-6
+    torch.testing.assert_close(out, r64.out, rtol=tol_out, atol=tol_out)
     v = r64.lse_valid
     torch.testing.assert_close(lse[v].double(), r64.lse[v], rtol=1e-6, atol=1e-6)
     if case.args.return_max_logit:

@@ -30,20 +30,6 @@ __global__ void zero_rows_kernel(SeqTensor t, int64_t nb, int64_t ntok, int h, i
   }
 }
 
-// lse[h, t] = value for every head and token of a thd lse ([h_q, t_q]).
-__global__ void fill_lse_kernel(float* lse, int64_t stride_h, int64_t stride_s, int h, int64_t ntok, float value) {
-  const int64_t n = ntok * h;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    lse[(e / ntok) * stride_h + (e % ntok) * stride_s] = value;
-  }
-}
-
-__global__ void fill_float_kernel(float* p, int64_t n, float value) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    p[e] = value;
-  }
-}
-
 // Row index of (b, i) in the backward's workspaces: the token for thd q,
 // b * s_q + i otherwise.
 __device__ __forceinline__ int64_t ws_row(const FwdParams& p, const SeqInfo& s, int b, int i) {

@@ -15,6 +15,21 @@
 namespace fusedattn {
 namespace simt {
 
+// lse[h, t] = value for every head and token of a thd lse ([h_q, t_q]).
+// (static: every forward translation unit has its own copy of these two.)
+static __global__ void fill_lse_kernel(float* lse, int64_t stride_h, int64_t stride_s, int h, int64_t ntok, float value) {
+  const int64_t n = ntok * h;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    lse[(e / ntok) * stride_h + (e % ntok) * stride_s] = value;
+  }
+}
+
+static __global__ void fill_float_kernel(float* p, int64_t n, float value) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    p[e] = value;
+  }
+}
+
 template <class T, int DPAD>
 struct FwdLayout {
   using A = AccT<T>;

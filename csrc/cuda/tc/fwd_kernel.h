@@ -23,15 +23,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // Copy rows [0, kRows) x chunks [0, kD/8) of a row-major global tile into a
 // swizzled shared tile. Rows >= rows_valid and columns >= d_valid read as zero.
-// Each thread keeps one column chunk and steps kStep rows at a time; kStep is
-// a multiple of 8, so the swizzle is the same on every step and the shared
-// address advances linearly.
+// Each thread keeps one column chunk and steps kStep rows at a time; when kStep
+// is a multiple of 8 the swizzle is the same on every step and the shared
+// address advances linearly (no per-step address registers).
 template <int kRows, int kD, int kThreads, typename Elem>
 __device__ __forceinline__ void load_tile(uint32_t sbase, const Elem* g, int64_t row_stride, int rows_valid,
                                           int d_valid, int tid) {
   constexpr int kChunks = kD / 8;
   constexpr int kStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kStep % 8 == 0 && kRows % kStep == 0, "loader shape");
+  static_assert(kThreads % kChunks == 0 && kRows % kStep == 0, "loader shape");
   const int c = tid % kChunks, r0 = tid / kChunks;
   const bool col_ok = c * 8 < d_valid;
   const Elem* src = g + r0 * row_stride + c * 8;
@@ -40,7 +40,8 @@ __device__ __forceinline__ void load_tile(uint32_t sbase, const Elem* g, int64_t
 #pragma unroll
   for (int it = 0; it < kRows / kStep; ++it) {
     const bool pred = col_ok && r0 + it * kStep < rows_valid;
-    cp_async16(dst + it * kStep * kD * 2, pred ? src + it * step : g, pred);
+    const uint32_t d = kStep % 8 == 0 ? dst + it * kStep * kD * 2 : sbase + swz<kD * 2>(r0 + it * kStep, c);
+    cp_async16(d, pred ? src + it * step : g, pred);
   }
 }
 
@@ -50,7 +51,7 @@ __device__ __forceinline__ void store_tile(uint32_t sbase, Elem* g, int64_t row_
                                            int d_valid, int tid) {
   constexpr int kChunks = kD / 8;
   constexpr int kStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kStep % 8 == 0 && kRows % kStep == 0, "store shape");
+  static_assert(kThreads % kChunks == 0 && kRows % kStep == 0, "store shape");
   const int c = tid % kChunks, r0 = tid / kChunks;
   if (c * 8 >= d_valid) return;
   Elem* dst = g + r0 * row_stride + c * 8;
@@ -58,7 +59,8 @@ __device__ __forceinline__ void store_tile(uint32_t sbase, Elem* g, int64_t row_
 #pragma unroll
   for (int it = 0; it < kRows / kStep; ++it) {
     if (r0 + it * kStep < rows_valid) {
-      *reinterpret_cast<uint4*>(dst + it * kStep * row_stride) = ld_shared128(src + it * kStep * kD * 2);
+      const uint32_t sa = kStep % 8 == 0 ? src + it * kStep * kD * 2 : sbase + swz<kD * 2>(r0 + it * kStep, c);
+      *reinterpret_cast<uint4*>(dst + it * kStep * row_stride) = ld_shared128(sa);
     }
   }
 }
@@ -233,16 +235,24 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mi][nt][e] *= a.scale_log2;
       if (edge) {
+        // Visible keys of a row form the interval [lo, hi]: two compares per element.
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
+          for (int r = 0; r < 2; ++r) {
+            const int i = m0 + warp_row + mi * 16 + (lane >> 2) + 8 * r;
+            int lo, hi;
+            visible_range(a, i, sq.len_kv, diag, &lo, &hi);
+            lo -= n0 + 2 * (lane & 3);
+            hi -= n0 + 2 * (lane & 3);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = m0 + warp_row + mi * 16 + (lane >> 2) + 8 * (e >> 1);
-              const int j = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-              if (!visible(a, i, j, sq.len_kv, diag)) s[mi][nt][e] = -INFINITY;
-            }
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int jj = nt * 8 + c;
+                if (jj < lo || jj > hi) s[mi][nt][2 * r + c] = -INFINITY;
+              }
+          }
       }
     } else {
 #pragma unroll

@@ -5,6 +5,7 @@
 // every kernel shares, so the mask rule of params.h is written once here.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 namespace fusedattn {
@@ -113,6 +114,12 @@ __device__ __forceinline__ bool visible(const KArgs& a, int i, int j, int len_kv
   if (a.wr >= 0) v = v && j <= i + diag + a.wr;
   if (a.wl >= 0) v = v && j >= i + diag - a.wl;
   return v;
+}
+
+// The same rule as an interval: key j is visible to row i iff lo <= j <= hi.
+__device__ __forceinline__ void visible_range(const KArgs& a, int i, int len_kv, int diag, int* lo, int* hi) {
+  *lo = a.wl >= 0 ? i + diag - a.wl : INT_MIN / 2;
+  *hi = a.wr >= 0 ? min(len_kv - 1, i + diag + a.wr) : len_kv - 1;
 }
 
 // Whether a (rows [m0, m0 + bm), cols [n0, n0 + bn)) tile may hold an

@@ -1,5 +1,7 @@
 // Entry points of the tensor-core engine (FlashAttention-2-class kernels for
-// fp16/bf16 on sm_80+), called by the CUDA dispatch before the SIMT engine.
+// fp16/bf16 on sm_80+), called by the CUDA dispatch (launch.cu) before the
+// SIMT engine. The four hooks are declared in fusedattn/cuda_api.h, whose weak
+// defaults (csrc/cuda/tc_default.cu) these strong definitions replace.
 //
 //   try_run_fwd / try_run_bwd: when the call is supported, launch it on
 //     launch.stream, set *handled = true and return the launch status. When it
@@ -17,19 +19,7 @@
 
 #include "fusedattn/params.h"
 
-#if __has_include("fusedattn/cuda_api.h")
 #include "fusedattn/cuda_api.h"
-#else
-namespace fusedattn {
-// Stand-in until csrc/cuda/include/fusedattn/cuda_api.h declares it.
-struct CudaLaunch {
-  void* stream;
-  void* workspace;
-  size_t workspace_bytes;
-  int sm_count;
-};
-}  // namespace fusedattn
-#endif
 
 namespace fusedattn {
 namespace tc {

@@ -72,14 +72,16 @@ struct AttnCtx {
   }
 
   // Logits tile for (b, h), rows i0.. (nr), keys j0.. (nj real, ncols computed):
-  // S holds q.k on entry, s (invisible entries -inf) on return.
-  void finish_logits(int64_t b, int64_t h, int64_t i0, int nr, int64_t j0, int nj, int ncols, A* S) const {
+  // S holds q.k on entry; on return the logits are f * S with f the returned
+  // factor (1, or the scale left for the softmax's FMA), invisible entries -inf.
+  A finish_logits(int64_t b, int64_t h, int64_t i0, int nr, int64_t j0, int nj, int ncols, A* S) const {
     const Window& w = win[b];
-    scale_and_bias_tile<T, A>(p->bias, w, b, h, i0, nr, j0, nj, ncols, scale, S, kBlockN);
+    const A f = scale_and_bias_tile<T, A>(p->bias, w, b, h, i0, nr, j0, nj, ncols, scale, S, kBlockN);
     const bool explicit_mask = p->mask.mask.data != nullptr;
     if (!tile_all_visible(w, explicit_mask, i0, nr, j0, ncols)) {
       mask_tile<A>(w, p->mask.mask, b, h, i0, nr, j0, ncols, S, kBlockN);
     }
+    return f;
   }
 };
 

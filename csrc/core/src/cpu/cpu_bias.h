@@ -15,10 +15,13 @@ namespace fusedattn {
 namespace cpu {
 
 // S holds q.k for rows i0.. and keys j0.. (ncols columns, nj <= ncols of
-// them real keys); on return scale * q.k + bias. Columns >= nj are only
-// scaled (they are masked afterwards).
+// them real keys); on return the logits are pending * S with S = scale * q.k
+// + bias. Without a bias and with scale > 0 the scaling is left pending
+// (returned), so the softmax applies it in the FMA before its exp instead of
+// a pass of its own; positive scaling commutes with the row max and masking.
+// Columns >= nj are only scaled (they are masked afterwards).
 template <class T, class A>
-void scale_and_bias_tile(const BiasParams& bp, const Window& w, int64_t b, int64_t h, int64_t i0, int nr, int64_t j0,
+A scale_and_bias_tile(const BiasParams& bp, const Window& w, int64_t b, int64_t h, int64_t i0, int nr, int64_t j0,
                          int nj, int ncols, A scale, A* S, int64_t ld) {
   if (bp.type == BiasType::kPostScaleBias && bp.bias.data != nullptr) {
     const PairTensor& bt = bp.bias;
@@ -29,7 +32,7 @@ void scale_and_bias_tile(const BiasParams& bp, const Window& w, int64_t b, int64
       for (int c = 0; c < nj; ++c) s[c] = s[c] * scale + static_cast<A>(Elem<T>::load(brow + c * bt.stride_j));
       for (int c = nj; c < ncols; ++c) s[c] *= scale;
     }
-    return;
+    return 1;
   }
   if (bp.type == BiasType::kAlibi && bp.alibi_slopes != nullptr) {
     const A slope = static_cast<A>(bp.alibi_slopes[b * bp.alibi_stride_b + h * bp.alibi_stride_h]);
@@ -41,9 +44,11 @@ void scale_and_bias_tile(const BiasParams& bp, const Window& w, int64_t b, int64
         s[c] = s[c] * scale - slope * static_cast<A>(dist < 0 ? -dist : dist);
       }
     }
-    return;
+    return 1;
   }
+  if (scale > 0) return scale;
   for (int r = 0; r < nr; ++r) row_scale(S + r * ld, ncols, scale);
+  return 1;
 }
 
 }  // namespace cpu

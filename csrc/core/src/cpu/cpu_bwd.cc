@@ -1,14 +1,21 @@
 // CPU backward: flash-attention backward that recomputes P from q, k and the
-// saved lse, in two passes so that every output element has exactly one
-// writer (deterministic, race-free, no atomics):
-//   pass 1, one item per (batch, kv head, key tile): dK and dV of the tile,
-//           summed over all query heads of the GQA group and all query tiles;
-//   pass 2, one item per (dbias slot, query tile): dQ of the tile, and the
-//           dbias rows, summed in a fixed order over the (batch, head) pairs
-//           that a broadcast bias shares.
-// Both passes read float panels staged once per chunk of (batch, kv head)
-// pairs: Q, dO, lse and D = rowsum(dO * O) per query head; K^T, K and V^T per
-// key tile.
+// saved lse. Every output element has exactly one writer and every sum runs
+// in a fixed order, so results are deterministic and race-free without
+// atomics, whatever the thread count. Two schedules:
+//   fused (enough (batch, kv head) pairs to keep the threads busy, no dbias):
+//     one item per pair does the FA2 loop (key tiles outer, query tiles
+//     inner) and owns dK, dV and the dQ of its whole head group;
+//   two passes (otherwise):
+//     pass 1, one item per (batch, kv head, key tile): dK and dV of the tile,
+//             summed over all query heads of the GQA group and all query tiles;
+//     pass 2, one item per (dbias slot, query tile): dQ of the tile, and the
+//             dbias rows, summed in a fixed order over the (batch, head) pairs
+//             that a broadcast bias shares.
+//   The two passes recompute P and dP twice (7 instead of 5 GEMMs) but
+//   expose per-tile parallelism.
+// Both read float panels staged once per chunk of (batch, kv head) pairs:
+// Q, dO, lse and D = rowsum(dO * O) per query head; K^T, K and V^T per key
+// tile.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -60,15 +67,19 @@ struct BwdRun {
     }
   };
 
+  bool fused = false;
+  int64_t fused_dq_elems = 0;  // dQ accumulator of one pair (fused schedule)
+
   struct Scratch {
-    Buf<A> s, dp, pd, acc_a, acc_b, dbias;
+    Buf<A> s, dp, pd, acc_a, acc_b, dbias, dq;
   };
 
   bool init_scratch(Scratch& w) const {
     const int64_t tile = kBlockM * kBlockN;
     const int64_t accn = std::max(kBlockN, kBlockM) * std::max(c.dqk_p, c.dv_p);
     return w.s.alloc(tile) && w.dp.alloc(tile) && w.pd.alloc(tile) && w.acc_a.alloc(accn) && w.acc_b.alloc(accn) &&
-           (!dbias_on || w.dbias.alloc(static_cast<size_t>(kBlockM * dbias_w)));
+           (!dbias_on || w.dbias.alloc(static_cast<size_t>(kBlockM * dbias_w))) &&
+           (!fused || w.dq.alloc(static_cast<size_t>(fused_dq_elems)));
   }
 
   // ---- staging ------------------------------------------------------------------------
@@ -155,7 +166,7 @@ struct BwdRun {
     A* __restrict PD = w.pd.get();
     gemm<A, false>(nr, ncols, static_cast<int>(c.dqk), qs, c.dqk_p, 1, pp.kt + kt * c.dqk * kBlockN, kBlockN, S,
                    kBlockN);
-    c.finish_logits(pp.b, h, i0, nr, j0, nj, ncols, S);
+    const A f = c.finish_logits(pp.b, h, i0, nr, j0, nj, ncols, S);
     gemm<A, false>(nr, ncols, static_cast<int>(c.dv), dos, c.dv_p, 1, pp.vt + kt * c.dv * kBlockN, kBlockN, dP,
                    kBlockN);
     const int64_t bh = pp.b * c.hq + h;
@@ -169,7 +180,7 @@ struct BwdRun {
         if (want_pd) row_fill<A>(PD + r * kBlockN, ncols, 0);
         continue;
       }
-      row_exp(s, ncols, lse[r]);
+      row_exp(s, ncols, f, lse[r]);
       if (c.drop.on) {
         A* f = PD + r * kBlockN;
         c.drop.row_factors(bh, i0 + r, j0, ncols, f);
@@ -251,6 +262,52 @@ struct BwdRun {
     }
   }
 
+  // ---- fused: one (batch, kv head) pair, all of its tiles ------------------------------------------------
+  void run_pair_item(Scratch& w, const PairPanels& pp) const {
+    const SeqExtent& e = c.lay.seq[pp.b];
+    const Window& win = c.win[pp.b];
+    const int64_t bk = c.lay.kv_thd ? 0 : pp.b, bq = c.lay.q_thd ? 0 : pp.b;
+    A* __restrict dq = w.dq.get();  // [group][nq][dqk_p]
+    A* __restrict dk = w.acc_a.get();
+    A* __restrict dv = w.acc_b.get();
+    std::memset(dq, 0, sizeof(A) * c.group * pp.nq * c.dqk_p);
+    for (int64_t kt = 0; kt < pp.nk / kBlockN; ++kt) {
+      const int64_t j0 = kt * kBlockN;
+      const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
+      std::memset(dk, 0, sizeof(A) * kBlockN * c.dqk_p);
+      std::memset(dv, 0, sizeof(A) * kBlockN * c.dv_p);
+      int64_t ilo, ihi;
+      rows_for_keys(win, j0, j0 + nj, &ilo, &ihi);
+      for (int64_t g = 0; g < c.group; ++g) {
+        const int64_t h = pp.hk * c.group + g;
+        for (int64_t qt = ilo / kBlockM; ilo < ihi && qt * kBlockM < ihi; ++qt) {
+          const int64_t i0 = qt * kBlockM;
+          const int nr = static_cast<int>(std::min<int64_t>(kBlockM, e.len_q - i0));
+          tile_grads(w, pp, h, g, i0, nr, kt, true);
+          const int64_t row0 = g * pp.nq + i0;
+          const A* pd = c.drop.on ? w.pd.get() : w.s.get();
+          const A* ds = w.dp.get();
+          gemm<A, true>(nj, static_cast<int>(c.dv_p), nr, pd, 1, kBlockN, pp.dout + row0 * c.dv_p, c.dv_p, dv, c.dv_p);
+          gemm<A, true>(nj, static_cast<int>(c.dqk_p), nr, ds, 1, kBlockN, pp.q + row0 * c.dqk_p, c.dqk_p, dk, c.dqk_p);
+          gemm<A, true>(nr, static_cast<int>(c.dqk_p), nj, ds, kBlockN, 1, pp.k + j0 * c.dqk_p, c.dqk_p,
+                        dq + row0 * c.dqk_p, c.dqk_p);
+        }
+      }
+      for (int jj = 0; jj < nj; ++jj) {
+        const int64_t tok = e.tok_kv + j0 + jj;
+        store_row<T, A>(row_ptr<T>(bp.dk, bk, tok, pp.hk), bp.dk.stride_d, c.dqk, dk + jj * c.dqk_p, c.scale);
+        store_row<T, A>(row_ptr<T>(bp.dv, bk, tok, pp.hk), bp.dv.stride_d, c.dv, dv + jj * c.dv_p, static_cast<A>(1));
+      }
+    }
+    for (int64_t g = 0; g < c.group; ++g) {
+      const int64_t h = pp.hk * c.group + g;
+      for (int64_t i = 0; i < e.len_q; ++i) {
+        store_row<T, A>(row_ptr<T>(bp.dq, bq, e.tok_q + i, h), bp.dq.stride_d, c.dqk, dq + (g * pp.nq + i) * c.dqk_p,
+                        c.scale);
+      }
+    }
+  }
+
   // ---- driver ---------------------------------------------------------------------------------------
   Status run(const Executor& exec) {
     const PairTensor& db = bp.dbias;
@@ -267,6 +324,16 @@ struct BwdRun {
     for (int64_t k = 0; k < pairs; ++k) porder[k] = k;
     std::stable_sort(porder.begin(), porder.end(), [&](int64_t x, int64_t y) { return pair_key(x) < pair_key(y); });
 
+    // Fused schedule: no dbias (whose broadcast slots cross pairs), at least two
+    // pairs per thread, and a dQ accumulator per thread of moderate size.
+    int64_t max_nq = 0;
+    for (const SeqExtent& e : c.lay.seq) max_nq = std::max(max_nq, ntiles(e.len_q, kBlockM) * kBlockM);
+    const int64_t threads = std::max(1, exec.num_threads());
+    fused_dq_elems = c.group * max_nq * c.dqk_p;
+    fused = !dbias_on && pairs >= 2 * threads &&
+            fused_dq_elems * static_cast<int64_t>(sizeof(A)) <= kStageBudgetBytes;
+    const int64_t min_chunk = fused ? 2 * threads : 1;
+
     std::vector<double> dsink(static_cast<size_t>(c.B * c.hq), 0.0);  // per (b, h)
     int64_t first = 0;
     while (first < pairs) {
@@ -281,7 +348,10 @@ struct BwdRun {
         pp.nk = ntiles(c.lay.seq[pp.b].len_kv, kBlockN) * kBlockN;
         const int64_t add = PairPanels::elems(c, pp.nq, pp.nk);
         const bool same_slot = last > first && pair_key(pi) == pair_key(porder[last - 1]);
-        if (last > first && !same_slot && (elems + add) * static_cast<int64_t>(sizeof(A)) > kStageBudgetBytes) break;
+        if (last - first >= min_chunk && !same_slot &&
+            (elems + add) * static_cast<int64_t>(sizeof(A)) > kStageBudgetBytes) {
+          break;
+        }
         pan.push_back(pp);
         elems += add;
         ++last;
@@ -321,11 +391,29 @@ struct BwdRun {
         if (st[k].g >= 0) dsink[pan[st[k].entry].b * c.hq + pan[st[k].entry].hk * c.group + st[k].g] += st_sink[k];
       }
 
+      std::vector<int64_t> order;
+      if (fused) {
+        order_by_cost(
+            np,
+            [&](int64_t en) {
+              int64_t cost = 0;
+              const int64_t len = c.lay.seq[pan[en].b].len_q;
+              for (int64_t i0 = 0; i0 < len; i0 += kBlockM)
+                cost += c.key_tiles(pan[en].b, i0, static_cast<int>(std::min<int64_t>(kBlockM, len - i0)));
+              return cost;
+            },
+            &order);
+        FUSEDATTN_RETURN_IF_ERROR(parallel_items<Scratch>(
+            exec, np, [&](Scratch& w) { return init_scratch(w); },
+            [&](Scratch& w, int64_t k) { run_pair_item(w, pan[order[k]]); }));
+        first = last;
+        continue;
+      }
+
       // Pass 1: dK, dV per key tile.
       std::vector<std::pair<int64_t, int64_t>> kv_items;  // (entry, kt)
       for (int64_t en = 0; en < np; ++en)
         for (int64_t kt = 0; kt < pan[en].nk / kBlockN; ++kt) kv_items.push_back({en, kt});
-      std::vector<int64_t> order;
       order_by_cost(
           static_cast<int64_t>(kv_items.size()),
           [&](int64_t k) {

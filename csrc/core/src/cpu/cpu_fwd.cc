@@ -102,15 +102,15 @@ struct FwdRun {
       const int ncols = static_cast<int>(round_up(nj, kPadElems));
       gemm<A, false>(nr, ncols, static_cast<int>(c.dqk), qs, c.dqk_p, 1, kt_panel + kt * c.dqk * kBlockN, kBlockN, S,
                      kBlockN);
-      c.finish_logits(b, h, i0, nr, j0, nj, ncols, S);
+      const A f = c.finish_logits(b, h, i0, nr, j0, nj, ncols, S);
       for (int r = 0; r < nr; ++r) {
         A* s = S + r * kBlockN;
-        const A mnew = std::max(m[r], row_max(s, ncols));
+        const A mnew = std::max(m[r], row_max(s, ncols) * f);
         if (mnew == neg_inf<A>()) {  // nothing visible in this row yet
           row_fill<A>(s, ncols, 0);
           continue;
         }
-        const A sum = row_exp_sum(s, ncols, mnew);
+        const A sum = row_exp_sum(s, ncols, f, mnew);
         if (mnew != m[r]) {
           const A alpha = exp_acc(m[r] - mnew);
           if (l[r] > 0) row_scale(O + r * c.dv_p, static_cast<int>(c.dv_p), alpha);

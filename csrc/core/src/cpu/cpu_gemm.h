@@ -17,11 +17,28 @@ namespace cpu {
 // MR x NV accumulators plus NV B vectors and one broadcast must fit the
 // register file: 16 + 4 + 1 of 32 zmm (AVX-512); 12 + 2 + 1 of 16 ymm (AVX2);
 // 8 + 2 + 1 of 16 xmm (SSE/NEON).
+#ifndef FA_MR
+#define FA_MR (kVecBytes == 64 ? 4 : (kVecBytes == 32 ? 6 : 4))
+#define FA_NV (kVecBytes == 64 ? 4 : 2)
+#endif
 template <class A>
 struct GemmShape {
-  static constexpr int MR = kVecBytes == 64 ? 4 : (kVecBytes == 32 ? 6 : 4);
-  static constexpr int NV = kVecBytes == 64 ? 4 : 2;
+  static constexpr int MR = FA_MR;
+  static constexpr int NV = FA_NV;
 };
+
+// GCC folds the B loads into the FMAs as memory operands, reloading each B
+// vector MR times; an empty asm that "modifies" the vector pins it in a
+// register, so B is loaded once per k and the A broadcasts fold instead.
+#if defined(__GNUC__) && defined(__AVX512F__)
+#define FA_KEEP_IN_REGISTER(x) asm("" : "+v"(x))
+#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define FA_KEEP_IN_REGISTER(x) asm("" : "+x"(x))
+#elif defined(__GNUC__) && defined(__aarch64__)
+#define FA_KEEP_IN_REGISTER(x) asm("" : "+w"(x))
+#else
+#define FA_KEEP_IN_REGISTER(x) (void)0
+#endif
 
 template <class A, int MR, int NV, bool kAccumulate>
 inline void gemm_block(int K, const A* __restrict a, int64_t ars, int64_t acs, const A* __restrict b, int64_t ldb,
@@ -33,7 +50,10 @@ inline void gemm_block(int K, const A* __restrict a, int64_t ars, int64_t acs, c
     for (int v = 0; v < NV; ++v) acc[r][v] = kAccumulate ? vload(c + r * ldc + v * S::N) : V{};
   for (int k = 0; k < K; ++k) {
     V bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = vload(b + k * ldb + v * S::N);
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = vload(b + k * ldb + v * S::N);
+      FA_KEEP_IN_REGISTER(bv[v]);  // keep B in a register: one load per k, the A broadcasts fold into the FMAs
+    }
     const A* ak = a + k * acs;
     for (int r = 0; r < MR; ++r) {
       const V av = vsplat<A>(ak[r * ars]);

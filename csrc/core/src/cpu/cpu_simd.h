@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <utility>
 
 namespace fusedattn {
 namespace cpu {
@@ -53,26 +55,55 @@ template <class A>
 inline void vstore(A* p, typename Simd<A>::V v) {
   *reinterpret_cast<typename Simd<A>::Vu*>(p) = v;
 }
+template <class A, size_t... I>
+inline typename Simd<A>::V vsplat_impl(A x, std::index_sequence<I...>) {
+  return typename Simd<A>::V{((void)I, x)...};
+}
+// One broadcast (v + x would add 0 first: -0 + 0 is not -0).
 template <class A>
 inline typename Simd<A>::V vsplat(A x) {
-  typename Simd<A>::V v = {};
-  return v + x;
+  return vsplat_impl<A>(x, std::make_index_sequence<Simd<A>::N>{});
 }
 template <class A>
 inline typename Simd<A>::V vmax(typename Simd<A>::V a, typename Simd<A>::V b) {
   return a > b ? a : b;
 }
+// Horizontal reductions by halving (log2(N) vector ops, not N scalar ones).
+template <class A, int Bytes>
+struct VecOf {
+  typedef A T __attribute__((vector_size(Bytes)));
+};
+template <class A, int Bytes, size_t... I>
+inline typename VecOf<A, Bytes / 2>::T vhalf(typename VecOf<A, Bytes>::T v, bool upper, std::index_sequence<I...>) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+  constexpr int kHalf = static_cast<int>(sizeof...(I));
+  return upper ? __builtin_shufflevector(v, v, (kHalf + static_cast<int>(I))...)
+               : __builtin_shufflevector(v, v, static_cast<int>(I)...);
+#else
+  typename VecOf<A, Bytes / 2>::T h;
+  std::memcpy(&h, reinterpret_cast<const char*>(&v) + (upper ? Bytes / 2 : 0), Bytes / 2);
+  return h;
+#endif
+}
+template <class A, int Bytes, class Op>
+inline A hreduce(typename VecOf<A, Bytes>::T v, Op op) {
+  if constexpr (Bytes == 2 * static_cast<int>(sizeof(A))) {
+    return op(v[0], v[1]);
+  } else {
+    // Register shuffles, not a store and two narrower reloads (which stall store forwarding).
+    constexpr size_t kHalf = Bytes / 2 / sizeof(A);
+    const auto lo = vhalf<A, Bytes>(v, false, std::make_index_sequence<kHalf>{});
+    const auto hi = vhalf<A, Bytes>(v, true, std::make_index_sequence<kHalf>{});
+    return hreduce<A, Bytes / 2>(op(lo, hi), op);
+  }
+}
 template <class A>
 inline A hsum(typename Simd<A>::V v) {
-  A s = 0;
-  for (int i = 0; i < Simd<A>::N; ++i) s += v[i];
-  return s;
+  return hreduce<A, kVecBytes>(v, [](auto x, auto y) { return x + y; });
 }
 template <class A>
 inline A hmax(typename Simd<A>::V v) {
-  A m = v[0];
-  for (int i = 1; i < Simd<A>::N; ++i) m = v[i] > m ? v[i] : m;
-  return m;
+  return hreduce<A, kVecBytes>(v, [](auto x, auto y) { return x > y ? x : y; });
 }
 
 // exp for float vectors (Cephes expf: range reduction by ln2 in two parts and
@@ -124,45 +155,45 @@ inline A row_max(const A* __restrict s, int n) {
   return hmax<A>(m);
 }
 
-// s[j] = exp(s[j] - m), returns the sum. m must be finite.
-inline float row_exp_sum(float* __restrict s, int n, float m) {
+// s[j] = exp(f * s[j] - m) (one FMA before the exp), returns the sum. m must be finite.
+inline float row_exp_sum(float* __restrict s, int n, float f, float m) {
   using S = Simd<float>;
-  const S::V mv = vsplat(m);
+  const S::V fv = vsplat(f), mv = vsplat(m);
   S::V acc0 = {}, acc1 = {};
   int j = 0;
   for (; j + 2 * S::N <= n; j += 2 * S::N) {
-    const S::V e0 = vexp(vload(s + j) - mv);
-    const S::V e1 = vexp(vload(s + j + S::N) - mv);
+    const S::V e0 = vexp(vload(s + j) * fv - mv);
+    const S::V e1 = vexp(vload(s + j + S::N) * fv - mv);
     vstore(s + j, e0);
     vstore(s + j + S::N, e1);
     acc0 += e0;
     acc1 += e1;
   }
   for (; j < n; j += S::N) {
-    const S::V e = vexp(vload(s + j) - mv);
+    const S::V e = vexp(vload(s + j) * fv - mv);
     vstore(s + j, e);
     acc0 += e;
   }
   return hsum<float>(acc0 + acc1);
 }
 
-inline double row_exp_sum(double* __restrict s, int n, double m) {
+inline double row_exp_sum(double* __restrict s, int n, double f, double m) {
   double sum = 0;
   for (int j = 0; j < n; ++j) {
-    s[j] = std::exp(s[j] - m);
+    s[j] = std::exp(f * s[j] - m);
     sum += s[j];
   }
   return sum;
 }
 
-// s[j] = exp(s[j] - m) without the sum.
-inline void row_exp(float* __restrict s, int n, float m) {
+// s[j] = exp(f * s[j] - m) without the sum.
+inline void row_exp(float* __restrict s, int n, float f, float m) {
   using S = Simd<float>;
-  const S::V mv = vsplat(m);
-  for (int j = 0; j < n; j += S::N) vstore(s + j, vexp(vload(s + j) - mv));
+  const S::V fv = vsplat(f), mv = vsplat(m);
+  for (int j = 0; j < n; j += S::N) vstore(s + j, vexp(vload(s + j) * fv - mv));
 }
-inline void row_exp(double* __restrict s, int n, double m) {
-  for (int j = 0; j < n; ++j) s[j] = std::exp(s[j] - m);
+inline void row_exp(double* __restrict s, int n, double f, double m) {
+  for (int j = 0; j < n; ++j) s[j] = std::exp(f * s[j] - m);
 }
 
 template <class A>
