@@ -210,6 +210,7 @@ class RefOutput:
     lse_valid: torch.Tensor  # bool, where lse is defined (a valid row with >= 1 visible key)
     max_logit: torch.Tensor  # [h_q], compute dtype (-inf for a head with no visible logit)
     row_valid: torch.Tensor  # bool like lse: a real (non-padded) query row
+    lse_graph: torch.Tensor  # lse still attached to the autograd graph (0 where undefined)
 
 
 def attention_ref(q, k, v, args, *, bias=None, softmax_offset=None, attn_mask=None, alibi_slopes=None,
@@ -251,6 +252,7 @@ def attention_ref(q, k, v, args, *, bias=None, softmax_offset=None, attn_mask=No
     lse_valid = torch.zeros(lse.shape, dtype=torch.bool)
     row_valid = torch.zeros(lse.shape, dtype=torch.bool)
     max_logit = torch.full((h_q,), float("-inf"), dtype=dt)
+    lse_graph = torch.zeros(lse.shape, dtype=dt)
 
     for bi in range(b):
         lq, lk = slq.lens[bi], slk.lens[bi]
@@ -297,10 +299,13 @@ def attention_ref(q, k, v, args, *, bias=None, softmax_offset=None, attn_mask=No
         if q_fmt == "thd":
             o = slq.offsets[bi]
             lse[:, o:o + lq] = row_lse.detach()
+            lse_graph[:, o:o + lq] = torch.where(row_ok, row_lse, torch.zeros((), dtype=dt))
             lse_valid[:, o:o + lq] = row_ok
             row_valid[:, o:o + lq] = True
         else:
             lse[bi, :, :lq] = row_lse.detach()
+            lse_graph[bi, :, :lq] = torch.where(row_ok, row_lse, torch.zeros((), dtype=dt))
             lse_valid[bi, :, :lq] = row_ok
             row_valid[bi, :, :lq] = True
-    return RefOutput(out=out, lse=lse, lse_valid=lse_valid, max_logit=max_logit, row_valid=row_valid)
+    return RefOutput(out=out, lse=lse, lse_valid=lse_valid, max_logit=max_logit, row_valid=row_valid,
+                     lse_graph=lse_graph)
