@@ -1,6 +1,6 @@
 // Micro-benchmark of the CPU engine (not a ctest test): forward and backward
 // milliseconds per call on a std::thread executor.
-//   bench_cpu_attn [threads] [b h s d] [fp32|bf16|fp16] [causal 0|1] [bwd 0|1]
+//   bench_cpu_attn [threads] [b h s d] [fp32|bf16|fp16] [causal 0|1] [bwd 0|1] [dropout p]
 #include <cstdlib>
 #include <ctime>
 
@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   cfg.dt = dt == "bf16" ? DType::kBFloat16 : dt == "fp16" ? DType::kFloat16 : DType::kFloat32;
   if (argc > 7 && std::atoi(argv[7])) cfg.wr = 0;
   const bool bwd = argc > 8 && std::atoi(argv[8]);
+  if (argc > 9) cfg.p_drop = static_cast<float>(std::atof(argv[9]));
   cfg.scale = 1.0 / std::sqrt(static_cast<double>(cfg.dqk));
   cfg.max_logit = false;
   Case c = build_case(cfg);

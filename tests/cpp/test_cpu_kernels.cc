@@ -8,6 +8,7 @@
 
 #include "attn_test_util.h"
 #include "cpu/cpu_convert.h"
+#include "cpu/cpu_dropout.h"
 #include "cpu/cpu_gemm.h"
 #include "cpu/cpu_simd.h"
 
@@ -183,9 +184,37 @@ void test_gemm() {
   }
 }
 
+void test_dropout_draws() {
+  std::mt19937_64 rng(11);
+  int bad = 0;
+  for (int t = 0; t < 200; ++t) {
+    const int64_t rs[2] = {static_cast<int64_t>(rng()), static_cast<int64_t>(rng() >> (t % 40))};
+    DropoutParams dp;
+    dp.p = 0.25f;
+    dp.rng_state = rs;
+    const fc::Dropout<float> d = fc::Dropout<float>::make(dp);
+    const int64_t bh = rng() % 100000, i = rng() % 70000, j0 = 4 * static_cast<int64_t>(rng() % 30000);
+    const int ncols = 4 * (1 + static_cast<int>(rng() % 130));
+    std::vector<uint32_t> x(static_cast<size_t>(ncols));
+    std::vector<float> f(static_cast<size_t>(ncols)), s(static_cast<size_t>(ncols), 2.f);
+    d.row_draws(bh, i, j0, ncols, x.data());
+    d.row_factors(bh, i, j0, ncols, f.data());
+    d.apply_row(bh, i, j0, ncols, s.data());
+    for (int c = 0; c < ncols; ++c) {
+      const uint32_t want = dropout_draws(rs[0], rs[1], bh, i, (j0 + c) >> 2).x[(j0 + c) & 3];
+      const bool keep = dropout_keep(rs[0], rs[1], bh, i, j0 + c, dropout_threshold(0.25f));
+      const float fw = keep ? 1.f / 0.75f : 0.f;
+      if ((x[c] != want || f[c] != fw || s[c] != 2.f * fw) && bad++ < 5)
+        std::fprintf(stderr, "dropout draw t=%d c=%d: got %08x want %08x\n", t, c, x[c], want);
+    }
+  }
+  CHECK_MSG(bad == 0, "vectorised Philox draws: %d mismatches", bad);
+}
+
 }  // namespace
 
 int main() {
+  test_dropout_draws();
   test_half();
   test_bf16();
   test_exp();

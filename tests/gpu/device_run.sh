@@ -2,7 +2,7 @@
 # One device call: run the prebuilt harness (carried in .tcbuild/), rebuilding
 # it on the device if it does not start there, then the correctness cases, a
 # memcheck pass on a few small cases, and the timing table. Logs go to $OUT.
-#   tests/gpu/device_run.sh [check|bench|peer|sanitize ...]
+#   tests/gpu/device_run.sh [check|bench|benchalt|peer|sanitize|ncu ...]
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -20,6 +20,8 @@ for step in "${@:-check bench}"; do
   case "$step" in
     check) timeout 300 "$H" check 2>&1 | tee "$OUT/check.log" | grep -v "^PASS" ;;
     bench) timeout 200 "$H" bench 2>&1 | tee "$OUT/bench.log" ;;
+    # An alternative build (other tile sizes linked into .tcbuild/tc_harness_alt)
+    # timed in the same call, for A/B comparisons.
     benchalt) [ -x .tcbuild/tc_harness_alt ] && timeout 200 .tcbuild/tc_harness_alt bench 2>&1 | sed 's/^BENCH/ALT/' | tee "$OUT/bench_alt.log" ;;
     sanitize) timeout 120 compute-sanitizer --tool memcheck --print-limit 5 "$H" check "d64 plain" 2>&1 | tail -8 ;;
     ncu) for cfg in "128 4096 0" "256 4096 0" "64 4096 0"; do
