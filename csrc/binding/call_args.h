@@ -47,7 +47,8 @@ inline FwdArgs make_args(const OpSettings& s, bool return_max_logit) {
 }
 
 inline FwdInputs make_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OpTensors& t,
-                             const std::optional<at::Tensor>& rng_state) {
+                             const std::optional<at::Tensor>& rng_state,
+                             const std::optional<at::Tensor>& page_table = std::nullopt) {
   FwdInputs in;
   in.q = to_ref(q, "q");
   in.k = to_ref(k, "k");
@@ -61,6 +62,7 @@ inline FwdInputs make_inputs(const at::Tensor& q, const at::Tensor& k, const at:
   in.cu_seqlens_q_padded = to_ref(t.cu_seqlens_q_padded, "cu_seqlens_q_padded");
   in.cu_seqlens_kv_padded = to_ref(t.cu_seqlens_kv_padded, "cu_seqlens_kv_padded");
   in.rng_state = to_ref(rng_state, "rng_state");
+  in.page_table = to_ref(page_table, "page_table");
   return in;
 }
 

@@ -28,14 +28,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
     const OptT& cu_seqlens_q_padded, const OptT& cu_seqlens_kv_padded, const OptT& rng_state,
     const std::string& q_format, const std::string& kv_format, const std::string& mask_type, int64_t window_left,
     int64_t window_right, int64_t bottom_right_diagonal, const std::string& softmax_type, double scale,
-    double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv, bool return_max_logit) {
+    double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv, bool return_max_logit, const OptT& page_table) {
   const typename Engine::Scope scope(q);
   const OpSettings settings{q_format,     kv_format, mask_type, window_left,  window_right, bottom_right_diagonal,
                             softmax_type, scale,     dropout_p, max_seqlen_q, max_seqlen_kv};
   const FwdArgs args = make_args(settings, return_max_logit);
   const OpTensors opt{bias,         softmax_offset, attn_mask,           alibi_slopes,
                       cu_seqlens_q, cu_seqlens_kv,  cu_seqlens_q_padded, cu_seqlens_kv_padded};
-  const FwdInputs in = make_inputs(q, k, v, opt, rng_state);
+  const FwdInputs in = make_inputs(q, k, v, opt, rng_state, page_table);
 
   Problem prob;
   raise_if_error(check_fwd(args, in, &prob));

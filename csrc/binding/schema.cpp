@@ -8,8 +8,8 @@ TORCH_LIBRARY(fusedattn, m) {
       "Tensor? alibi_slopes, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, "
       "Tensor? cu_seqlens_kv_padded, Tensor? rng_state, str q_format, str kv_format, str mask_type, "
       "int window_left, int window_right, int bottom_right_diagonal, str softmax_type, float scale, "
-      "float dropout_p, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool return_max_logit) "
-      "-> (Tensor out, Tensor softmax_lse, Tensor rng_state_out, Tensor max_logit)");
+      "float dropout_p, SymInt max_seqlen_q, SymInt max_seqlen_kv, bool return_max_logit, "
+      "Tensor? page_table=None) -> (Tensor out, Tensor softmax_lse, Tensor rng_state_out, Tensor max_logit)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor rng_state, "
       "Tensor? bias, Tensor? softmax_offset, Tensor? attn_mask, Tensor? alibi_slopes, Tensor? cu_seqlens_q, "

@@ -161,7 +161,7 @@ def _out_shapes(q, v, args: FwdArgs):
 def _fwd_fake(q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
               cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, q_format, kv_format, mask_type,
               window_left, window_right, bottom_right_diagonal, softmax_type, scale, dropout_p,
-              max_seqlen_q, max_seqlen_kv, return_max_logit):
+              max_seqlen_q, max_seqlen_kv, return_max_logit, page_table=None):
     args = FwdArgs.from_op_args(q_format, kv_format, mask_type, window_left, window_right,
                                 bottom_right_diagonal, softmax_type, scale, dropout_p,
                                 max_seqlen_q, max_seqlen_kv, return_max_logit)
@@ -195,19 +195,24 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, bias, softmax_offset, 
 # very tensors, no copies), together with lse and rng_state.
 
 _N_FWD_TENSOR_INPUTS = 3 + len(OPTIONAL_INPUTS) + 1  # q, k, v, optionals, rng_state
+_N_FWD_SETTINGS = 12  # q_format .. return_max_logit; page_table follows
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[0:3]
     optionals = inputs[3:3 + len(OPTIONAL_INPUTS)]
-    args = FwdArgs.from_op_args(*inputs[_N_FWD_TENSOR_INPUTS:])
+    args = FwdArgs.from_op_args(*inputs[_N_FWD_TENSOR_INPUTS:_N_FWD_TENSOR_INPUTS + _N_FWD_SETTINGS])
     out, lse, rng_state_out, max_logit = output
     ctx.mark_non_differentiable(lse, rng_state_out, max_logit)
     ctx.save_for_backward(q, k, v, out, lse, rng_state_out, *optionals)
     ctx.fwd_args = args
+    ctx.paged = len(inputs) > _N_FWD_TENSOR_INPUTS + _N_FWD_SETTINGS and inputs[-1] is not None
 
 
 def _backward(ctx, dout, _dlse, _drng, _dmax_logit):
+    if ctx.paged:
+        raise NotImplementedError(
+            "fusedattn: backward through a KV cache (page_table) is not supported: the cache is for inference")
     q, k, v, out, lse, rng_state, *optionals = ctx.saved_tensors
     bias, softmax_offset = optionals[0], optionals[1]
     args: FwdArgs = ctx.fwd_args

@@ -75,6 +75,35 @@ Status check_pair_tensor(const TensorRef& t, const char* name, const int64_t ful
   return Status::Ok();
 }
 
+// A KV cache read through a page table (inference): k/v are [num_pages,
+// page_size, h_kv, d] pools and every sequence's cache length comes from
+// cu_seqlens_kv.
+Status check_paged_kv(const FwdArgs& args, const FwdInputs& in) {
+  const TensorRef& pt = in.page_table;
+  FUSEDATTN_RETURN_IF_ERROR(same_device(pt, in.q, "page_table"));
+  if (pt.dtype != DType::kInt32 || pt.ndim != 2 || pt.sizes[1] < 1) {
+    return Status::Invalid(cat("page_table must be an int32 tensor [b, max_pages_per_seq]; got ", dtype_name(pt.dtype),
+                               " ", shape_str(pt)));
+  }
+  if (args.kv_format != Format::kBSHD) {
+    return Status::Invalid(cat("with a page_table, k and v are page pools [num_pages, page_size, h_kv, d]: kv_format "
+                               "must be 'bshd'; got '",
+                               format_name(args.kv_format), "'"));
+  }
+  if (!in.cu_seqlens_kv.defined()) {
+    return Status::Invalid("a KV cache (page_table) requires cu_seqlens_kv: the cache length of every sequence");
+  }
+  if (in.cu_seqlens_kv_padded.defined()) {
+    return Status::Invalid("cu_seqlens_kv_padded does not apply to a paged KV cache");
+  }
+  if (in.bias.defined() || in.attn_mask.defined() || args.dropout_p > 0) {
+    return Status::Unsupported(
+        "core_attention_bias, an arbitrary attention_mask and dropout are not supported with a KV cache (inference); "
+        "ALiBi, windows and the softmax types are");
+  }
+  return Status::Ok();
+}
+
 Status check_window(const FwdArgs& args) {
   const int64_t l = args.window_left, r = args.window_right;
   if (l < -1 || r < -1) {
@@ -142,8 +171,18 @@ Status check_fwd(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
   }
 
   const bool q_thd = args.q_format == Format::kTHD, kv_thd = args.kv_format == Format::kTHD;
+  const bool paged = in.page_table.defined();
+  if (paged) FUSEDATTN_RETURN_IF_ERROR(check_paged_kv(args, in));
   int64_t b;
-  if (q_thd && kv_thd) {
+  if (paged) {
+    // k/v are page pools: the batch comes from q and the page table.
+    b = q_thd ? (in.cu_seqlens_q.ndim == 1 ? in.cu_seqlens_q.sizes[0] - 1 : -1) : dq.b;
+    if (q_thd && !in.cu_seqlens_q.defined()) return Status::Invalid("q in format 'thd' requires cu_seqlens_q");
+    if (in.page_table.sizes[0] != b) {
+      return Status::Invalid(cat("page_table must have one row per sequence: shape [", b, ", max_pages_per_seq]; got ",
+                                 shape_str(in.page_table)));
+    }
+  } else if (q_thd && kv_thd) {
     if (!in.cu_seqlens_q.defined() || !in.cu_seqlens_kv.defined()) {
       return Status::Invalid("qkv_format 'thd' requires cu_seqlens_q and cu_seqlens_kv");
     }
@@ -177,7 +216,7 @@ Status check_fwd(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
   // In bshd/sbhd, per-sequence lengths are what the padding mask types mean;
   // given with another mask type they would be silently ignored.
   const bool padding = mask_has_padding(args.mask_type);
-  if (!padding) {
+  if (!padding && !paged) {
     if (in.cu_seqlens_q.defined() && !q_thd) {
       return Status::Invalid(cat("cu_seqlens_q is given but attn_mask_type '", mask_type_name(args.mask_type),
                                  "' has no padding; use a padding mask type"));
@@ -192,7 +231,9 @@ Status check_fwd(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
     if (m < -1 || m == 0) return Status::Invalid(cat("max_seqlen_q/max_seqlen_kv must be positive; got ", m));
   }
   const int64_t s_q = q_thd ? (args.max_seqlen_q > 0 ? args.max_seqlen_q : dq.s) : dq.s;
-  const int64_t s_kv = kv_thd ? (args.max_seqlen_kv > 0 ? args.max_seqlen_kv : dk.s) : dk.s;
+  const int64_t s_kv = paged    ? in.page_table.sizes[1] * dk.s
+                       : kv_thd ? (args.max_seqlen_kv > 0 ? args.max_seqlen_kv : dk.s)
+                                : dk.s;
 
   FUSEDATTN_RETURN_IF_ERROR(check_window(args));
   if (!std::isfinite(args.scale)) return Status::Invalid(cat("softmax_scale must be finite; got ", args.scale));
@@ -337,6 +378,9 @@ OutputShape shape_of(const TensorRef& t) {
 }  // namespace
 
 Status check_bwd(const BwdArgs& args, const BwdInputs& in, Problem* prob) {
+  if (in.fwd.page_table.defined()) {
+    return Status::Unsupported("backward through a KV cache (page_table) is not supported: the cache is for inference");
+  }
   FwdArgs fargs = args.fwd;
   fargs.return_max_logit = false;
   // Backward always receives the forward's rng_state (zeros without dropout).

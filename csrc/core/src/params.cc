@@ -53,6 +53,15 @@ void fill_common(const FwdArgs& args, const FwdInputs& in, const Problem& prob, 
     sl.offsets_kv = in.cu_seqlens_kv_padded.defined() ? ptr<int32_t>(in.cu_seqlens_kv_padded) : sl.cu_seqlens_kv;
   }
 
+  if (in.page_table.defined()) {
+    PagedKV& pk = p->paged;
+    pk.page_table = ptr<int32_t>(in.page_table);
+    pk.stride_b = in.page_table.strides[0];
+    pk.max_pages = in.page_table.sizes[1];
+    pk.page_size = in.k.sizes[1];
+    pk.num_pages = in.k.sizes[0];
+  }
+
   MaskParams& m = p->mask;
   m.window_left = args.window_left;
   m.window_right = mask_is_causal(args.mask_type) ? 0 : args.window_right;

@@ -40,6 +40,11 @@ struct FwdInputs {
   TensorRef cu_seqlens_q, cu_seqlens_kv;                // int32 [b + 1]
   TensorRef cu_seqlens_q_padded, cu_seqlens_kv_padded;  // int32 [b + 1], thd only
   TensorRef rng_state;       // int64 [2] (seed, offset); required when dropout_p > 0
+  // KV cache: with a page table, k and v are page pools [num_pages, page_size,
+  // h_kv, d] and sequence b's key t lives in page page_table[b, t / page_size],
+  // slot t % page_size. A non-paged cache [max_batch, max_seqlen, h_kv, d] is
+  // the case page_size = max_seqlen with page_table = batch indices [b, 1].
+  TensorRef page_table;      // int32 [b, max_pages_per_seq]
 };
 
 struct BwdInputs {

@@ -74,6 +74,17 @@ struct DropoutParams {
   const int64_t* rng_state = nullptr;  // (seed, offset) on the tensors' device
 };
 
+// Paged K/V (see FwdInputs::page_table). When page_table is set, k and v's
+// stride_b is the page stride and stride_s the slot stride: key t of sequence
+// b is at page page_table[b * stride_b + t / page_size], slot t % page_size.
+struct PagedKV {
+  const int32_t* page_table = nullptr;
+  int64_t stride_b = 0;
+  int64_t page_size = 0;
+  int64_t max_pages = 0;
+  int64_t num_pages = 0;
+};
+
 struct FwdParams {
   Problem prob;
   Format q_format = Format::kBSHD, kv_format = Format::kBSHD;
@@ -83,6 +94,7 @@ struct FwdParams {
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   float* max_logit = nullptr;  // [h_q] or null
   SeqlenParams seqlens;
+  PagedKV paged;
   MaskParams mask;
   BiasParams bias;
   SoftmaxParams softmax;

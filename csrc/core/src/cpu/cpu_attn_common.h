@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cpu_bias.h"
@@ -55,6 +56,21 @@ struct AttnCtx {
     if (params.bias.type == BiasType::kAlibi && params.bias.alibi_slopes == nullptr) {
       return Status::Invalid("alibi needs alibi_slopes");
     }
+    const PagedKV& pk = params.paged;
+    if (pk.page_table != nullptr) {
+      if (pk.page_size <= 0) return Status::Invalid("paged KV: page_size must be positive");
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t pages = (lay.seq[b].len_kv + pk.page_size - 1) / pk.page_size;
+        for (int64_t k = 0; k < pages; ++k) {
+          const int64_t page = pk.page_table[b * pk.stride_b + k];
+          if (page < 0 || page >= pk.num_pages) {
+            return Status::Invalid("page_table[" + std::to_string(b) + ", " + std::to_string(k) + "] = " +
+                                   std::to_string(page) + " is outside the page pool of " +
+                                   std::to_string(pk.num_pages) + " pages");
+          }
+        }
+      }
+    }
     win.resize(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) win[b] = Window::make(params.mask, lay.seq[b].len_q, lay.seq[b].len_kv);
     return Status::Ok();
@@ -89,6 +105,18 @@ struct AttnCtx {
 template <class T>
 inline T* row_ptr(const SeqTensor& t, int64_t b, int64_t token, int64_t h) {
   return static_cast<T*>(t.data) + b * t.stride_b + token * t.stride_s + h * t.stride_h;
+}
+
+// Element (key position j of sequence b, kv head hk, 0) of k or v: through the
+// page table for a paged KV cache, else at token tok_kv(b) + j.
+template <class T, class Ctx>
+inline const T* kv_row(const Ctx& c, const SeqTensor& t, int64_t b, int64_t j, int64_t hk) {
+  const PagedKV& pk = c.p->paged;
+  if (pk.page_table != nullptr) {
+    const int64_t page = pk.page_table[b * pk.stride_b + j / pk.page_size];
+    return static_cast<const T*>(t.data) + page * t.stride_b + (j % pk.page_size) * t.stride_s + hk * t.stride_h;
+  }
+  return row_ptr<const T>(t, c.lay.kv_thd ? 0 : b, c.lay.seq[b].tok_kv + j, hk);
 }
 
 // dst[0..d) = src[k * sd], dst[d..dpad) = 0.

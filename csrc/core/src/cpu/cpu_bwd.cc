@@ -120,7 +120,6 @@ struct BwdRun {
 
   void stage_k_tile(const PairPanels& pp, int64_t kt) const {
     const SeqExtent& e = c.lay.seq[pp.b];
-    const int64_t bk = c.lay.kv_thd ? 0 : pp.b;
     const int64_t j0 = kt * kBlockN;
     const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
     A* ktile = pp.kt + kt * c.dqk * kBlockN;
@@ -129,10 +128,9 @@ struct BwdRun {
     for (int jj = 0; jj < kBlockN; ++jj) {
       A* krow = pp.k + (j0 + jj) * c.dqk_p;
       if (jj < nj) {
-        const int64_t tok = e.tok_kv + j0 + jj;
-        load_row<T, A>(row_ptr<const T>(p.k, bk, tok, pp.hk), p.k.stride_d, c.dqk, c.dqk_p, krow);
+        load_row<T, A>(kv_row<T>(c, p.k, pp.b, j0 + jj, pp.hk), p.k.stride_d, c.dqk, c.dqk_p, krow);
         for (int64_t d = 0; d < c.dqk; ++d) ktile[d * kBlockN + jj] = krow[d];
-        const T* vs = row_ptr<const T>(p.v, bk, tok, pp.hk);
+        const T* vs = kv_row<T>(c, p.v, pp.b, j0 + jj, pp.hk);
         for (int64_t d0 = 0; d0 < c.dv; d0 += 1024) {
           const int64_t dn = std::min<int64_t>(1024, c.dv - d0);
           load_row<T, A>(vs + d0 * p.v.stride_d, p.v.stride_d, dn, dn, vrow);
@@ -505,7 +503,7 @@ struct BwdRun {
       for (int64_t h = 0; h < c.hq; ++h) {
         double s = 0;
         for (int64_t b = 0; b < c.B; ++b) s += dsink[b * c.hq + h];
-        bp.d_softmax_offset[h] = static_cast<float>(-s);
+        bp.d_softmax_offset[h] = static_cast<float>(0.0 - s);  // +0 when nothing contributes
       }
     }
     return Status::Ok();
@@ -527,6 +525,9 @@ struct BwdRun {
 template <class T>
 Status bwd_typed(const BwdParams& bp, const Executor& exec) {
   const FwdParams& p = bp.fwd;
+  if (p.paged.page_table != nullptr) {
+    return Status::Unsupported("CPU backward: a paged KV cache (page_table) is for inference only");
+  }
   AttnCtx<T> c;
   FUSEDATTN_RETURN_IF_ERROR(c.init(p));
   if (!bp.dq.data || !bp.dk.data || !bp.dv.data || !bp.dout.data || !p.out.data || !p.lse) {

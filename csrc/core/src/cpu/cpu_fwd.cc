@@ -52,21 +52,19 @@ struct FwdRun {
   // K^T tile kt of pair (b, hk): [dqk][kBlockN]; V rows of the tile: [kBlockN][dv_p]. Pads are zero.
   void stage_tile(int64_t b, int64_t hk, int64_t kt, A* __restrict ktile, A* __restrict vrows) const {
     const SeqExtent& e = c.lay.seq[b];
-    const int64_t bb = c.lay.kv_thd ? 0 : b;
     const int64_t j0 = kt * kBlockN;
     const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
     A krow[1024];
     for (int jj = 0; jj < kBlockN; ++jj) {
       A* vdst = vrows + jj * c.dv_p;
       if (jj < nj) {
-        const int64_t tok = e.tok_kv + j0 + jj;
-        const T* ks = row_ptr<const T>(p.k, bb, tok, hk);
+        const T* ks = kv_row<T>(c, p.k, b, j0 + jj, hk);
         for (int64_t d0 = 0; d0 < c.dqk; d0 += 1024) {
           const int64_t dn = std::min<int64_t>(1024, c.dqk - d0);
           load_row<T, A>(ks + d0 * p.k.stride_d, p.k.stride_d, dn, dn, krow);
           for (int64_t d = 0; d < dn; ++d) ktile[(d0 + d) * kBlockN + jj] = krow[d];
         }
-        load_row<T, A>(row_ptr<const T>(p.v, bb, tok, hk), p.v.stride_d, c.dv, c.dv_p, vdst);
+        load_row<T, A>(kv_row<T>(c, p.v, b, j0 + jj, hk), p.v.stride_d, c.dv, c.dv_p, vdst);
       } else {
         for (int64_t d = 0; d < c.dqk; ++d) ktile[d * kBlockN + jj] = 0;
         for (int64_t d = 0; d < c.dv_p; ++d) vdst[d] = 0;
