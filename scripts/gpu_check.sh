@@ -74,7 +74,7 @@ for engine in ${GPU_CHECK_ENGINES:-default simt}; do
   t0=$(now)
   if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_cuda_engine.py \
+  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider tests/gpu \
     ${GPU_CHECK_PYTEST:-} > "$log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1

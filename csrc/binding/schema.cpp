@@ -17,4 +17,10 @@ TORCH_LIBRARY(fusedattn, m) {
       "str kv_format, str mask_type, int window_left, int window_right, int bottom_right_diagonal, "
       "str softmax_type, float scale, float dropout_p, SymInt max_seqlen_q, SymInt max_seqlen_kv, "
       "bool need_dbias) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor d_softmax_offset)");
+  // KV-cache append (fusedattn/kv_cache.h): writes the step's new keys/values
+  // into the caches in place. The caches are marked mutated so the op stays
+  // inside a compiled graph (functionalised) and CUDA graphs replay it.
+  m.def(
+      "copy_to_kv_cache(Tensor new_k, Tensor new_v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor page_table, "
+      "Tensor cu_new_lens, Tensor cache_seqlens, str qkv_format) -> ()");
 }

@@ -1,0 +1,101 @@
+"""GPU benchmark: fusedattn vs torch SDPA's FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION.
+
+The grid of the CUDA engine issue: bf16, b*s = 16k tokens, h*d = 2048, d in {64, 128, 256},
+s in {512 .. 16k}, causal and not, forward and forward+backward, all in one run on the same
+inputs. TFLOP/s as FlashAttention counts them: forward 4*b*h*s*s*d, halved when causal;
+forward+backward 3.5x forward. Times are medians of triton.testing.do_bench (CUDA events).
+
+    python bench/bench_gpu.py [--quick] [--out bench/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from fusedattn._ops import FwdArgs, attention
+
+
+def tflops(ms, flops):
+    return flops / ms / 1e9 if ms == ms else float("nan")
+
+
+def time_ms(fn):
+    try:
+        return do_bench(fn, warmup=10, rep=40, return_mode="median")
+    except RuntimeError:  # a peer backend that refuses the shape
+        return float("nan")
+
+
+def run_point(d, s, causal, dtype=torch.bfloat16):
+    b, h = 16384 // s, 2048 // d
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    args = FwdArgs(scale=1 / math.sqrt(d), mask_type="causal" if causal else "no_mask")
+    qt, kt, vt, dt = (t.transpose(1, 2) for t in (q, k, v, dout))
+
+    def ours():
+        return attention(q, k, v, args)[0]
+
+    def peer(backend):
+        def f():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        return f
+
+    impls = {"fusedattn": (ours, dout), "fa2": (peer(SDPBackend.FLASH_ATTENTION), dt),
+             "cudnn": (peer(SDPBackend.CUDNN_ATTENTION), dt)}
+    fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    row = {}
+    for name, (fn, g) in impls.items():
+        with torch.no_grad():
+            row[name + "_fwd"] = tflops(time_ms(fn), fwd_flops)
+
+        def fb(fn=fn, g=g):
+            out = fn()
+            torch.autograd.grad(out, (q, k, v), g)
+
+        row[name + "_fb"] = tflops(time_ms(fb), 3.5 * fwd_flops)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="d=128 only")
+    ap.add_argument("--out", help="append the table to this markdown file")
+    opts = ap.parse_args()
+    ds = (128,) if opts.quick else (64, 128, 256)
+    lines = ["| d | s | causal | fwd fusedattn | fwd FA2 | fwd cuDNN | fwd vs FA2 | fwd vs cuDNN "
+             "| f+b fusedattn | f+b FA2 | f+b cuDNN | f+b vs FA2 | f+b vs cuDNN |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in ds:
+        for s in (512, 1024, 2048, 4096, 8192, 16384):
+            for causal in (False, True):
+                r = run_point(d, s, causal)
+                lines.append(
+                    f"| {d} | {s} | {'yes' if causal else 'no'} | {r['fusedattn_fwd']:.0f} | {r['fa2_fwd']:.0f} | "
+                    f"{r['cudnn_fwd']:.0f} | {r['fusedattn_fwd'] / r['fa2_fwd']:.2f} | "
+                    f"{r['fusedattn_fwd'] / r['cudnn_fwd']:.2f} | {r['fusedattn_fb']:.0f} | {r['fa2_fb']:.0f} | "
+                    f"{r['cudnn_fb']:.0f} | {r['fusedattn_fb'] / r['fa2_fb']:.2f} | "
+                    f"{r['fusedattn_fb'] / r['cudnn_fb']:.2f} |")
+                print(lines[-1], flush=True)
+    head = (f"## GPU attention, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}\n\n"
+            "bf16, b*s = 16384 tokens, h*d = 2048, TFLOP/s (FlashAttention's count: fwd 4bhs^2d, /2 causal; "
+            "fwd+bwd 3.5x fwd), medians of triton do_bench; ratios > 1 mean fusedattn is faster.\n\n")
+    table = head + "\n".join(lines) + "\n"
+    print("\n" + table)
+    if opts.out:
+        with open(opts.out, "a") as f:
+            f.write("\n" + table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+// CPU implementation of fusedattn::copy_to_kv_cache (kv_cache_impl.h's flow
+// with the CPU append, which checks the device-side data before writing).
+#include <torch/library.h>
+
+#include "kv_cache_impl.h"
+
+namespace fusedattn::binding {
+namespace {
+
+struct CpuKvEngine {
+  struct Scope {
+    explicit Scope(const at::Tensor&) {}
+  };
+  static Status run_kv_append(const KvAppendParams& params, const at::Tensor&) { return run_kv_append_cpu(params); }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedattn, CPU, m) { m.impl("copy_to_kv_cache", &kv_append_impl<CpuKvEngine>); }
+
+}  // namespace fusedattn::binding
