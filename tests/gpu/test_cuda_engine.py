@@ -147,7 +147,8 @@ def test_cuda_float64(cfg):
 TOL = {torch.float64: 1e-9, torch.float32: 3e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
-def _close(name, a, b, dtype, where=None):
+def _close(name, a, b, dtype, where=None, allowance=0.0):
+    """``allowance``: an exact, documented algorithmic error term both engines may carry (see below)."""
     a = a.detach().double().cpu()
     b = b.detach().double().cpu()
     if where is not None:
@@ -156,8 +157,8 @@ def _close(name, a, b, dtype, where=None):
         return None
     scale = max(1.0, b.abs().max().item())
     err = (a - b).abs().max().item()
-    if not (err <= TOL[dtype] * scale):
-        return f"{name}: max |cuda - cpu| = {err:.3e} > {TOL[dtype] * scale:.1e}"
+    if not (err <= TOL[dtype] * scale + allowance):
+        return f"{name}: max |cuda - cpu| = {err:.3e} > {TOL[dtype] * scale:.1e} + {allowance:.1e}"
     return None
 
 
@@ -189,8 +190,12 @@ def test_cuda_matches_cpu_engine(cfg):
         msgs.append("rng_state_out differs")
     if case.args.return_max_logit:
         msgs.append(_close("max_logit", ml_g, ml_c, dt, where=torch.isfinite(ml_c)))
+    # Each engine's backward reads D = rowsum(dO * O) from its own rounded output
+    # (conftest.output_rounding_term): their gradients may each carry that term.
+    _, _, rounding = C.reference_run(case, torch.float64, rounding_dtype=dt)
     for n in g_c:
-        msgs.append(_close("d" + n, g_g[n], g_c[n], dt))
+        allowance = 2 * rounding[n].abs().max().item()
+        msgs.append(_close("d" + n, g_g[n], g_c[n], dt, allowance=allowance))
     C.assert_matches_reference(msgs)
 
 
