@@ -81,6 +81,20 @@ for engine in ${GPU_CHECK_ENGINES:-default simt}; do
   note "tests/gpu ($engine engine)" "rc=$rc $(pytest_counts "$log") ($(( $(now) - t0 )) s)"
 done
 unset FUSEDATTN_CUDA_ENGINE
+# Attention over a KV cache (page_table): the decode engine (default) and the
+# SIMT engine's paged reads (simt), plus copy_to_kv_cache on CUDA.
+for engine in ${GPU_CHECK_ENGINES:-default simt}; do
+  log="$OUT/test_decode_${engine}.log"
+  t0=$(now)
+  if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
+  # shellcheck disable=SC2086
+  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_decode.py \
+    ${GPU_CHECK_PYTEST:-} > "$log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  note "tests/gpu/test_decode ($engine)" "rc=$rc $(pytest_counts "$log") ($(( $(now) - t0 )) s)"
+done
+unset FUSEDATTN_CUDA_ENGINE
 # The main suite on the GPU, once its conftest honours FUSEDATTN_TEST_DEVICE.
 if grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
   t0=$(now)
@@ -164,9 +178,13 @@ PYEOF
   note "timing ($engine engine)" "rc=$rc (timing_${engine}.log)"
 done
 unset FUSEDATTN_CUDA_ENGINE
+# Decode against torch SDPA (cuDNN, FA2): the markdown table goes to the log.
+"$PY" bench/bench_decode.py > "$OUT/bench_decode.log" 2>&1
+note "bench/bench_decode.py" "rc=$? (bench_decode.log)"
 
 printf '\n== timings\n'
 grep -h "^TIMING" "$OUT"/timing_*.log 2>/dev/null | sed 's/^TIMING //'
+sed -n '/^### Decode/,$p' "$OUT/bench_decode.log" 2>/dev/null
 printf '\n== failures\n'
 grep -hE "^(FAILED|ERROR) " "$OUT"/test_*.log 2>/dev/null | head -30
 printf '\n== summary\n'

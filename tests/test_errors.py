@@ -428,7 +428,7 @@ def test_dpa_unsupported_features():
         DotProductAttention(2, 16, tp_size=2)
     mod = DotProductAttention(2, 16, qkv_format="bshd")
     q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
-    with pytest.raises(NotImplementedError, match=r"inference_params"):
+    with pytest.raises(TypeError, match=r"inference_params must be a fusedattn.inference.InferenceParams"):
         mod(q, k, v, inference_params=object())
 
 

@@ -1,10 +1,14 @@
-// Dispatch of the CUDA engine: the tensor-core engine (csrc/cuda/tc) is asked
-// first and takes the calls it supports; everything else runs on the SIMT
-// engine (csrc/cuda/simt), which covers every dtype and feature.
+// Dispatch of the CUDA engine. A forward over a paged KV cache
+// (params.paged.page_table set) goes to the decode engine (csrc/cuda/decode)
+// when it applies, else to the SIMT engine; the tensor-core kernels never see
+// it (they do not read pages). Every other call: the tensor-core engine
+// (csrc/cuda/tc) is asked first and takes the calls it supports; the rest runs
+// on the SIMT engine (csrc/cuda/simt), which covers every dtype and feature.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
+#include "decode/decode.h"
 #include "fusedattn/cuda_api.h"
 #include "simt/simt.h"
 
@@ -12,7 +16,7 @@ namespace fusedattn {
 namespace {
 
 // FUSEDATTN_CUDA_ENGINE=simt sends every call to the SIMT engine (to test it,
-// or to rule the tensor-core kernels out); read once per process.
+// or to rule the tensor-core and decode kernels out); read once per process.
 bool tc_enabled() {
   static const bool enabled = [] {
     const char* e = std::getenv("FUSEDATTN_CUDA_ENGINE");
@@ -24,6 +28,10 @@ bool tc_enabled() {
 }  // namespace
 
 size_t fwd_workspace_bytes(const FwdParams& params) {
+  if (params.paged.page_table != nullptr) {
+    const size_t decode_bytes = tc_enabled() ? decode::fwd_workspace_bytes(params) : 0;
+    return std::max(decode_bytes, simt::fwd_workspace_bytes(params));
+  }
   const size_t tc_bytes = tc_enabled() ? tc::fwd_workspace_bytes(params) : 0;
   return std::max(tc_bytes, simt::fwd_workspace_bytes(params));
 }
@@ -36,6 +44,11 @@ size_t bwd_workspace_bytes(const BwdParams& params) {
 Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch) {
   if (params.prob.device != DeviceType::kCUDA) return Status::Invalid("run_fwd_cuda: tensors are not on a CUDA device");
   bool handled = false;
+  if (params.paged.page_table != nullptr) {
+    if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(decode::try_run_fwd(params, launch, &handled));
+    if (handled) return Status::Ok();
+    return simt::run_fwd(params, launch);
+  }
   if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(tc::try_run_fwd(params, launch, &handled));
   if (handled) return Status::Ok();
   return simt::run_fwd(params, launch);

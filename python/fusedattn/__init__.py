@@ -1,8 +1,9 @@
 """fusedattn: fused multi-head attention for PyTorch, as real torch operators.
 
 ``DotProductAttention`` is a drop-in for TransformerEngine's module of that name;
-``scaled_dot_product_attention`` follows ``torch.nn.functional``'s contract.
-Both trace under ``torch.compile(fullgraph=True)``; ``config.force_eager``
+``scaled_dot_product_attention`` follows ``torch.nn.functional``'s contract;
+``InferenceParams`` (KV caching for decoding) TransformerEngine's, see docs/kv-cache.md.
+All of them trace under ``torch.compile(fullgraph=True)``; ``config.force_eager``
 makes them run eagerly instead (see docs/api.md).
 """
 
@@ -12,10 +13,12 @@ from . import config
 from ._ops import FwdArgs
 from .attention import DotProductAttention
 from .functional import dot_product_attention, scaled_dot_product_attention
+from .inference import InferenceParams
 
 __all__ = [
     "DotProductAttention",
     "FwdArgs",
+    "InferenceParams",
     "config",
     "dot_product_attention",
     "scaled_dot_product_attention",

@@ -1,9 +1,10 @@
 """The operators' Python side: args objects, fake implementations and autograd.
 
-The C++ extension registers ``torch.ops.fusedattn.fwd`` and ``torch.ops.fusedattn.bwd``
-(schemas in csrc/binding/ops.cpp). Every non-tensor setting of a call lives in one
-frozen ``FwdArgs``; the op call, its fake implementation and its backward are all
-built from that one object, so they cannot disagree about a call.
+The C++ extension registers ``torch.ops.fusedattn.fwd``, ``torch.ops.fusedattn.bwd`` and
+``torch.ops.fusedattn.copy_to_kv_cache`` (schemas in csrc/binding/schema.cpp). Every
+non-tensor setting of a call lives in one frozen ``FwdArgs``; the op call, its fake
+implementation and its backward are all built from that one object, so they cannot
+disagree about a call.
 """
 
 from __future__ import annotations
@@ -231,15 +232,46 @@ torch.library.register_autograd("fusedattn::fwd", _backward, setup_context=_setu
 
 def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_mask=None,
               alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_kv=None,
-              cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None):
+              cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, page_table=None):
     """Differentiable attention over q/k/v in their formats (heads not merged).
+
+    With ``page_table`` (int32 ``[b, max_pages_per_seq]``), k and v are KV-cache
+    page pools ``[num_pages, page_size, h_kv, d]`` and ``cu_seqlens_kv`` holds the
+    cache lengths (inference only: no backward).
 
     Returns ``(out, max_logit)``: out in q's format with head dim d_v, and the
     per-head max logit ``[h_q]`` (fp32) when ``args.return_max_logit``, else None.
     """
     rng_state = draw_rng_state(q.device) if args.dropout_p > 0 else None
+    extra = () if page_table is None else (page_table,)
     out, _lse, _rng, max_logit = torch.ops.fusedattn.fwd(
         q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
         cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, *args.op_args(), args.return_max_logit,
+        *extra,
     )
     return out, (max_logit if args.return_max_logit else None)
+
+
+# ---------------------------------------------------------------------------
+# KV-cache append (csrc/core/include/fusedattn/kv_cache.h). The op mutates its
+# cache arguments (schema: Tensor(a!) k_cache, Tensor(b!) v_cache) and returns
+# nothing, so under torch.compile it is functionalised and re-inplaced by
+# Inductor: the append stays inside the graph, and CUDA graphs replay it.
+
+
+@torch.library.register_fake("fusedattn::copy_to_kv_cache")
+def _copy_to_kv_cache_fake(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens, cache_seqlens,
+                           qkv_format):
+    return None
+
+
+def copy_to_kv_cache(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens, cache_seqlens,
+                     qkv_format: str = "bshd") -> None:
+    """Write one step's new keys/values into the caches, in place.
+
+    Token i of sequence b (``cu_new_lens[b+1] - cu_new_lens[b]`` tokens; thd:
+    rows from ``cu_new_lens[b]``) goes to cache position ``cache_seqlens[b] + i``,
+    i.e. page ``page_table[b, pos // page_size]``, slot ``pos % page_size``.
+    """
+    torch.ops.fusedattn.copy_to_kv_cache(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens,
+                                         cache_seqlens, qkv_format)

@@ -239,6 +239,22 @@ def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqle
     return None, cu_seqlens_q, cu_seqlens_kv
 
 
+def _kv_cache_mask_type(mask_type: str) -> str:
+    """The mask of an attention call over a KV cache: always per-sequence lengths
+    (padding), and causal aligned to the bottom right, where the new tokens are.
+    TransformerEngine asserts a padding mask and turns padding_causal into
+    padding_causal_bottom_right; the unambiguous others map the same way."""
+    if mask_type in ("no_mask", "padding"):
+        return "padding"
+    if mask_type in CAUSAL_MASK_TYPES:
+        return "padding_causal_bottom_right"
+    raise ValueError(f"attn_mask_type {mask_type!r} is not supported with inference_params (KV cache); use "
+                     f"'padding_causal' (decoding) or 'padding'")
+
+
+CAUSAL_MASK_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
+
+
 # ---------------------------------------------------------------------------
 # One call, shared by the module and the functional form.
 
@@ -278,12 +294,17 @@ def _attention_forward(
     alibi_slopes: Optional[torch.Tensor] = None,
     return_max_logit: bool = False,
     checkpoint_core_attention: bool = False,
+    kv_format: Optional[str] = None,
+    page_table: Optional[torch.Tensor] = None,
 ):
-    """Unpacked q/k/v in; output with heads merged (``[..., h_q * d_v]``) out."""
+    """Unpacked q/k/v in; output with heads merged (``[..., h_q * d_v]``) out.
+
+    ``kv_format`` defaults to ``qkv_format``; with ``page_table`` k/v are KV-cache
+    page pools (kv_format 'bshd') and ``cu_seqlens_kv`` the cache lengths."""
     mask_type = canonical_mask_type(attn_mask_type)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(query_layer.shape[-1])
     args = _build_fwd_args(
-        q_format=qkv_format, kv_format=qkv_format, mask_type=mask_type,
+        q_format=qkv_format, kv_format=qkv_format if kv_format is None else kv_format, mask_type=mask_type,
         window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
         softmax_type=softmax_type, scale=scale, dropout_p=dropout_p,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
@@ -301,6 +322,8 @@ def _attention_forward(
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
         cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
     )
+    if page_table is not None:
+        tensors["page_table"] = page_table
     out, max_logit = _run_attention(query_layer, key_layer, value_layer, args, tensors,
                                     checkpoint_core_attention)
     out = out.flatten(-2)  # [..., h, d_v] -> [..., h * d_v]: a view of the contiguous output
@@ -485,9 +508,6 @@ class DotProductAttention(torch.nn.Module):
         ``num_splits`` are accepted and have no effect (padded positions are
         always zero, gaps between sequences follow from cu_seqlens_*_padded)."""
         del fast_zero_fill, pad_between_seqs, bf16_backward, num_splits
-        if inference_params is not None:
-            raise NotImplementedError(
-                "fusedattn.DotProductAttention does not support inference_params (KV caching) yet")
         if fp8_output:
             raise NotImplementedError("fusedattn.DotProductAttention does not support FP8 (fp8_output=True)")
         if (score_mod is not None or score_mod_bprop is not None or score_mod_tensors is not None
@@ -501,6 +521,14 @@ class DotProductAttention(torch.nn.Module):
             qkv_layer, kv_layer, query_layer, key_layer, value_layer, qkv_format,
             qkv_interleave_dim)
         self._check_head_dims(key_layer, value_layer)
+
+        if inference_params is not None:
+            return self._forward_with_kv_cache(
+                query_layer, key_layer, value_layer, inference_params, qkv_format=qkv_format,
+                attn_mask_type=self.attn_mask_type if attn_mask_type is None else attn_mask_type,
+                window_size=self.window_size if window_size is None else window_size,
+                core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
+                alibi_slopes=alibi_slopes)
 
         return _attention_forward(
             query_layer, key_layer, value_layer,
@@ -522,6 +550,41 @@ class DotProductAttention(torch.nn.Module):
             alibi_slopes=alibi_slopes,
             return_max_logit=self.return_max_logit,
             checkpoint_core_attention=checkpoint_core_attention,
+        )
+
+    def _forward_with_kv_cache(self, query_layer, key_layer, value_layer, inference_params, *, qkv_format,
+                               attn_mask_type, window_size, core_attention_bias_type, core_attention_bias,
+                               alibi_slopes):
+        """Prefill or decode against the KV cache (TransformerEngine's inference path).
+
+        ``inference_params.step`` appends this layer's new keys/values to its cache
+        (in place, inside the graph); attention then reads q against the whole
+        cache through the page table, with the step's cu_seqlens (the caller's
+        cu_seqlens and attention_mask are superseded, as in TransformerEngine).
+        Causal masks become bottom-right aligned (the new tokens are the last of
+        each sequence): padding_causal -> padding_causal_bottom_right."""
+        if not (hasattr(inference_params, "step") and hasattr(inference_params, "get_page_table")):
+            raise TypeError(f"inference_params must be a fusedattn.inference.InferenceParams, got "
+                            f"{type(inference_params).__name__}")
+        mask_type = _kv_cache_mask_type(canonical_mask_type(attn_mask_type))
+        k_cache, v_cache, cu_q, cu_kv, _max_kv, _fmt = inference_params.step(
+            self.layer_number, key_layer, value_layer, qkv_format)
+        return _attention_forward(
+            query_layer, k_cache, v_cache,
+            qkv_format=qkv_format, kv_format="bshd", page_table=inference_params.get_page_table(),
+            attn_mask_type=mask_type,
+            window_size=window_size,
+            bottom_right_diagonal=True,
+            softmax_scale=self.softmax_scale,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+            softmax_type=self.softmax_type,
+            softmax_offset=self.softmax_offset,
+            cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+            max_seqlen_q=getattr(inference_params, "max_ctx_len", None) if qkv_format == "thd" else None,
+            core_attention_bias_type=core_attention_bias_type,
+            core_attention_bias=core_attention_bias,
+            alibi_slopes=alibi_slopes,
+            return_max_logit=self.return_max_logit,
         )
 
     def _check_head_dims(self, key_layer, value_layer) -> None:

@@ -5,8 +5,12 @@
 It (a) trains a few steps under ``torch.compile(fullgraph=True)`` and counts
 graph breaks (must be 0), (b) checks logits and gradients against the same
 model with torch's ``F.scaled_dot_product_attention``, (c) generates greedily
-with a ``dynamic=True`` compile and counts compilations, and (d) prints eager
-and compiled timings. Exits non-zero on a graph break or a failed agreement.
+with a ``dynamic=True`` compile (full recompute per token) and counts
+compilations, (c') generates the same tokens through the KV cache
+(``fusedattn.inference.InferenceParams``: prefill, then one compiled decode
+step per token; CUDA graphs on CUDA) and checks they equal (c)'s, and (d)
+prints eager and compiled timings. Exits non-zero on a graph break, a
+recompile while decoding or a failed agreement.
 """
 
 from __future__ import annotations
@@ -91,14 +95,18 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(),
                                  nn.Linear(4 * cfg.d_model, cfg.d_model))
 
-    def forward(self, x):
+    def forward(self, x, inference_params=None):
         c = self.cfg
         b, s, _ = x.shape
         qkv = self.qkv(self.ln1(x)).view(b, s, c.n_head + 2 * c.n_kv_head, c.head_dim)
         q = qkv[:, :, :c.n_head]
         k = qkv[:, :, c.n_head:c.n_head + c.n_kv_head]
         v = qkv[:, :, c.n_head + c.n_kv_head:]
-        x = x + self.proj(self.attn(q, k, v))
+        if inference_params is None:
+            a = self.attn(q, k, v)
+        else:  # KV-cache generation: x holds only the step's new tokens
+            a = self.attn(q, k, v, inference_params=inference_params)
+        x = x + self.proj(a)
         return x + self.mlp(self.ln2(x))
 
 
@@ -118,10 +126,17 @@ class TinyGPT(nn.Module):
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
 
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos.weight[: idx.shape[1]]
+    def forward(self, idx, inference_params=None):
+        if inference_params is None:
+            pos = self.pos.weight[: idx.shape[1]]
+        else:
+            # New token i of sequence b sits at position (cache length before the step) + i,
+            # read from the device buffer pre_step filled: no host sync inside the step.
+            start = inference_params.get_seqlens_pre_step()[: idx.shape[0]].long()
+            pos = self.pos(start[:, None] + torch.arange(idx.shape[1], device=idx.device))
+        x = self.tok(idx) + pos
         for blk in self.blocks:
-            x = blk(x)
+            x = blk(x, inference_params)
         return self.ln_f(x) @ self.tok.weight.t()  # tied output embedding
 
 
@@ -225,6 +240,49 @@ def generate(model, prompt, n_tokens, device):
     return idx, per_token
 
 
+@torch.no_grad()
+def generate_with_kv_cache(model, cfg: Config, prompt, n_tokens, device, backend, mode=None, paged=True):
+    """Greedy generation through fusedattn's KV cache: one prefill step, then one
+    token per step. The step function is compiled once (fullgraph=True; on CUDA
+    also mode="reduce-overhead", one CUDA graph per step shape); the host
+    bookkeeping (InferenceParams.pre_step) runs between steps, outside the graph.
+
+    Returns (ids, per-step seconds, compilations, recompiles while decoding)."""
+    from collections import OrderedDict
+
+    from fusedattn.inference import InferenceParams
+
+    b, s0 = prompt.shape
+    total = s0 + n_tokens
+    if total > cfg.max_len:
+        raise ValueError(f"prompt + generated tokens ({total}) exceed the model's max_len ({cfg.max_len})")
+    dtype = next(model.parameters()).dtype
+    params = InferenceParams(b, total, cfg.n_kv_head, cfg.head_dim, dtype, is_paged=paged,
+                             page_size=16 if paged else None, device=device)
+    for i, blk in enumerate(model.blocks):
+        blk.attn.layer_number = i + 1  # each layer appends to and reads its own cache
+        params.allocate_memory(i + 1)
+
+    def step(idx):
+        return model(idx, inference_params=params)[:, -1]  # logits of each sequence's last new token
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend, mode=mode)
+    graphs_before = unique_graphs()
+    ids, x, times, graphs = prompt, prompt, [], []
+    for t in range(n_tokens):
+        params.pre_step(OrderedDict((seq, x.shape[1]) for seq in range(b)))
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        logits, dt = timed(lambda: compiled(x), device)
+        x = logits.argmax(-1, keepdim=True)
+        ids = torch.cat([ids, x], dim=1)
+        times.append(dt)
+        graphs.append(unique_graphs())
+    n_graphs = unique_graphs() - graphs_before
+    recompiles = graphs[-1] - graphs[1] if len(graphs) > 1 else 0  # after the first decode step
+    return ids, times, n_graphs, recompiles
+
+
 def printable(ids) -> str:
     return "".join(chr(c) if 32 <= c < 127 else ("\\n" if c == 10 else "?") for c in ids.tolist())
 
@@ -312,6 +370,27 @@ def main(argv=None) -> int:
     print(f"  compilations during generation: {n_graphs} (recompiles: {max(0, n_graphs - 1)}); "
           f"graphs compiled in this run: {unique_graphs()}")
     print(f"  compiled tokens == eager tokens: {bool(torch.equal(out, eager_out))}")
+
+    # (c') the same generation through the KV cache (prefill once, then one token per step)
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    print(f"\n(c') KV-cache generation (fusedattn.inference.InferenceParams, paged): prefill + token-by-token "
+          f"decode, torch.compile(fullgraph=True{', mode=' + repr(mode) if mode else ''})")
+    kv_out, kv_times, kv_graphs, kv_recompiles = generate_with_kv_cache(
+        model, cfg, prompt, args.gen_tokens, device, args.backend, mode=mode)
+    same = bool(torch.equal(kv_out, eager_out))
+    print(f"  generated: {printable(kv_out[0, prompt.shape[1]:])!r}")
+    print(f"  compilations: {kv_graphs} (prefill + decode step shapes); recompiles while decoding: "
+          f"{kv_recompiles}")
+    print(f"  KV-cache tokens == full-recompute tokens: {same}")
+    if not same:
+        failures.append("KV-cache generation differs from full recompute")
+    if kv_recompiles:
+        failures.append(f"{kv_recompiles} recompile(s) while decoding with the KV cache")
+    if mode == "reduce-overhead":
+        skipped = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+        print(f"  cudagraph skips: {skipped}")
+        if skipped:
+            failures.append(f"{skipped} cudagraph skip(s)")
     gb = graph_breaks()
     print(f"  graph breaks (total): {gb}")
     if gb and not any("graph break" in f for f in failures):
@@ -330,6 +409,10 @@ def main(argv=None) -> int:
     print(f"  generation eager:    {1 / statistics.median(eager_gen_times):8.1f} tokens/s (median per token)")
     print(f"  generation compiled: {1 / statistics.median(gen_steady):8.1f} tokens/s (median per token;"
           f" first token, compile included: {gen_times[0]:.1f} s)")
+    kv_decode = kv_times[2:] or kv_times[1:] or kv_times  # after the prefill and the decode step's compile
+    print(f"  generation KV cache: {prompt.shape[0] / statistics.median(kv_decode):8.1f} tokens/s (median per "
+          f"decode step; prefill + compile: {kv_times[0]:.1f} s, first decode step: "
+          f"{kv_times[1] if len(kv_times) > 1 else float('nan'):.1f} s)")
 
     if failures:
         print("\nFAILED: " + "; ".join(failures))

@@ -85,6 +85,11 @@ Status check_paged_kv(const FwdArgs& args, const FwdInputs& in) {
     return Status::Invalid(cat("page_table must be an int32 tensor [b, max_pages_per_seq]; got ", dtype_name(pt.dtype),
                                " ", shape_str(pt)));
   }
+  // Engines address a row of the table as page_table[b * stride_b + i].
+  if (pt.sizes[1] > 1 && pt.strides[1] != 1) {
+    return Status::Invalid(cat("page_table's rows must be contiguous (stride 1 along max_pages_per_seq); got strides [",
+                               pt.strides[0], ", ", pt.strides[1], "]"));
+  }
   if (args.kv_format != Format::kBSHD) {
     return Status::Invalid(cat("with a page_table, k and v are page pools [num_pages, page_size, h_kv, d]: kv_format "
                                "must be 'bshd'; got '",

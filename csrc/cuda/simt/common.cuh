@@ -130,9 +130,11 @@ __device__ __forceinline__ void load8(const T* p, int64_t stride_d, bool vec, A 
 // (dst[r * ld + c]) or transposed (dst[c * ld + r]). Rows >= rows_valid and
 // columns in [d, dfill) are zero-filled so that no garbage (possibly NaN)
 // reaches a product. `base` points at the tile's first row.
-template <int NT, bool kTransposed, class T, class A>
-__device__ __forceinline__ void load_tile(A* dst, int ld, const T* base, int64_t stride_row, int64_t stride_d,
-                                          bool vec, int rows_valid, int rows_total, int d, int dfill, A scale) {
+// row_ptr(r) gives the address of row r (< rows_valid): a strided tensor's
+// rows, or a paged KV cache's (see paged_kv_row).
+template <int NT, bool kTransposed, class T, class A, class RowPtr>
+__device__ __forceinline__ void load_tile_rows(A* dst, int ld, RowPtr row_ptr, int64_t stride_d, bool vec,
+                                               int rows_valid, int rows_total, int d, int dfill, A scale) {
   const int n8 = dfill / 8;
   const int units = rows_total * n8;
   for (int u = threadIdx.x; u < units; u += NT) {
@@ -142,7 +144,7 @@ __device__ __forceinline__ void load_tile(A* dst, int ld, const T* base, int64_t
     const int c8 = (kTransposed ? u / rows_total : u % n8) * 8;
     A v[8];
     if (r < rows_valid && c8 < d) {
-      load8<T, A>(base + r * stride_row + c8 * stride_d, stride_d, vec, scale, v);
+      load8<T, A>(row_ptr(r) + c8 * stride_d, stride_d, vec, scale, v);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = A(0);
@@ -161,6 +163,24 @@ __device__ __forceinline__ void load_tile(A* dst, int ld, const T* base, int64_t
       }
     }
   }
+}
+
+template <int NT, bool kTransposed, class T, class A>
+__device__ __forceinline__ void load_tile(A* dst, int ld, const T* base, int64_t stride_row, int64_t stride_d,
+                                          bool vec, int rows_valid, int rows_total, int d, int dfill, A scale) {
+  load_tile_rows<NT, kTransposed, T, A>(
+      dst, ld, [=](int r) { return base + r * stride_row; }, stride_d, vec, rows_valid, rows_total, d, dfill, scale);
+}
+
+// Key j of sequence b, KV head hk, of k or v in a paged KV cache: page
+// page_table[b, j / page_size], slot j % page_size. A page index outside the
+// pool is clamped into it, so a bad table gives wrong numbers but never an
+// out-of-bounds read (the CPU engine reports it as an error).
+template <class T>
+__device__ __forceinline__ const T* paged_kv_row(const PagedKV& pk, const SeqTensor& t, int b, int j, int hk) {
+  int64_t page = pk.page_table[b * pk.stride_b + j / pk.page_size];
+  page = page < 0 ? 0 : (page >= pk.num_pages ? pk.num_pages - 1 : page);
+  return static_cast<const T*>(t.data) + page * t.stride_b + (j % pk.page_size) * t.stride_s + hk * t.stride_h;
 }
 
 // ---- sequences and visibility ------------------------------------------------

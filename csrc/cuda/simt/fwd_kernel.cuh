@@ -116,14 +116,23 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
   }
   A mx = neg_inf<A>();  // largest visible logit this thread saw (log2 units)
 
-  const T* kbase = static_cast<const T*>(p.k.data) + row_base(p.k, b, si.tok_kv, hk);
-  const T* vbase = static_cast<const T*>(p.v.data) + row_base(p.v, b, si.tok_kv, hk);
+  // A paged KV cache (inference) is read through its page table, key by key;
+  // otherwise k/v rows of sequence b are strided from its first token.
+  const bool paged = p.paged.page_table != nullptr;
+  const T* kbase = static_cast<const T*>(p.k.data) + (paged ? 0 : row_base(p.k, b, si.tok_kv, hk));
+  const T* vbase = static_cast<const T*>(p.v.data) + (paged ? 0 : row_base(p.v, b, si.tok_kv, hk));
 
   for (int j0 = (j_lo / BK) * BK; j0 < j_hi; j0 += BK) {
     const int kv_valid = min(BK, si.len_kv - j0);
     __syncthreads();  // the previous tile's V is consumed
-    load_tile<NT, true>(KVs, KS, kbase + int64_t(j0) * p.k.stride_s, p.k.stride_s, p.k.stride_d, fl.k_vec, kv_valid, BK, dqk,
-                        dqk, A(1));
+    if (paged) {
+      load_tile_rows<NT, true, T, A>(
+          KVs, KS, [&](int r) { return paged_kv_row<T>(p.paged, p.k, b, j0 + r, hk); }, p.k.stride_d, fl.k_vec,
+          kv_valid, BK, dqk, dqk, A(1));
+    } else {
+      load_tile<NT, true>(KVs, KS, kbase + int64_t(j0) * p.k.stride_s, p.k.stride_s, p.k.stride_d, fl.k_vec, kv_valid,
+                          BK, dqk, dqk, A(1));
+    }
     __syncthreads();
 
     A s[RQ][VS];
@@ -191,8 +200,14 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
       sts<VS>(Ps + (ty + TY * r) * PS + VS * tx, pv);
     }
     __syncthreads();  // K^T consumed, P complete
-    load_tile<NT, false>(KVs, VST, vbase + int64_t(j0) * p.v.stride_s, p.v.stride_s, p.v.stride_d, fl.v_vec, kv_valid, BK, dv,
-                         DPAD, A(1));
+    if (paged) {
+      load_tile_rows<NT, false, T, A>(
+          KVs, VST, [&](int r) { return paged_kv_row<T>(p.paged, p.v, b, j0 + r, hk); }, p.v.stride_d, fl.v_vec,
+          kv_valid, BK, dv, DPAD, A(1));
+    } else {
+      load_tile<NT, false>(KVs, VST, vbase + int64_t(j0) * p.v.stride_s, p.v.stride_s, p.v.stride_d, fl.v_vec,
+                           kv_valid, BK, dv, DPAD, A(1));
+    }
     __syncthreads();
 
 #pragma unroll 1

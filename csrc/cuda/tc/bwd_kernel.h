@@ -72,8 +72,13 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
 
   const Elem* gK = static_cast<const Elem*>(a.k) + b * a.k_sb + (sq.off_kv + n0) * a.k_ss + hk * a.k_sh;
   const Elem* gV = static_cast<const Elem*>(a.v) + b * a.v_sb + (sq.off_kv + n0) * a.v_ss + hk * a.v_sh;
-  Elem* gdK = static_cast<Elem*>(a.dk) + b * a.dk_sb + (sq.off_kv + n0) * a.dk_ss + hk * a.dk_sh;
-  Elem* gdV = static_cast<Elem*>(a.dv) + b * a.dv_sb + (sq.off_kv + n0) * a.dv_ss + hk * a.dv_sh;
+  // dK / dV destinations (computed where used, not kept live across the main loop).
+  auto dk_ptr = [&]() {
+    return static_cast<Elem*>(a.dk) + b * a.dk_sb + (sq.off_kv + n0) * a.dk_ss + hk * a.dk_sh;
+  };
+  auto dv_ptr = [&]() {
+    return static_cast<Elem*>(a.dv) + b * a.dv_sb + (sq.off_kv + n0) * a.dv_ss + hk * a.dv_sh;
+  };
 
   // Query rows that see any key of the tile.
   const int diag = seq_diag(a, sq);
@@ -82,8 +87,8 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
   if (a.wr >= 0) i_lo = max(0, n0 - diag - a.wr);
   if (a.wl >= 0) i_hi = min(i_hi, n_end - 1 - diag + a.wl + 1);
   if (n_end <= n0 || i_hi <= i_lo) {
-    zero_tile<kBlockN, kD, kThreads>(gdK, a.dk_ss, rows_here, a.d_qk, tid);
-    zero_tile<kBlockN, kD, kThreads>(gdV, a.dv_ss, rows_here, a.d_v, tid);
+    zero_tile<kBlockN, kD, kThreads>(dk_ptr(), a.dk_ss, rows_here, a.d_qk, tid);
+    zero_tile<kBlockN, kD, kThreads>(dv_ptr(), a.dv_ss, rows_here, a.d_v, tid);
     return;
   }
   const int m_lo = i_lo / kBlockM;
@@ -96,22 +101,44 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
     offset = a.rng[1];
   }
 
-  auto load_qdo = [&](int it, int buf) {
-    const int h = hk * a.group + it / nm;
-    const int mm0 = (m_lo + it % nm) * kBlockM;
-    const Elem* gQ = static_cast<const Elem*>(a.q) + b * a.q_sb + (sq.off_q + mm0) * a.q_ss + h * a.q_sh;
-    const Elem* gdO = static_cast<const Elem*>(a.dout) + b * a.do_sb + (sq.off_q + mm0) * a.do_ss + h * a.do_sh;
-    load_tile<kBlockM, kD, kThreads>(sQ + buf * kBlockM * kRowBytes, gQ, a.q_ss, sq.len_q - mm0, a.d_qk, tid);
-    load_tile<kBlockM, kD, kThreads>(sdO + buf * kBlockM * kRowBytes, gdO, a.do_ss, sq.len_q - mm0, a.d_v, tid);
+  // Loader geometry: each thread copies one 16-byte column chunk of every
+  // kLdStep-th row; its global and shared offsets are fixed, so per tile only
+  // the (uniform) tile origin changes.
+  constexpr int kLdChunks = kD / 8, kLdStep = kThreads / kLdChunks;
+  static_assert(kThreads % kLdChunks == 0 && kBlockM % kLdStep == 0 && kLdStep % 8 == 0, "loader shape");
+  // Row of query position 0 in the workspace's per-row arrays (q_row_token is linear in i).
+  const int64_t tok0 = a.q_thd ? sq.off_q : static_cast<int64_t>(b) * a.s_q;
+
+  auto load_qdo = [&](int h, int mm0, int buf) {
+    // Thread offsets are recomputed here (cheap) rather than kept live across the loop.
+    const int ft = fresh_tid(), lc = ft % kLdChunks, lr = ft / kLdChunks;
+    const bool q_col_ok = lc * 8 < a.d_qk, do_col_ok = lc * 8 < a.d_v;
+    // Predicated-off copies read nothing (see load_tile): no address clamping.
+    const Elem* gq = static_cast<const Elem*>(a.q) + (b * a.q_sb + (sq.off_q + mm0) * a.q_ss + h * a.q_sh) +
+                     (lr * a.q_ss + lc * 8);
+    const Elem* gdo = static_cast<const Elem*>(a.dout) + (b * a.do_sb + (sq.off_q + mm0) * a.do_ss + h * a.do_sh) +
+                      (lr * a.do_ss + lc * 8);
+    const uint32_t soff = swz<kRowBytes>(lr, lc);
+    const uint32_t dq_ = sQ + buf * kBlockM * kRowBytes + soff, ddo = sdO + buf * kBlockM * kRowBytes + soff;
+    const int rows_left = sq.len_q - mm0 - lr;
+#pragma unroll
+    for (int r = 0; r < kBlockM / kLdStep; ++r) {
+      const bool row_ok = r * kLdStep < rows_left;
+      cp_async16(dq_ + r * kLdStep * kRowBytes, gq + r * kLdStep * a.q_ss, q_col_ok && row_ok);
+      cp_async16(ddo + r * kLdStep * kRowBytes, gdo + r * kLdStep * a.do_ss, do_col_ok && row_ok);
+    }
     if (tid < kBlockM) {
       const bool pred = mm0 + tid < sq.len_q;
-      const int64_t row = static_cast<int64_t>(h) * a.rows_q + q_row_token(a, sq, b, mm0 + tid);
-      cp_async4(sLse + (buf * kBlockM + tid) * 4, pred ? a.lse2 + row : a.lse2, pred);
-      cp_async4(sDsum + (buf * kBlockM + tid) * 4, pred ? a.dsum + row : a.dsum, pred);
+      const int64_t row = static_cast<int64_t>(h) * a.rows_q + tok0 + mm0 + tid;
+      cp_async4(sLse + (buf * kBlockM + tid) * 4, a.lse2 + row, pred);
+      cp_async4(sDsum + (buf * kBlockM + tid) * 4, a.dsum + row, pred);
     }
   };
 
-  load_qdo(0, 0);
+  // Tiles are visited head-major: (h, m) = (hk * group + it / nm, m_lo + it % nm),
+  // tracked incrementally (no integer division in the loop).
+  int h_cur = hk * a.group, m_cur = m_lo;
+  load_qdo(h_cur, m_cur * kBlockM, 0);
   load_tile<kBlockN, kD, kThreads>(sK, gK, a.k_ss, sq.len_kv - n0, a.d_qk, tid);
   load_tile<kBlockN, kD, kThreads>(sV, gV, a.v_ss, sq.len_kv - n0, a.d_v, tid);
   cp_async_commit();
@@ -142,17 +169,25 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
                ((((wm3 * kDqMT + mt) * 2 + ((lane >> 3) & 1)) ^ (lane & 7)) << 4);
   }
   constexpr uint32_t kVoff = L::kV - L::kK, kdOoff = L::kdO - L::kQ, kdSoff = L::kdS - L::kP;
+  // dQ atomics: a thread's rows are (wm3 * kDqMT + mt) * 16 + (lane >> 2) + 8 r of the
+  // tile, its columns wd3 * kDqCols + nt * 8 + 2 (lane & 3); workspace rows are
+  // h_q * acc_d floats apart. Columns past d_qk (inside the bucket) receive exact
+  // zeros (K's padding columns are zero), so only rows need a check.
+  const int dq_rstride = a.h_q * a.acc_d;
+  const int dq_lrow = wm3 * kDqMT * 16 + (lane >> 2);
+  const int dq_toff = dq_lrow * dq_rstride + wd3 * kDqCols + 2 * (lane & 3);
 
   for (int it = 0; it < n_it; ++it) {
     const int buf = it & 1;
-    const int h = hk * a.group + it / nm;
-    const int mm0 = (m_lo + it % nm) * kBlockM;
+    const int h = h_cur;
+    const int mm0 = m_cur * kBlockM;
+    // The next tile.
+    if (++m_cur == m_lo + nm) {
+      m_cur = m_lo;
+      ++h_cur;
+    }
     cp_async_wait<0>();
     __syncthreads();  // this tile's Q/dO landed; every warp is done with the other buffer and with sP/sdS
-    if (it + 1 < n_it) {
-      load_qdo(it + 1, buf ^ 1);
-      cp_async_commit();
-    }
     const uint32_t boff = buf * kBlockM * kRowBytes;
     const uint32_t sLb = sLse + buf * kBlockM * 4, sDb = sDsum + buf * kBlockM * 4;
 
@@ -193,33 +228,65 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
     float slope = 0.f;
     if (kGeneral && a.bias_type == 2) slope = a.alibi[b * a.al_sb + h * a.al_sh];
     const int64_t bh = static_cast<int64_t>(b) * a.h_q + h;
+    // (1) P^T = exp2(S^T * scale * log2(e) - lse2) (general: logits with bias and masks).
 #pragma unroll
     for (int nt = 0; nt < kSdpNT; ++nt) {
       const int il0 = wm * kSdpCols + nt * 8 + 2 * (lane & 3);
       const float l0 = ld_shared_f32(sLb + il0 * 4), l1 = ld_shared_f32(sLb + il0 * 4 + 4);
+#pragma unroll
+      for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (!kGeneral) {
+            // One FFMA: exp2(qk * scale * log2(e) - lse2).
+            st[mt][nt][e] = fast_exp2(fmaf(st[mt][nt][e], a.scale_log2, -((e & 1) ? l1 : l0)));
+          } else {
+            const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
+            const int j = n0 + jl, i = mm0 + il0 + (e & 1);
+            const float s2 = general_logit<Elem>(a, st[mt][nt][e], b, h, i, j, sq, diag, edge, slope);
+            st[mt][nt][e] = fast_exp2(s2 - ((e & 1) ? l1 : l0));
+          }
+        }
+    }
+    // (2) Window / length mask, only on the tiles that need it (a uniform
+    // branch: interior tiles skip the compares). Key j is visible to query i
+    // iff j < len_kv and t_lo <= i - j <= t_hi; i - j is a per-thread base
+    // plus compile-time offsets, so nothing per row has to stay live across
+    // the loop.
+    if (!kGeneral && edge) {
+      const int jt = n0 + jw + (lane >> 2);
+      const int tb = mm0 + wm * kSdpCols + 2 * (lane & 3) - jt;
+      const int kv_left = sq.len_kv - jt;
+      const int t_lo = a.wr >= 0 ? -diag - a.wr : INT_MIN / 2;
+      const int t_hi = a.wl >= 0 ? a.wl - diag : INT_MAX / 2;
+#pragma unroll
+      for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const bool row_ok = mt * 16 + 8 * r < kv_left;
+#pragma unroll
+          for (int nt = 0; nt < kSdpNT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int t = tb + nt * 8 + c - mt * 16 - 8 * r;
+              if (!row_ok || t < t_lo || t > t_hi) st[mt][nt][2 * r + c] = 0.f;
+            }
+        }
+    }
+    // (3) dS^T = P^T (dP^T - D); dropout; dbias; P^T and dS^T to shared memory.
+#pragma unroll
+    for (int nt = 0; nt < kSdpNT; ++nt) {
+      const int il0 = wm * kSdpCols + nt * 8 + 2 * (lane & 3);
       const float d0 = ld_shared_f32(sDb + il0 * 4), d1 = ld_shared_f32(sDb + il0 * 4 + 4);
 #pragma unroll
       for (int mt = 0; mt < kSdpMT; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
-          const int j = n0 + jl, i = mm0 + il0 + (e & 1);
-          float p;
-          if (!kGeneral) {
-            // One FFMA: exp2(qk * scale * log2(e) - lse2).
-            p = fast_exp2(fmaf(st[mt][nt][e], a.scale_log2, -((e & 1) ? l1 : l0)));
-            if (edge) {
-              // Queries that see key j form the interval [lo, hi].
-              const int lo = j >= sq.len_kv ? INT_MAX / 2 : (a.wr >= 0 ? j - diag - a.wr : INT_MIN / 2);
-              const int hi = a.wl >= 0 ? j - diag + a.wl : INT_MAX / 2;
-              if (i < lo || i > hi) p = 0.f;
-            }
-          } else {
-            const float s2 = general_logit<Elem>(a, st[mt][nt][e], b, h, i, j, sq, diag, edge, slope);
-            p = fast_exp2(s2 - ((e & 1) ? l1 : l0));
-          }
+          const float p = st[mt][nt][e];
           float dp = dpt[mt][nt][e], pd = p;
           if (kGeneral && a.dropout) {
+            const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
+            const int j = n0 + jl, i = mm0 + il0 + (e & 1);
             const Philox4 r = dropout_draws(seed, offset, bh, i, j >> 2);
             const int sub = j & 3;
             const uint32_t x = sub == 0 ? r.x[0] : sub == 1 ? r.x[1] : sub == 2 ? r.x[2] : r.x[3];
@@ -230,25 +297,66 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
           const float ds = p * (dp - ((e & 1) ? d1 : d0));
           st[mt][nt][e] = pd;
           dpt[mt][nt][e] = ds;
-          if (kGeneral && a.dbias != nullptr && i < sq.len_q && j < sq.len_kv) {
-            const int64_t di = b * a.db_sb + h * a.db_sh + i * a.db_si + j * a.db_sj;
-            if (a.dbias_direct) {
-              static_cast<Elem*>(a.dbias)[di] = from_float<Elem>(ds);
-            } else {
-              atomicAdd(a.dbias_acc + di, ds);
+          if (kGeneral && a.dbias != nullptr) {
+            const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
+            const int j = n0 + jl, i = mm0 + il0 + (e & 1);
+            if (i < sq.len_q && j < sq.len_kv) {
+              const int64_t di = b * a.db_sb + h * a.db_sh + i * a.db_si + j * a.db_sj;
+              if (a.dbias_direct) {
+                static_cast<Elem*>(a.dbias)[di] = from_float<Elem>(ds);
+              } else {
+                atomicAdd(a.dbias_acc + di, ds);
+              }
             }
           }
         }
+      }
+    }
+#if !FUSEDATTN_TC_HAS_STMATRIX
+#pragma unroll
+    for (int nt = 0; nt < kSdpNT; ++nt)
+#pragma unroll
+      for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int jl = jw + mt * 16 + (lane >> 2) + 8 * r;
-          const uint32_t off = swz<kPRowBytes>(jl, il0 >> 3) + (lane & 3) * 4;
+          const uint32_t off = swz<kPRowBytes>(jl, (wm * kSdpCols >> 3) + nt) + (lane & 3) * 4;
           st_shared32(sP + off, pack2<Elem>(st[mt][nt][2 * r], st[mt][nt][2 * r + 1]));
           st_shared32(sdS + off, pack2<Elem>(dpt[mt][nt][2 * r], dpt[mt][nt][2 * r + 1]));
         }
-      }
+#else
+    {
+      // stmatrix x4 per (16 keys x 16 queries): matrices (rows +0/+8) x (query
+      // chunks nt, nt+1); lane l addresses row l%8 of matrix l/8.
+      const SwzAddr<kPRowBytes> aPs(sP, jw + (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4,
+                                    wm * (kSdpCols / 8));
+#pragma unroll
+      for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+        for (int np = 0; np < kSdpNT / 2; ++np) {
+          const uint32_t ad = aPs.at(np, mt * 16);
+          stsm_x4(ad, pack2<Elem>(st[mt][2 * np][0], st[mt][2 * np][1]),
+                  pack2<Elem>(st[mt][2 * np][2], st[mt][2 * np][3]),
+                  pack2<Elem>(st[mt][2 * np + 1][0], st[mt][2 * np + 1][1]),
+                  pack2<Elem>(st[mt][2 * np + 1][2], st[mt][2 * np + 1][3]));
+          stsm_x4(ad + kdSoff, pack2<Elem>(dpt[mt][2 * np][0], dpt[mt][2 * np][1]),
+                  pack2<Elem>(dpt[mt][2 * np][2], dpt[mt][2 * np][3]),
+                  pack2<Elem>(dpt[mt][2 * np + 1][0], dpt[mt][2 * np + 1][1]),
+                  pack2<Elem>(dpt[mt][2 * np + 1][2], dpt[mt][2 * np + 1][3]));
+        }
     }
+#endif
     __syncthreads();  // P^T and dS^T complete
+
+    // Prefetch the next tile's Q/dO into the other buffer (every warp is past
+    // this tile's first barrier, so none still reads it). Issued here, not
+    // right after that barrier: the address arithmetic then overlaps the other
+    // warps' matmuls instead of delaying this tile's first HMMA, and S^T/dP^T
+    // are no longer live (register pressure).
+    if (it + 1 < n_it) {
+      load_qdo(h_cur, m_cur * kBlockM, buf ^ 1);
+      cp_async_commit();
+    }
 
     // dV += P^T dO, dK += dS^T Q
 #pragma unroll
@@ -299,18 +407,16 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
         }
       }
     }
+    float* dq_tile = a.dq_acc + ((tok0 + mm0) * a.h_q + h) * a.acc_d + dq_toff;
+    const int rows_left = sq.len_q - mm0 - dq_lrow;
 #pragma unroll
     for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int i = mm0 + (wm3 * kDqMT + mt) * 16 + (lane >> 2) + 8 * r;
-        if (i < sq.len_q) {
-          float* row = a.dq_acc + (q_row_token(a, sq, b, i) * a.h_q + h) * a.acc_d;
+        if (mt * 16 + 8 * r < rows_left) {
+          float* row = dq_tile + (mt * 16 + 8 * r) * dq_rstride;
 #pragma unroll
-          for (int nt = 0; nt < kDqNT; ++nt) {
-            const int col = wd3 * kDqCols + nt * 8 + 2 * (lane & 3);
-            if (col < a.d_qk) atomic_add2(row + col, dq[mt][nt][2 * r], dq[mt][nt][2 * r + 1]);
-          }
+          for (int nt = 0; nt < kDqNT; ++nt) atomic_add2(row + nt * 8, dq[mt][nt][2 * r], dq[mt][nt][2 * r + 1]);
         }
       }
   }
@@ -329,8 +435,9 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
         st_shared32(sV + off, pack2<Elem>(dv[mt][t][2 * r], dv[mt][t][2 * r + 1]));
       }
   __syncthreads();
-  store_tile<kBlockN, kD, kThreads>(sK, gdK, a.dk_ss, rows_here, a.d_qk, tid);
-  store_tile<kBlockN, kD, kThreads>(sV, gdV, a.dv_ss, rows_here, a.d_v, tid);
+  // fresh_tid(), not tid: keeps the store offsets from living across the main loop.
+  store_tile<kBlockN, kD, kThreads>(sK, dk_ptr(), a.dk_ss, rows_here, a.d_qk, fresh_tid());
+  store_tile<kBlockN, kD, kThreads>(sV, dv_ptr(), a.dv_ss, rows_here, a.d_v, fresh_tid());
 }
 
 }  // namespace tc

@@ -26,6 +26,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 // Each thread keeps one column chunk and steps kStep rows at a time; when kStep
 // is a multiple of 8 the swizzle is the same on every step and the shared
 // address advances linearly (no per-step address registers).
+// A copy whose predicate is false has src-size 0: it zero-fills and reads
+// nothing (SASS: LDGSTS's zero-fill predicate), so its source address is never
+// dereferenced and needs no clamping (no per-row pointer selects).
 template <int kRows, int kD, int kThreads, typename Elem>
 __device__ __forceinline__ void load_tile(uint32_t sbase, const Elem* g, int64_t row_stride, int rows_valid,
                                           int d_valid, int tid) {
@@ -37,11 +40,12 @@ __device__ __forceinline__ void load_tile(uint32_t sbase, const Elem* g, int64_t
   const Elem* src = g + r0 * row_stride + c * 8;
   const int64_t step = kStep * row_stride;
   const uint32_t dst = sbase + swz<kD * 2>(r0, c);
+  const int rows_left = rows_valid - r0;
 #pragma unroll
   for (int it = 0; it < kRows / kStep; ++it) {
-    const bool pred = col_ok && r0 + it * kStep < rows_valid;
+    const bool pred = col_ok && it * kStep < rows_left;
     const uint32_t d = kStep % 8 == 0 ? dst + it * kStep * kD * 2 : sbase + swz<kD * 2>(r0 + it * kStep, c);
-    cp_async16(d, pred ? src + it * step : g, pred);
+    cp_async16(d, src + it * step, pred);
   }
 }
 
@@ -131,10 +135,18 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
   if (m0 >= rows_out) return;
 
   const Elem* gQ = static_cast<const Elem*>(a.q) + b * a.q_sb + (sq.off_q + m0) * a.q_ss + h * a.q_sh;
-  const Elem* gK = static_cast<const Elem*>(a.k) + b * a.k_sb + sq.off_kv * a.k_ss + hk * a.k_sh;
-  const Elem* gV = static_cast<const Elem*>(a.v) + b * a.v_sb + sq.off_kv * a.v_ss + hk * a.v_sh;
-  Elem* gO = static_cast<Elem*>(a.o) + b * a.o_sb + (sq.off_q + m0) * a.o_ss + h * a.o_sh;
-  float* gL = a.lse + b * a.lse_sb + h * a.lse_sh + (sq.off_q + m0) * a.lse_ss;
+  // Key / value tile n (uniform: formed per load, not kept live across the loop).
+  auto k_tile = [&](int nn) {
+    return static_cast<const Elem*>(a.k) + (b * a.k_sb + (sq.off_kv + static_cast<int64_t>(nn) * kBlockN) * a.k_ss +
+                                            hk * a.k_sh);
+  };
+  auto v_tile = [&](int nn) {
+    return static_cast<const Elem*>(a.v) + (b * a.v_sb + (sq.off_kv + static_cast<int64_t>(nn) * kBlockN) * a.v_ss +
+                                            hk * a.v_sh);
+  };
+  // Output pointers are formed where used (not kept live across the main loop).
+  auto o_ptr = [&]() { return static_cast<Elem*>(a.o) + b * a.o_sb + (sq.off_q + m0) * a.o_ss + h * a.o_sh; };
+  auto l_ptr = [&]() { return a.lse + b * a.lse_sb + h * a.lse_sh + (sq.off_q + m0) * a.lse_ss; };
   const int rows_here = min(kBlockM, rows_out - m0);
 
   // Keys visible to any in-sequence row of the tile.
@@ -144,7 +156,8 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
   if (a.wl >= 0) j_lo = max(j_lo, m0 + diag - a.wl);
   if (a.wr >= 0) j_hi = min(j_hi, m_last + diag + a.wr + 1);
   if (m_last < m0 || j_hi <= j_lo) {
-    zero_tile<kBlockM, kD, kThreads>(gO, a.o_ss, rows_here, a.d_v, tid);
+    zero_tile<kBlockM, kD, kThreads>(o_ptr(), a.o_ss, rows_here, a.d_v, tid);
+    float* gL = l_ptr();
     for (int r = tid; r < rows_here; r += kThreads) gL[r * a.lse_ss] = -INFINITY;
     return;
   }
@@ -162,7 +175,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
 
   int n = n_max - 1;
   load_tile<kBlockM, kD, kThreads>(sQ, gQ, a.q_ss, sq.len_q - m0, a.d_qk, tid);
-  load_tile<kBlockN, kD, kThreads>(sK, gK + static_cast<int64_t>(n) * kBlockN * a.k_ss, a.k_ss,
+  load_tile<kBlockN, kD, kThreads>(sK, k_tile(n), a.k_ss,
                                    sq.len_kv - n * kBlockN, a.d_qk, tid);
   cp_async_commit();
 
@@ -190,8 +203,8 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
   for (; n >= n_min; --n) {
     cp_async_wait<0>();
     __syncthreads();  // K[n] (and Q) landed; every warp is done with V[n+1]
-    load_tile<kBlockN, kD, kThreads>(sV, gV + static_cast<int64_t>(n) * kBlockN * a.v_ss, a.v_ss,
-                                     sq.len_kv - n * kBlockN, a.d_v, tid);
+    load_tile<kBlockN, kD, kThreads>(sV, v_tile(n), a.v_ss,
+                                     sq.len_kv - n * kBlockN, a.d_v, fresh_tid());
     cp_async_commit();
 
     float s[kMT][kNT][4];
@@ -235,24 +248,25 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mi][nt][e] *= a.scale_log2;
       if (edge) {
-        // Visible keys of a row form the interval [lo, hi]: two compares per element.
+        // Key j is visible to row i iff j < len_kv and t_lo <= j - i <= t_hi;
+        // j - i is a per-thread base plus compile-time offsets, so no per-row
+        // bound has to stay live across the loop.
+        const int jt = n0 + 2 * (lane & 3);
+        const int tb = jt - (m0 + warp_row + (lane >> 2));
+        const int j_left = sq.len_kv - jt;
+        const int t_lo = a.wl >= 0 ? diag - a.wl : INT_MIN / 2;
+        const int t_hi = a.wr >= 0 ? diag + a.wr : INT_MAX / 2;
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i = m0 + warp_row + mi * 16 + (lane >> 2) + 8 * r;
-            int lo, hi;
-            visible_range(a, i, sq.len_kv, diag, &lo, &hi);
-            lo -= n0 + 2 * (lane & 3);
-            hi -= n0 + 2 * (lane & 3);
+          for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
-                const int jj = nt * 8 + c;
-                if (jj < lo || jj > hi) s[mi][nt][2 * r + c] = -INFINITY;
+                const int t = tb + nt * 8 + c - mi * 16 - 8 * r;
+                if (nt * 8 + c >= j_left || t < t_lo || t > t_hi) s[mi][nt][2 * r + c] = -INFINITY;
               }
-          }
       }
     } else {
 #pragma unroll
@@ -316,8 +330,8 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
     cp_async_wait<0>();
     __syncthreads();  // V[n] landed; every warp is done with K[n]
     if (n > n_min) {
-      load_tile<kBlockN, kD, kThreads>(sK, gK + static_cast<int64_t>(n - 1) * kBlockN * a.k_ss, a.k_ss,
-                                       sq.len_kv - (n - 1) * kBlockN, a.d_qk, tid);
+      load_tile<kBlockN, kD, kThreads>(sK, k_tile(n - 1), a.k_ss,
+                                       sq.len_kv - (n - 1) * kBlockN, a.d_qk, fresh_tid());
       cp_async_commit();
     }
 
@@ -379,7 +393,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
         acc_o[mi][dt][2 * r] *= inv;
         acc_o[mi][dt][2 * r + 1] *= inv;
       }
-      if ((lane & 3) == 0 && i - m0 < rows_here) gL[(i - m0) * a.lse_ss] = lse;
+      if ((lane & 3) == 0 && i - m0 < rows_here) l_ptr()[(i - m0) * a.lse_ss] = lse;
     }
   if (a.max_logit != nullptr) {
 #pragma unroll
@@ -399,7 +413,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
                     pack2<Elem>(acc_o[mi][dt][2 * r], acc_o[mi][dt][2 * r + 1]));
       }
   __syncthreads();
-  store_tile<kBlockM, kD, kThreads>(sQ, gO, a.o_ss, rows_here, a.d_v, tid);
+  store_tile<kBlockM, kD, kThreads>(sQ, o_ptr(), a.o_ss, rows_here, a.d_v, fresh_tid());
 }
 
 }  // namespace tc

@@ -67,6 +67,19 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
                : "r"(addr));
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FUSEDATTN_TC_HAS_STMATRIX 1
+// sm_90: four 8x8 b16 matrices from mma accumulator fragments (lane l holds
+// row l/4, columns 2(l%4), 2(l%4)+1 of each) to shared memory; lane l gives
+// the address of row l%8 of matrix l/8. One instruction replaces 8 st.shared.b32.
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3));
+}
+#else
+#define FUSEDATTN_TC_HAS_STMATRIX 0
+#endif
+
 template <typename Elem>
 struct MmaOp;
 
@@ -168,6 +181,15 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
   return v;
+}
+
+// threadIdx.x read afresh (volatile: not merged with earlier reads), so that
+// offsets derived from it are recomputed where used instead of being kept in
+// registers, or spilled, across a long loop.
+__device__ __forceinline__ int fresh_tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
 }
 
 // 2^x with the MUFU unit (ex2.approx(-inf) = +0, which the masked-out logits rely on).

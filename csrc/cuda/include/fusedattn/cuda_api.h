@@ -11,6 +11,7 @@
 
 #include <cstddef>
 
+#include "fusedattn/kv_cache.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn {
@@ -33,6 +34,12 @@ size_t bwd_workspace_bytes(const BwdParams& params);
 // configurations and for launch failures (with cudaGetErrorString's message).
 Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch);
 Status run_bwd_cuda(const BwdParams& params, const CudaLaunch& launch);
+
+// fusedattn::copy_to_kv_cache on the device (see fusedattn/kv_cache.h): one
+// kernel on launch.stream, no workspace, no host synchronisation. Tokens the
+// CPU engine would reject (lengths, positions past the page table, pages
+// outside the pool) are skipped, never written out of bounds.
+Status run_kv_append_cuda(const KvAppendParams& params, const CudaLaunch& launch);
 
 // Hooks of the tensor-core engine (csrc/cuda/tc). run_*_cuda asks them first;
 // a hook that takes the call sets *handled and returns its status, one that

@@ -1,0 +1,263 @@
+// KV-cache append (fusedattn/kv_cache.h): validation, params and the CPU
+// engine. The CPU engine reads the step's lengths and the page table first
+// and rejects a bad step before writing anything, so a failed call leaves the
+// caches as they were.
+#include "fusedattn/kv_cache.h"
+
+#include <cstring>
+#include <sstream>
+#include <string>
+
+namespace fusedattn {
+namespace {
+
+template <typename... Ts>
+std::string cat(const Ts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+bool is_float(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
+}
+
+int64_t elem_bytes(DType t) {
+  switch (t) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    default: return 0;
+  }
+}
+
+Status same_device(const TensorRef& t, const TensorRef& ref, const char* name) {
+  if (t.device != ref.device || t.device_index != ref.device_index) {
+    return Status::Invalid(cat(name, " must be on new_k's device (", device_name(ref.device), ":", ref.device_index,
+                               "); got ", device_name(t.device), ":", t.device_index));
+  }
+  return Status::Ok();
+}
+
+struct NewDims {
+  int64_t b = 0, s = 0, h = 0, d = 0;
+};
+
+Status new_dims(const TensorRef& t, Format f, const char* name, NewDims* out) {
+  const int want = f == Format::kTHD ? 3 : 4;
+  if (t.ndim != want) {
+    return Status::Invalid(cat(name, " must be a ", want, "-D tensor for qkv_format '", format_name(f), "' (",
+                               f == Format::kTHD ? "[t, h_kv, d]" : (f == Format::kBSHD ? "[b, s, h_kv, d]" : "[s, b, h_kv, d]"),
+                               "); got shape ", shape_str(t)));
+  }
+  switch (f) {
+    case Format::kBSHD: *out = {t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3]}; break;
+    case Format::kSBHD: *out = {t.sizes[1], t.sizes[0], t.sizes[2], t.sizes[3]}; break;
+    case Format::kTHD: *out = {0, t.sizes[0], t.sizes[1], t.sizes[2]}; break;
+  }
+  return Status::Ok();
+}
+
+SeqTensor new_tensor(const TensorRef& t, Format f) {
+  SeqTensor s;
+  s.data = t.data;
+  switch (f) {
+    case Format::kBSHD: s.stride_b = t.strides[0]; s.stride_s = t.strides[1]; break;
+    case Format::kSBHD: s.stride_b = t.strides[1]; s.stride_s = t.strides[0]; break;
+    case Format::kTHD: s.stride_b = 0; s.stride_s = t.strides[0]; break;
+  }
+  s.stride_h = t.strides[t.ndim - 2];
+  s.stride_d = t.strides[t.ndim - 1];
+  return s;
+}
+
+SeqTensor cache_tensor(const TensorRef& t) {
+  SeqTensor s;
+  s.data = t.data;
+  s.stride_b = t.strides[0];
+  s.stride_s = t.strides[1];
+  s.stride_h = t.strides[2];
+  s.stride_d = t.strides[3];
+  return s;
+}
+
+Status check_int32(const TensorRef& t, const TensorRef& ref, const char* name, const char* shape, int ndim,
+                   const int64_t* sizes) {
+  if (!t.defined()) return Status::Invalid(cat(name, " is required"));
+  FUSEDATTN_RETURN_IF_ERROR(same_device(t, ref, name));
+  bool ok = t.dtype == DType::kInt32 && t.ndim == ndim;
+  for (int i = 0; ok && i < ndim; ++i) ok = sizes[i] < 0 ? t.sizes[i] >= 1 : t.sizes[i] == sizes[i];
+  if (!ok) {
+    return Status::Invalid(cat(name, " must be an int32 tensor of shape ", shape, "; got ", dtype_name(t.dtype), " ",
+                               shape_str(t)));
+  }
+  return Status::Ok();
+}
+
+// Copies one token's head vectors (h x d elements) between strided rows.
+void copy_token(const char* src, const SeqTensor& s, char* dst, const SeqTensor& t, int64_t h, int64_t d,
+                int64_t es) {
+  for (int64_t hh = 0; hh < h; ++hh) {
+    const char* sp = src + hh * s.stride_h * es;
+    char* dp = dst + hh * t.stride_h * es;
+    if (s.stride_d == 1 && t.stride_d == 1) {
+      std::memcpy(dp, sp, static_cast<size_t>(d * es));
+    } else {
+      for (int64_t i = 0; i < d; ++i) std::memcpy(dp + i * t.stride_d * es, sp + i * s.stride_d * es, es);
+    }
+  }
+}
+
+}  // namespace
+
+Status check_kv_append(const KvAppendArgs& a) {
+  const TensorRef& nk = a.new_k;
+  if (!nk.defined() || !a.new_v.defined() || !a.k_cache.defined() || !a.v_cache.defined()) {
+    return Status::Invalid("new_k, new_v, k_cache and v_cache are required");
+  }
+  if (!is_float(nk.dtype)) {
+    return Status::Invalid(cat("new_k must be float16, bfloat16, float32 or float64; got ", dtype_name(nk.dtype)));
+  }
+  if (nk.device != DeviceType::kCPU && nk.device != DeviceType::kCUDA) {
+    return Status::Unsupported(cat("new_k is on ", device_name(nk.device), "; fusedattn runs on cpu and cuda"));
+  }
+  for (const auto* t : {&a.new_v, &a.k_cache, &a.v_cache}) {
+    const char* name = t == &a.new_v ? "new_v" : (t == &a.k_cache ? "k_cache" : "v_cache");
+    if (t->dtype != nk.dtype) {
+      return Status::Invalid(cat(name, " must have new_k's dtype (", dtype_name(nk.dtype), "); got ",
+                                 dtype_name(t->dtype), ": the cache dtype must match the layer's keys and values"));
+    }
+    FUSEDATTN_RETURN_IF_ERROR(same_device(*t, nk, name));
+  }
+
+  NewDims dk, dv;
+  FUSEDATTN_RETURN_IF_ERROR(new_dims(nk, a.new_format, "new_k", &dk));
+  FUSEDATTN_RETURN_IF_ERROR(new_dims(a.new_v, a.new_format, "new_v", &dv));
+  if (dk.b != dv.b || dk.s != dv.s || dk.h != dv.h) {
+    return Status::Invalid(cat("new_k and new_v must agree in batch, sequence and head dims; got new_k ",
+                               shape_str(nk), " and new_v ", shape_str(a.new_v)));
+  }
+  for (const auto* t : {&a.k_cache, &a.v_cache}) {
+    if (t->ndim != 4) {
+      return Status::Invalid(cat(t == &a.k_cache ? "k_cache" : "v_cache",
+                                 " must be a 4-D page pool [num_pages, page_size, h_kv, d]; got shape ", shape_str(*t)));
+    }
+  }
+  const TensorRef &kc = a.k_cache, &vc = a.v_cache;
+  if (kc.sizes[0] != vc.sizes[0] || kc.sizes[1] != vc.sizes[1] || kc.sizes[2] != vc.sizes[2]) {
+    return Status::Invalid(cat("k_cache and v_cache must agree in num_pages, page_size and h_kv; got k_cache ",
+                               shape_str(kc), " and v_cache ", shape_str(vc)));
+  }
+  if (kc.sizes[0] < 1 || kc.sizes[1] < 1) {
+    return Status::Invalid(cat("k_cache must hold at least one page of at least one slot; got shape ", shape_str(kc)));
+  }
+  if (kc.sizes[2] != dk.h || kc.sizes[3] != dk.d || vc.sizes[3] != dv.d) {
+    return Status::Invalid(cat("the caches' heads and head dims must match new_k/new_v: k_cache ", shape_str(kc),
+                               " and v_cache ", shape_str(vc), " vs h_kv=", dk.h, ", d_k=", dk.d, ", d_v=", dv.d));
+  }
+
+  int64_t b = dk.b;
+  if (a.new_format == Format::kTHD) {
+    const TensorRef& c = a.cu_new_lens;
+    b = c.defined() && c.ndim == 1 ? c.sizes[0] - 1 : -1;
+  }
+  if (b < 1) {
+    return Status::Invalid(cat("a KV-cache append needs at least one sequence; got batch ", b,
+                               a.new_format == Format::kTHD ? " (from cu_new_lens)" : " (from new_k)"));
+  }
+  const int64_t cu_sizes[1] = {b + 1}, sl_sizes[1] = {b}, pt_sizes[2] = {b, -1};
+  const std::string cu_shape = cat("[", b + 1, "] (batch + 1)"), sl_shape = cat("[", b, "] (batch)"),
+                    pt_shape = cat("[", b, ", max_pages_per_seq]");
+  FUSEDATTN_RETURN_IF_ERROR(check_int32(a.cu_new_lens, nk, "cu_new_lens", cu_shape.c_str(), 1, cu_sizes));
+  FUSEDATTN_RETURN_IF_ERROR(check_int32(a.cache_seqlens, nk, "cache_seqlens", sl_shape.c_str(), 1, sl_sizes));
+  FUSEDATTN_RETURN_IF_ERROR(check_int32(a.page_table, nk, "page_table", pt_shape.c_str(), 2, pt_sizes));
+  // Engines address a row of the table as page_table[b * stride_b + i].
+  if (a.page_table.sizes[1] > 1 && a.page_table.strides[1] != 1) {
+    return Status::Invalid(cat("page_table's rows must be contiguous (stride 1 along max_pages_per_seq); got strides [",
+                               a.page_table.strides[0], ", ", a.page_table.strides[1], "]"));
+  }
+  return Status::Ok();
+}
+
+Status make_kv_append_params(const KvAppendArgs& a, KvAppendParams* p) {
+  FUSEDATTN_RETURN_IF_ERROR(check_kv_append(a));
+  *p = KvAppendParams{};
+  const bool thd = a.new_format == Format::kTHD;
+  p->new_is_thd = thd;
+  p->b = thd ? a.cu_new_lens.sizes[0] - 1 : (a.new_format == Format::kBSHD ? a.new_k.sizes[0] : a.new_k.sizes[1]);
+  p->s_new = thd ? a.new_k.sizes[0] : (a.new_format == Format::kBSHD ? a.new_k.sizes[1] : a.new_k.sizes[0]);
+  p->h_kv = a.k_cache.sizes[2];
+  p->d_k = a.k_cache.sizes[3];
+  p->d_v = a.v_cache.sizes[3];
+  p->dtype = a.new_k.dtype;
+  p->new_k = new_tensor(a.new_k, a.new_format);
+  p->new_v = new_tensor(a.new_v, a.new_format);
+  p->k_cache = cache_tensor(a.k_cache);
+  p->v_cache = cache_tensor(a.v_cache);
+  p->paged.page_table = static_cast<const int32_t*>(a.page_table.data);
+  p->paged.stride_b = a.page_table.strides[0];
+  p->paged.max_pages = a.page_table.sizes[1];
+  p->paged.page_size = a.k_cache.sizes[1];
+  p->paged.num_pages = a.k_cache.sizes[0];
+  p->cu_new_lens = static_cast<const int32_t*>(a.cu_new_lens.data);
+  p->cache_seqlens = static_cast<const int32_t*>(a.cache_seqlens.data);
+  p->capacity = p->paged.max_pages * p->paged.page_size;
+  return Status::Ok();
+}
+
+Status run_kv_append_cpu(const KvAppendParams& p) {
+  const PagedKV& pk = p.paged;
+  const int32_t* cu = p.cu_new_lens;
+  // Every rule is checked for every sequence before the first write.
+  for (int64_t b = 0; b < p.b; ++b) {
+    const int64_t start = cu[b], end = cu[b + 1], len = end - start, cached = p.cache_seqlens[b];
+    if (start < 0 || len < 0) {
+      return Status::Invalid(cat("cu_new_lens must be non-negative and non-decreasing; got cu_new_lens[", b,
+                                 "] = ", start, ", cu_new_lens[", b + 1, "] = ", end));
+    }
+    if (p.new_is_thd ? end > p.s_new : len > p.s_new) {
+      return Status::Invalid(cat("sequence ", b, "'s step of ", len, " tokens does not fit new_k/new_v: ",
+                                 p.new_is_thd ? "cu_new_lens ends past the token dim " : "the sequence dim is ",
+                                 p.s_new));
+    }
+    if (cached < 0) {
+      return Status::Invalid(cat("cache_seqlens[", b, "] must be >= 0; got ", cached));
+    }
+    if (cached + len > p.capacity) {
+      return Status::Invalid(cat("sequence ", b, " would grow to ", cached + len, " tokens (cache_seqlens = ", cached,
+                                 " + ", len, " new) but its page table holds ", p.capacity, " (", pk.max_pages,
+                                 " pages of ", pk.page_size, ")"));
+    }
+    const int64_t first_page = cached / pk.page_size;
+    const int64_t last_page = len > 0 ? (cached + len - 1) / pk.page_size : first_page - 1;
+    for (int64_t pg = first_page; pg <= last_page; ++pg) {
+      const int64_t page = pk.page_table[b * pk.stride_b + pg];
+      if (page < 0 || page >= pk.num_pages) {
+        return Status::Invalid(cat("page_table[", b, ", ", pg, "] = ", page, " is outside the page pool [0, ",
+                                   pk.num_pages, ")"));
+      }
+    }
+  }
+
+  const int64_t es = elem_bytes(p.dtype);
+  for (int64_t b = 0; b < p.b; ++b) {
+    const int64_t len = cu[b + 1] - cu[b], cached = p.cache_seqlens[b];
+    const int64_t row0 = p.new_is_thd ? cu[b] : 0;
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t pos = cached + i;
+      const int64_t page = pk.page_table[b * pk.stride_b + pos / pk.page_size], slot = pos % pk.page_size;
+      const int64_t src_k = b * p.new_k.stride_b + (row0 + i) * p.new_k.stride_s;
+      const int64_t src_v = b * p.new_v.stride_b + (row0 + i) * p.new_v.stride_s;
+      const int64_t dst_k = page * p.k_cache.stride_b + slot * p.k_cache.stride_s;
+      const int64_t dst_v = page * p.v_cache.stride_b + slot * p.v_cache.stride_s;
+      copy_token(static_cast<const char*>(p.new_k.data) + src_k * es, p.new_k,
+                 static_cast<char*>(p.k_cache.data) + dst_k * es, p.k_cache, p.h_kv, p.d_k, es);
+      copy_token(static_cast<const char*>(p.new_v.data) + src_v * es, p.new_v,
+                 static_cast<char*>(p.v_cache.data) + dst_v * es, p.v_cache, p.h_kv, p.d_v, es);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace fusedattn

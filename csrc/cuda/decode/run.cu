@@ -1,0 +1,186 @@
+// The decode engine's host side: whether it takes a call, its split count and
+// workspace (from shapes and the device alone), and the launches.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "decode.h"
+#include "simt/common.cuh"
+#include "tile.h"
+
+namespace fusedattn {
+namespace decode {
+namespace {
+
+// Multiprocessors and shared memory per multiprocessor of the current device
+// (attribute queries: no synchronisation, legal during graph capture; cached).
+struct DeviceInfo {
+  int sms = 0;
+  int smem_per_sm = 0;
+};
+
+DeviceInfo device_info() {
+  static std::atomic<int> sms_cache[64], smem_cache[64];
+  DeviceInfo info;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return info;
+  const bool cached = dev >= 0 && dev < 64;
+  if (cached && sms_cache[dev].load(std::memory_order_relaxed) > 0) {
+    info.sms = sms_cache[dev].load(std::memory_order_relaxed);
+    info.smem_per_sm = smem_cache[dev].load(std::memory_order_relaxed);
+    return info;
+  }
+  if (cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) info.sms = 0;
+  if (cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+    info.smem_per_sm = 0;
+  }
+  if (cached && info.sms > 0) {
+    smem_cache[dev].store(info.smem_per_sm, std::memory_order_relaxed);
+    sms_cache[dev].store(info.sms, std::memory_order_relaxed);
+  }
+  return info;
+}
+
+template <int D>
+size_t smem_of(int wm) {
+  switch (wm) {
+    case 1: return Tile<D, 1>::kSmemBytes;
+    case 2: return Tile<D, 2>::kSmemBytes;
+    default: return Tile<D, 4>::kSmemBytes;
+  }
+}
+
+// Resident blocks per SM: shared memory (plus ~1 KB static and 1 KB the
+// runtime reserves per block) and registers (d <= 128 stays under 128
+// registers a thread, d = 256 under 255).
+int blocks_per_sm(int d, int wm, int smem_per_sm) {
+  const size_t need = (d == 64 ? smem_of<64>(wm) : d == 128 ? smem_of<128>(wm) : smem_of<256>(wm)) + 2048;
+  const int by_smem = smem_per_sm > 0 ? static_cast<int>(static_cast<size_t>(smem_per_sm) / need) : 1;
+  const int by_regs = d == 256 ? 2 : 4;
+  return std::max(1, std::min(by_smem, by_regs));
+}
+
+// Splits per (sequence, KV head, row chunk) for `units` such groups of `tiles`
+// key tiles: the s that minimises the modelled time waves(s) x (tiles per
+// split + 1 for a block's start-up latency), plus one tile's worth for the
+// combine launch when s > 1; ties go to fewer splits. Only s that are the
+// smallest for their tiles-per-split are tried.
+int choose_splits(int64_t units, int64_t tiles, int64_t cap) {
+  const int64_t max_s = std::min<int64_t>(kMaxSplits, tiles);
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int64_t s = 1; s <= max_s; ++s) {
+    const int64_t per = (tiles + s - 1) / s;
+    if ((tiles + per - 1) / per != s) continue;
+    const int64_t waves = (units * s + cap - 1) / cap;
+    const int64_t cost = waves * (per + 1) + (s > 1 ? 1 : 0);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = static_cast<int>(s);
+    }
+  }
+  return best;
+}
+
+Plan no(const char* why) {
+  Plan p;
+  p.why = why;
+  return p;
+}
+
+}  // namespace
+
+Plan make_plan(const FwdParams& p, int sm_count) {
+  const Problem& pr = p.prob;
+  if (p.paged.page_table == nullptr) return no("not a paged KV cache");
+  if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return no("dtype is not float16/bfloat16");
+  if (pr.device != DeviceType::kCUDA) return no("not a CUDA tensor");
+  if (p.bias.type == BiasType::kPostScaleBias || p.mask.mask.data != nullptr || p.dropout.p > 0.f) {
+    return no("bias, explicit mask or dropout");
+  }
+  const int64_t dmax = std::max(pr.d_qk, pr.d_v);
+  if (dmax > 256 || dmax <= 0) return no("head dim above 256");
+  if (!simt::rows_vectorizable<__half>(p.q) || !simt::rows_vectorizable<__half>(p.k) ||
+      !simt::rows_vectorizable<__half>(p.v)) {
+    return no("q, k, v need a unit head-dim stride and 16-byte aligned rows");
+  }
+  if (p.paged.page_size <= 0 || p.paged.max_pages <= 0 || p.paged.num_pages <= 0) return no("empty page pool");
+  if (pr.b <= 0 || pr.s_q <= 0 || pr.h_q <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return no("empty problem");
+  if (pr.s_kv >= (int64_t(1) << 30) || pr.s_q >= (int64_t(1) << 30)) return no("sequence extent >= 2^30");
+  const int64_t group = pr.h_q / pr.h_kv;
+  const int64_t rows = pr.s_q * group;
+  if (rows >= (int64_t(1) << 30)) return no("too many query rows");
+  Plan pl;
+  pl.wm = rows <= 16 ? 1 : (rows <= 32 ? 2 : 4);
+  pl.chunks = static_cast<int>((rows + 16 * pl.wm - 1) / (16 * pl.wm));
+  if (pr.h_kv * pl.chunks > 65535 || pr.b > 65535) return no("grid too large");
+  pl.d = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
+
+  const DeviceInfo dev = device_info();
+  const int sms = sm_count > 0 ? sm_count : (dev.sms > 0 ? dev.sms : 1);
+  const int64_t cap = int64_t(sms) * blocks_per_sm(pl.d, pl.wm, dev.smem_per_sm);
+  const int64_t tiles = std::max<int64_t>(1, (pr.s_kv + kBlockN - 1) / kBlockN);
+  pl.splits = choose_splits(pr.b * pr.h_kv * pl.chunks, tiles, cap);
+  if (pl.splits > 1) {
+    const auto up = [](size_t x) { return (x + 255) / 256 * 256; };
+    const size_t prow = static_cast<size_t>(pl.splits) * pr.b * pr.h_kv * rows;
+    pl.ws_o_off = 0;
+    pl.ws_lse_off = up(prow * pr.d_v * sizeof(float));
+    pl.bytes = pl.ws_lse_off + up(prow * sizeof(float));
+  }
+  pl.applies = true;
+  return pl;
+}
+
+size_t fwd_workspace_bytes(const FwdParams& p) {
+  const Plan pl = make_plan(p, 0);
+  return pl.applies ? pl.bytes : 0;
+}
+
+namespace {
+
+template <class T>
+Status run_typed(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream) {
+  FUSEDATTN_RETURN_IF_ERROR(launch_init_outputs<T>(p, stream));
+  switch (plan.d) {
+    case 64: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 64>(p, plan, a, stream))); break;
+    case 128: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 128>(p, plan, a, stream))); break;
+    default: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 256>(p, plan, a, stream))); break;
+  }
+  if (plan.splits > 1) FUSEDATTN_RETURN_IF_ERROR(launch_combine<T>(p, a, stream));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
+  *handled = false;
+  // The device's own SM count, as fwd_workspace_bytes used: the workspace the
+  // binding allocated fits this plan.
+  Plan plan = make_plan(p, 0);
+  if (!plan.applies) return Status::Ok();
+  if (plan.splits > 1 && (launch.workspace == nullptr || launch.workspace_bytes < plan.bytes)) {
+    plan.splits = 1;  // a caller that skipped the workspace query: one split needs none
+    plan.bytes = 0;
+  }
+  KernelArgs a;
+  a.group = static_cast<int>(p.prob.h_q / p.prob.h_kv);
+  a.rows = static_cast<int>(p.prob.s_q * a.group);
+  a.splits = plan.splits;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.out_vec = simt::rows_vectorizable<__half>(p.out);
+  if (plan.splits > 1) {
+    unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
+    a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
+    a.ws_lse = reinterpret_cast<float*>(ws + plan.ws_lse_off);
+  }
+  *handled = true;
+  if (p.prob.dtype == DType::kFloat16) return run_typed<__half>(p, plan, a, launch.stream);
+  return run_typed<__nv_bfloat16>(p, plan, a, launch.stream);
+}
+
+}  // namespace decode
+}  // namespace fusedattn

@@ -1,0 +1,407 @@
+"""Attention over a KV cache (page_table) on the GPU (skipped cleanly without one).
+
+The CUDA decode engine (csrc/cuda/decode: split-KV with a combine step, GQA
+rows folded into the matmul) and the SIMT engine's paged reads (float32, or
+every dtype with FUSEDATTN_CUDA_ENGINE=simt), against
+
+* the float64 reference (tests/reference.py) on the dense cache, with
+  FlashAttention's rule (conftest.tol_check), exact zeros and -inf lse at
+  padded rows, lse / max_logit within fp32 accuracy;
+* the CPU engine on the same paged inputs;
+
+over page sizes 1, 16, 256 and a non-paged cache (page_size = max_seqlen,
+page_table = batch indices), ragged cache lengths (an empty one too), GQA /
+MQA, head dims 64 / 128 / 256 and d_qk != d_v, fp16 / bf16 / fp32, one and
+several queries per sequence (bottom-right causal, windows), thd queries,
+prefill chunks, every softmax type, ALiBi and max_logit. Unused pool slots hold
+NaN, so a read outside a sequence's pages shows up as NaN.
+
+Also: CUDA graph capture of a decode step replayed with new cache lengths and
+queries copied into the same buffers, and copy_to_kv_cache on CUDA against the
+CPU engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+
+import conftest as C
+import reference as R
+from fusedattn._ops import FwdArgs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+DEV = "cuda"
+
+
+def _has_cuda_kernel() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    import fusedattn._ops  # noqa: F401  (loads the extension)
+
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fusedattn::fwd", "CUDA")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _require_cuda_kernel():
+    if not _has_cuda_kernel():
+        pytest.skip("fusedattn was built without the CUDA engine")
+    yield
+
+
+@dataclasses.dataclass(frozen=True)
+class Dec:
+    """One KV-cache attention problem."""
+
+    dtype: str = "bf16"
+    b: int = 3
+    h: tuple = (8, 2)            # (h_q, h_kv)
+    dims: tuple = (128, 128)     # (d_qk, d_v)
+    page: object = 16            # page size, or "none": non-paged (page_size = max_seqlen)
+    s_q: int = 1                 # queries per sequence (bshd dim, or max_seqlen_q for thd)
+    lens_kv: tuple = (5, 77, 300)
+    lens_q: tuple = None         # None: every sequence has s_q queries (no cu_seqlens_q)
+    q_format: str = "bshd"
+    mask: str = "padding_causal_bottom_right"
+    window: tuple = (-1, -1)
+    softmax: str = "vanilla"
+    alibi: str = "none"          # none | h | bh
+    max_logit: bool = False
+    max_pages: int = 0           # page-table width (0: just enough for the longest sequence)
+
+    def __str__(self):
+        f = [self.dtype, f"b{self.b}", f"h{self.h[0]}-{self.h[1]}", f"d{self.dims[0]}-{self.dims[1]}",
+             f"page{self.page}", f"sq{self.s_q}", self.q_format, self.mask]
+        if self.window != (-1, -1):
+            f.append(f"w{self.window[0]}_{self.window[1]}")
+        if self.softmax != "vanilla":
+            f.append(self.softmax)
+        if self.alibi != "none":
+            f.append(f"alibi_{self.alibi}")
+        if self.max_logit:
+            f.append("maxlogit")
+        if self.lens_q is not None:
+            f.append("ragged_q")
+        return "-".join(f)
+
+
+def _cu(lens, device="cpu"):
+    return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+
+
+def build(cfg: Dec, seed: int = 0):
+    """Tensors on the CPU: q, dense k/v [b, s_max, h_kv, d], the page pools and table, the op's extras."""
+    g = torch.Generator().manual_seed(seed)
+    dt = C.DTYPES[cfg.dtype]
+    h_q, h_kv = cfg.h
+    d_qk, d_v = cfg.dims
+    b = cfg.b
+    lens_kv = list(cfg.lens_kv)
+    assert len(lens_kv) == b
+    s_max = max(max(lens_kv), 1)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float32).to(dt)
+
+    if cfg.q_format == "thd":
+        lens_q = list(cfg.lens_q)
+        q = rnd(sum(lens_q), h_q, d_qk)
+        cu_q = _cu(lens_q)
+    else:
+        q = rnd(b, cfg.s_q, h_q, d_qk)
+        cu_q = _cu(cfg.lens_q) if cfg.lens_q is not None else None
+    k_dense = rnd(b, s_max, h_kv, d_qk)
+    v_dense = rnd(b, s_max, h_kv, d_v)
+    cu_kv = _cu(lens_kv)
+
+    if cfg.page == "none":
+        # A non-paged cache [max_batch, max_seqlen, h_kv, d]: one page per sequence.
+        ps = s_max
+        pool_k, pool_v = k_dense.clone(), v_dense.clone()
+        for bi, n in enumerate(lens_kv):  # slots past the length are never read
+            pool_k[bi, n:] = float("nan")
+            pool_v[bi, n:] = float("nan")
+        table = torch.arange(b, dtype=torch.int32).view(b, 1)
+    else:
+        ps = int(cfg.page)
+        pages = max(cfg.max_pages, math.ceil(s_max / ps))
+        num_pages = b * pages + 3
+        perm = torch.randperm(num_pages, generator=g)[: b * pages].to(torch.int32)
+        table = perm.view(b, pages).contiguous()
+        pool_k = torch.full((num_pages, ps, h_kv, d_qk), float("nan"), dtype=dt)
+        pool_v = torch.full((num_pages, ps, h_kv, d_v), float("nan"), dtype=dt)
+        for bi, n in enumerate(lens_kv):
+            t = torch.arange(n)
+            pg = table[bi, (t // ps)].long()
+            pool_k[pg, t % ps] = k_dense[bi, :n]
+            pool_v[pg, t % ps] = v_dense[bi, :n]
+
+    extra = {"alibi_slopes": None, "softmax_offset": None}
+    if cfg.alibi == "h":
+        extra["alibi_slopes"] = torch.rand(h_q, generator=g) * 0.3
+    elif cfg.alibi == "bh":
+        extra["alibi_slopes"] = torch.rand(b, h_q, generator=g) * 0.3
+    if cfg.softmax == "learnable":
+        extra["softmax_offset"] = torch.randn(h_q, generator=g)
+    args = FwdArgs(scale=1.0 / math.sqrt(d_qk), q_format=cfg.q_format, kv_format="bshd", mask_type=cfg.mask,
+                   window_left=cfg.window[0], window_right=cfg.window[1], softmax_type=cfg.softmax,
+                   max_seqlen_q=cfg.s_q if cfg.q_format == "thd" else None, return_max_logit=cfg.max_logit)
+    return dict(q=q, k_dense=k_dense, v_dense=v_dense, pool_k=pool_k, pool_v=pool_v, table=table, cu_q=cu_q,
+                cu_kv=cu_kv, args=args, **extra)
+
+
+def run_op(t, device):
+    """The forward op on `device` over the paged inputs: (out, lse, max_logit) on the CPU."""
+    def mv(x):
+        return None if x is None else x.to(device)
+
+    a = t["args"]
+    out, lse, _rng, ml = torch.ops.fusedattn.fwd(
+        mv(t["q"]), mv(t["pool_k"]), mv(t["pool_v"]), None, mv(t["softmax_offset"]), None, mv(t["alibi_slopes"]),
+        mv(t["cu_q"]), mv(t["cu_kv"]), None, None, None, *a.op_args(), a.return_max_logit, mv(t["table"]))
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return out.cpu(), lse.cpu(), ml.cpu()
+
+
+def reference(t, compute_dtype):
+    return R.attention_ref(t["q"], t["k_dense"], t["v_dense"], t["args"], alibi_slopes=t["alibi_slopes"],
+                           softmax_offset=t["softmax_offset"], cu_seqlens_q=t["cu_q"], cu_seqlens_kv=t["cu_kv"],
+                           compute_dtype=compute_dtype)
+
+
+def check(cfg: Dec, seed: int = 0, with_cpu: bool = True):
+    t = build(cfg, seed)
+    dt = C.DTYPES[cfg.dtype]
+    out, lse, ml = run_op(t, DEV)
+    ref = reference(t, torch.float64)
+    ref_lp = reference(t, dt)
+    msgs = []
+    valid_rows = ref.row_valid  # lse layout
+    # out: valid rows by the tolerance rule; padded rows exact zeros (below).
+    msgs.append(C.tol_check("out", out, ref.out, ref_lp.out, dt))
+    assert torch.isfinite(out).all(), f"{cfg}: non-finite output"
+    # lse: fp32, within 1e-3 of the float64 reference where defined.
+    good = ref.lse_valid
+    if bool(good.any()):
+        err = (lse.double()[good] - ref.lse[good]).abs().max().item()
+        if not err <= 1e-3 * (1 + ref.lse[good].abs().max().item()):
+            msgs.append(f"lse: max error {err:.3e}")
+    # rows with no visible key: -inf, or the sink with a non-vanilla softmax; padded rows -inf.
+    nokey = valid_rows & ~good
+    if bool(nokey.any()):
+        if cfg.softmax == "vanilla":
+            want = torch.full_like(lse[nokey], float("-inf"))
+        elif cfg.softmax == "off-by-one":
+            want = torch.zeros_like(lse[nokey])
+        else:
+            want = t["softmax_offset"].view(1, -1, 1).expand_as(lse)[nokey] if cfg.q_format != "thd" else \
+                t["softmax_offset"].view(-1, 1).expand_as(lse)[nokey]
+        if not torch.allclose(lse[nokey], want.float()):
+            msgs.append("lse of rows without visible keys")
+    pad = ~valid_rows
+    if cfg.q_format != "thd" and bool(pad.any()):
+        if not bool((lse[pad] == float("-inf")).all()):
+            msgs.append("lse of padded rows is not -inf")
+        out_pad = out.permute(0, 2, 1, 3)[pad]  # [b, s, h, d] -> [b, h, s, d] rows
+        if not bool((out_pad == 0).all()):
+            msgs.append("padded rows are not zero")
+    if cfg.max_logit:
+        fin = torch.isfinite(ref.max_logit)
+        if bool(fin.any()):
+            err = (ml.double()[fin] - ref.max_logit[fin]).abs().max().item()
+            if not err <= 1e-3 * (1 + ref.max_logit[fin].abs().max().item()):
+                msgs.append(f"max_logit: max error {err:.3e}")
+        if not bool((ml[~fin] == float("-inf")).all()):
+            msgs.append("max_logit of heads without visible logits is not -inf")
+    if with_cpu:
+        out_c, lse_c, _ = run_op(t, "cpu")
+        diff = (out.double() - out_c.double()).abs().max().item()
+        err_lp = (ref_lp.out.double() - ref.out).abs().max().item()
+        lim = 2 * (2 * err_lp + C.EPS[dt] * max(1.0, ref.out.abs().max().item()))
+        if not diff <= lim:
+            msgs.append(f"CUDA vs CPU engine: max difference {diff:.3e} > {lim:.3e}")
+        fin = torch.isfinite(lse_c)
+        if not torch.equal(fin, torch.isfinite(lse)) or \
+                (bool(fin.any()) and (lse[fin] - lse_c[fin]).abs().max().item() > 1e-3):
+            msgs.append("CUDA vs CPU engine: lse differs")
+    C.assert_matches_reference(msgs)
+
+
+CASES = [
+    # one query token, GQA folded rows, ragged cache lengths incl. an empty cache
+    Dec(dtype="bf16", b=4, h=(32, 8), dims=(128, 128), page=16, lens_kv=(1, 77, 300, 1030)),
+    Dec(dtype="fp16", b=3, h=(8, 2), dims=(64, 64), page=1, lens_kv=(0, 33, 129)),
+    Dec(dtype="bf16", b=2, h=(4, 1), dims=(256, 256), page=256, s_q=3, lens_kv=(3, 700)),
+    Dec(dtype="bf16", b=3, h=(16, 4), dims=(128, 128), page="none", lens_kv=(64, 200, 9)),
+    Dec(dtype="fp16", b=2, h=(8, 8), dims=(128, 128), page="none", s_q=2, mask="padding", lens_kv=(40, 90)),
+    # several queries per sequence: ragged, bottom-right causal with a window, padded rows
+    Dec(dtype="fp16", b=3, h=(8, 2), dims=(128, 128), page=16, s_q=5, lens_q=(5, 1, 3), lens_kv=(20, 140, 65),
+        window=(40, 0)),
+    Dec(dtype="bf16", b=2, h=(8, 2), dims=(64, 64), page=16, s_q=4, mask="padding_causal", window=(2, 0),
+        lens_kv=(30, 17)),
+    # softmax types, ALiBi, max_logit
+    Dec(dtype="bf16", b=3, h=(8, 2), dims=(128, 128), page=16, softmax="off-by-one", alibi="h",
+        lens_kv=(0, 50, 333)),
+    Dec(dtype="fp16", b=2, h=(8, 4), dims=(128, 128), page=32, s_q=2, softmax="learnable", alibi="bh",
+        max_logit=True, lens_kv=(1, 250)),
+    Dec(dtype="bf16", b=2, h=(6, 2), dims=(64, 64), page=16, softmax="learnable", lens_kv=(0, 90), max_logit=True),
+    # thd queries (decode batches of 1-4 tokens), max_seqlen_q given
+    Dec(dtype="bf16", b=3, h=(8, 2), dims=(64, 64), page=16, q_format="thd", s_q=4, lens_q=(1, 4, 2),
+        lens_kv=(4, 60, 19)),
+    # prefill chunks against a longer cache (64-row blocks, several chunks)
+    Dec(dtype="bf16", b=2, h=(8, 2), dims=(128, 128), page=16, s_q=40, lens_q=(40, 23), lens_kv=(100, 23)),
+    Dec(dtype="fp16", b=1, h=(4, 4), dims=(64, 64), page=64, s_q=70, lens_kv=(300,), window=(50, 0)),
+    # head dims that fill a bucket partly, d_qk != d_v
+    Dec(dtype="fp16", b=2, h=(4, 2), dims=(128, 64), page=16, lens_kv=(10, 130)),
+    Dec(dtype="bf16", b=2, h=(4, 1), dims=(96, 96), page=8, s_q=2, lens_kv=(31, 64)),
+    # a page table wider than needed (max_seqlen > lengths: splits see short sequences)
+    Dec(dtype="bf16", b=2, h=(8, 2), dims=(128, 128), page=16, lens_kv=(5, 40), max_pages=256),
+    # float32: the SIMT engine's paged reads
+    Dec(dtype="fp32", b=3, h=(8, 2), dims=(64, 64), page=16, s_q=3, lens_kv=(0, 45, 130)),
+    Dec(dtype="fp32", b=2, h=(4, 2), dims=(128, 128), page="none", lens_kv=(70, 3), softmax="off-by-one"),
+]
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=str)
+def test_decode_matches_reference_and_cpu(cfg):
+    check(cfg)
+
+
+def test_decode_long_context_many_splits():
+    # b=1 at 8k context: the split count is at its largest (one sequence, 8 KV heads).
+    check(Dec(dtype="bf16", b=1, h=(32, 8), dims=(128, 128), page=16, lens_kv=(8190,)), with_cpu=False)
+
+
+def test_decode_d256_long():
+    check(Dec(dtype="fp16", b=2, h=(8, 2), dims=(256, 256), page=16, lens_kv=(2000, 513)), with_cpu=False)
+
+
+def test_decode_cuda_graph_replay_new_lengths():
+    """Capture one decode step; replay it after copying new lengths / queries into the same buffers."""
+    cfg = Dec(dtype="bf16", b=4, h=(16, 4), dims=(128, 128), page=16, lens_kv=(100, 200, 300, 400), max_pages=40)
+    t = build(cfg, seed=1)
+    a = t["args"]
+    q = t["q"].to(DEV)
+    pk, pv, table, cu_kv = (t[n].to(DEV) for n in ("pool_k", "pool_v", "table", "cu_kv"))
+    # Fill the pools with finite data everywhere so that longer lengths read real keys.
+    pk.copy_(torch.randn_like(pk, dtype=torch.float32).to(pk.dtype))
+    pv.copy_(torch.randn_like(pv, dtype=torch.float32).to(pv.dtype))
+
+    def step():
+        return torch.ops.fusedattn.fwd(q, pk, pv, None, None, None, None, None, cu_kv, None, None, None,
+                                       *a.op_args(), False, table)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_lse, _, _ = step()
+
+    for lens in ((1, 640, 17, 333), (600, 0, 64, 65), (100, 200, 300, 400)):
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
+        cu_kv.copy_(_cu(lens, DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_out, want_lse, _, _ = step()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, want_out), f"graph replay differs from eager at lengths {lens}"
+        assert torch.equal(static_lse, want_lse)
+        # and against the float64 reference on the dense view of the cache
+        tt = dict(t)
+        tt.update(q=q.cpu(), cu_kv=_cu(lens))
+        dense_k = torch.zeros(cfg.b, max(lens), cfg.h[1], cfg.dims[0], dtype=pk.dtype)
+        dense_v = torch.zeros(cfg.b, max(lens), cfg.h[1], cfg.dims[1], dtype=pv.dtype)
+        pkc, pvc, tab = pk.cpu(), pv.cpu(), table.cpu()
+        for bi, n in enumerate(lens):
+            tk = torch.arange(n)
+            pg = tab[bi, tk // cfg.page].long()
+            dense_k[bi, :n] = pkc[pg, tk % cfg.page]
+            dense_v[bi, :n] = pvc[pg, tk % cfg.page]
+        tt.update(k_dense=dense_k, v_dense=dense_v)
+        ref = reference(tt, torch.float64)
+        ref_lp = reference(tt, C.DTYPES[cfg.dtype])
+        C.assert_matches_reference([C.tol_check("out", static_out.cpu(), ref.out, ref_lp.out, C.DTYPES[cfg.dtype])])
+
+
+# ---------------------------------------------------------------------------
+# copy_to_kv_cache on CUDA: the same caches as the CPU engine, bit for bit.
+
+
+def _has_append() -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fusedattn::copy_to_kv_cache", "CUDA")
+
+
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("page", [1, 16, "none"])
+def test_copy_to_kv_cache_cuda_matches_cpu(fmt, dtype, page):
+    if not _has_append():
+        pytest.skip("copy_to_kv_cache has no CUDA kernel in this build")
+    dt = C.DTYPES[dtype]
+    g = torch.Generator().manual_seed(3)
+    b, h, dk, dv = 3, 4, 64, 32
+    cached = [0, 17, 40]
+    step = [1, 5, 0] if fmt != "thd" else [2, 5, 1]
+    s_new = max(step)
+    max_len = 64
+    if page == "none":
+        ps, pages, num_pages = max_len, 1, b
+        table = torch.arange(b, dtype=torch.int32).view(b, 1)
+    else:
+        ps = page
+        pages = max_len // ps
+        num_pages = b * pages + 2
+        table = torch.randperm(num_pages, generator=g)[: b * pages].to(torch.int32).view(b, pages).contiguous()
+    kc = torch.randn(num_pages, ps, h, dk, generator=g).to(dt)
+    vc = torch.randn(num_pages, ps, h, dv, generator=g).to(dt)
+    if fmt == "thd":
+        new_k = torch.randn(sum(step) + 2, h, dk, generator=g).to(dt)
+        new_v = torch.randn(sum(step) + 2, h, dv, generator=g).to(dt)
+    elif fmt == "bshd":
+        new_k = torch.randn(b, s_new, h, dk, generator=g).to(dt)
+        new_v = torch.randn(b, s_new, h, dv, generator=g).to(dt)
+    else:
+        new_k = torch.randn(s_new, b, h, dk, generator=g).to(dt)
+        new_v = torch.randn(s_new, b, h, dv, generator=g).to(dt)
+    cu = _cu(step)
+    seqlens = torch.tensor(cached, dtype=torch.int32)
+
+    kc_cpu, vc_cpu = kc.clone(), vc.clone()
+    torch.ops.fusedattn.copy_to_kv_cache(new_k, new_v, kc_cpu, vc_cpu, table, cu, seqlens, fmt)
+    kc_gpu, vc_gpu = kc.to(DEV), vc.to(DEV)
+    torch.ops.fusedattn.copy_to_kv_cache(new_k.to(DEV), new_v.to(DEV), kc_gpu, vc_gpu, table.to(DEV), cu.to(DEV),
+                                         seqlens.to(DEV), fmt)
+    torch.cuda.synchronize()
+    assert torch.equal(kc_gpu.cpu(), kc_cpu)
+    assert torch.equal(vc_gpu.cpu(), vc_cpu)
+    assert not torch.equal(kc_cpu, kc) or sum(step) == 0
+
+
+def test_copy_to_kv_cache_cuda_skips_out_of_range():
+    """Positions past the page table and pages outside the pool are skipped, never written."""
+    if not _has_append():
+        pytest.skip("copy_to_kv_cache has no CUDA kernel in this build")
+    b, h, d, ps = 2, 2, 16, 4
+    kc = torch.zeros(4, ps, h, d, device=DEV)
+    vc = torch.zeros(4, ps, h, d, device=DEV)
+    table = torch.tensor([[0, 1], [2, 99]], dtype=torch.int32, device=DEV)  # 99: outside the pool
+    new = torch.ones(b, 3, h, d, device=DEV)
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32, device=DEV)
+    seqlens = torch.tensor([7, 3], dtype=torch.int32, device=DEV)  # seq 0: positions 7, 8, 9 (capacity 8)
+    torch.ops.fusedattn.copy_to_kv_cache(new, new, kc, vc, table, cu, seqlens, "bshd")
+    torch.cuda.synchronize()
+    written = kc.sum(dim=(2, 3)) != 0  # [page, slot]
+    want = torch.zeros(4, ps, dtype=torch.bool)
+    want[1, 3] = True  # seq 0 position 7
+    want[2, 3] = True  # seq 1 position 3; positions 4, 5 -> page 99: skipped
+    assert torch.equal(written.cpu(), want)
