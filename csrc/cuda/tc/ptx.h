@@ -210,6 +210,22 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
 #endif
 }
 
+// atomic_add2 under a predicate, without a branch on sm_90 (a predicated
+// red.v2): a row of dQ atomics then does not split the surrounding matmul
+// code into basic blocks that ptxas cannot schedule across.
+__device__ __forceinline__ void atomic_add2_if(float* p, float a, float b, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n @q red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(p),
+      "f"(a), "f"(b), "r"(static_cast<int>(pred)));
+#else
+  if (pred) {
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+  }
+#endif
+}
+
 // Float max through integer atomics (works for negative values and -inf).
 __device__ __forceinline__ void atomic_max_float(float* p, float v) {
   if (v >= 0.f) {
