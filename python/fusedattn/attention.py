@@ -131,11 +131,7 @@ def _unpack_packed_qkv(qkv_layer, kv_layer, query_layer, key_layer, value_layer,
             raise ValueError(
                 f"qkv_layer must be {rank}-D for qkv_format={qkv_format!r}, got shape "
                 f"{tuple(qkv_layer.shape)}")
-        if qkv_layer.shape[qkv_interleave_dim] != 3:
-            raise ValueError(
-                f"qkv_layer must have size 3 at dim {qkv_interleave_dim} (qkv_interleave_dim), "
-                f"got shape {tuple(qkv_layer.shape)}")
-        return tuple(qkv_layer.select(qkv_interleave_dim, i) for i in range(3))
+        return _split_packed(qkv_layer, "qkv_layer", 3, qkv_interleave_dim)
 
     if query_layer is None:
         raise ValueError("kv_layer packs only K and V: query_layer is required with it")
@@ -145,11 +141,16 @@ def _unpack_packed_qkv(qkv_layer, kv_layer, query_layer, key_layer, value_layer,
         raise ValueError(
             f"kv_layer must have one more dimension than query_layer, got shapes "
             f"{tuple(kv_layer.shape)} and {tuple(query_layer.shape)}")
-    if kv_layer.shape[qkv_interleave_dim] != 2:
+    return (query_layer,) + _split_packed(kv_layer, "kv_layer", 2, qkv_interleave_dim)
+
+
+def _split_packed(packed: torch.Tensor, name: str, n: int, dim: int):
+    """The ``n`` tensors packed along ``dim`` (qkv_interleave_dim) of ``packed``."""
+    if packed.shape[dim] != n:
         raise ValueError(
-            f"kv_layer must have size 2 at dim {qkv_interleave_dim} (qkv_interleave_dim), "
-            f"got shape {tuple(kv_layer.shape)}")
-    return (query_layer,) + tuple(kv_layer.select(qkv_interleave_dim, i) for i in range(2))
+            f"{name} must have size {n} at dim {dim} (qkv_interleave_dim), "
+            f"got shape {tuple(packed.shape)}")
+    return tuple(packed.select(dim, i) for i in range(n))
 
 
 def cu_seqlens_from_padding_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -2,40 +2,25 @@
 // names the offending argument and value, so the Python exception the binding
 // raises from it is enough to fix the call.
 #include <cmath>
-#include <sstream>
 #include <string>
 
+#include "cat.h"
 #include "fusedattn/api.h"
+#include "layout.h"
 
 namespace fusedattn {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-template <typename... Ts>
-std::string cat(const Ts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
-
-// Named dims of a q/k/v-like tensor in its format.
-struct SeqDims {
-  int64_t b = 0, s = 0, h = 0, d = 0;
-};
-
 Status seq_dims(const TensorRef& t, Format f, const char* name, SeqDims* out) {
-  const int want = f == Format::kTHD ? 3 : 4;
+  const int want = seq_rank(f);
   if (t.ndim != want) {
     return Status::Invalid(cat(name, " must be a ", want, "-D tensor for qkv_format '", format_name(f), "' (",
                                f == Format::kTHD ? "[t, h, d]" : (f == Format::kBSHD ? "[b, s, h, d]" : "[s, b, h, d]"),
                                "); got a ", t.ndim, "-D tensor of shape ", shape_str(t)));
   }
-  switch (f) {
-    case Format::kBSHD: *out = {t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3]}; break;
-    case Format::kSBHD: *out = {t.sizes[1], t.sizes[0], t.sizes[2], t.sizes[3]}; break;
-    case Format::kTHD: *out = {0, t.sizes[0], t.sizes[1], t.sizes[2]}; break;
-  }
+  *out = named_dims(t, f);
   return Status::Ok();
 }
 

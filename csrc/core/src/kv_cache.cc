@@ -5,18 +5,13 @@
 #include "fusedattn/kv_cache.h"
 
 #include <cstring>
-#include <sstream>
 #include <string>
+
+#include "cat.h"
+#include "layout.h"
 
 namespace fusedattn {
 namespace {
-
-template <typename... Ts>
-std::string cat(const Ts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
 
 bool is_float(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
@@ -40,36 +35,15 @@ Status same_device(const TensorRef& t, const TensorRef& ref, const char* name) {
   return Status::Ok();
 }
 
-struct NewDims {
-  int64_t b = 0, s = 0, h = 0, d = 0;
-};
-
-Status new_dims(const TensorRef& t, Format f, const char* name, NewDims* out) {
-  const int want = f == Format::kTHD ? 3 : 4;
+Status new_dims(const TensorRef& t, Format f, const char* name, SeqDims* out) {
+  const int want = seq_rank(f);
   if (t.ndim != want) {
     return Status::Invalid(cat(name, " must be a ", want, "-D tensor for qkv_format '", format_name(f), "' (",
                                f == Format::kTHD ? "[t, h_kv, d]" : (f == Format::kBSHD ? "[b, s, h_kv, d]" : "[s, b, h_kv, d]"),
                                "); got shape ", shape_str(t)));
   }
-  switch (f) {
-    case Format::kBSHD: *out = {t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3]}; break;
-    case Format::kSBHD: *out = {t.sizes[1], t.sizes[0], t.sizes[2], t.sizes[3]}; break;
-    case Format::kTHD: *out = {0, t.sizes[0], t.sizes[1], t.sizes[2]}; break;
-  }
+  *out = named_dims(t, f);
   return Status::Ok();
-}
-
-SeqTensor new_tensor(const TensorRef& t, Format f) {
-  SeqTensor s;
-  s.data = t.data;
-  switch (f) {
-    case Format::kBSHD: s.stride_b = t.strides[0]; s.stride_s = t.strides[1]; break;
-    case Format::kSBHD: s.stride_b = t.strides[1]; s.stride_s = t.strides[0]; break;
-    case Format::kTHD: s.stride_b = 0; s.stride_s = t.strides[0]; break;
-  }
-  s.stride_h = t.strides[t.ndim - 2];
-  s.stride_d = t.strides[t.ndim - 1];
-  return s;
 }
 
 SeqTensor cache_tensor(const TensorRef& t) {
@@ -131,7 +105,7 @@ Status check_kv_append(const KvAppendArgs& a) {
     FUSEDATTN_RETURN_IF_ERROR(same_device(*t, nk, name));
   }
 
-  NewDims dk, dv;
+  SeqDims dk, dv;
   FUSEDATTN_RETURN_IF_ERROR(new_dims(nk, a.new_format, "new_k", &dk));
   FUSEDATTN_RETURN_IF_ERROR(new_dims(a.new_v, a.new_format, "new_v", &dv));
   if (dk.b != dv.b || dk.s != dv.s || dk.h != dv.h) {
@@ -191,8 +165,8 @@ Status make_kv_append_params(const KvAppendArgs& a, KvAppendParams* p) {
   p->d_k = a.k_cache.sizes[3];
   p->d_v = a.v_cache.sizes[3];
   p->dtype = a.new_k.dtype;
-  p->new_k = new_tensor(a.new_k, a.new_format);
-  p->new_v = new_tensor(a.new_v, a.new_format);
+  p->new_k = seq_tensor(a.new_k, a.new_format);
+  p->new_v = seq_tensor(a.new_v, a.new_format);
   p->k_cache = cache_tensor(a.k_cache);
   p->v_cache = cache_tensor(a.v_cache);
   p->paged.page_table = static_cast<const int32_t*>(a.page_table.data);

@@ -1,21 +1,9 @@
 // The one place where engine parameters are filled from a validated call.
 #include "fusedattn/api.h"
+#include "layout.h"
 
 namespace fusedattn {
 namespace {
-
-SeqTensor seq_tensor(const TensorRef& t, Format f) {
-  SeqTensor s;
-  s.data = t.data;
-  switch (f) {
-    case Format::kBSHD: s.stride_b = t.strides[0]; s.stride_s = t.strides[1]; break;
-    case Format::kSBHD: s.stride_b = t.strides[1]; s.stride_s = t.strides[0]; break;
-    case Format::kTHD: s.stride_b = 0; s.stride_s = t.strides[0]; break;
-  }
-  s.stride_h = t.strides[t.ndim - 2];
-  s.stride_d = t.strides[t.ndim - 1];
-  return s;
-}
 
 // Broadcast dims read with stride 0, whatever stride the tensor reports.
 PairTensor pair_tensor(const TensorRef& t) {

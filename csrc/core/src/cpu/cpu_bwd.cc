@@ -193,8 +193,11 @@ struct BwdRun {
     }
   }
 
-  // ---- pass 1: dK, dV of one key tile -----------------------------------------------------------
-  void run_kv_item(Scratch& w, const PairPanels& pp, int64_t kt) const {
+  // ---- one key tile: dK, dV summed over the query tiles that see it ---------------------------------
+  // Pass 1 calls it with dq == nullptr; the fused schedule passes its dQ
+  // accumulator of the pair ([group][nq][dqk_p]), which then also takes
+  // dQ += dS K from the same dS.
+  void run_kv_item(Scratch& w, const PairPanels& pp, int64_t kt, A* __restrict dq) const {
     const SeqExtent& e = c.lay.seq[pp.b];
     const Window& win = c.win[pp.b];
     const int64_t bk = c.lay.kv_thd ? 0 : pp.b;
@@ -214,10 +217,14 @@ struct BwdRun {
         tile_grads(w, pp, h, g, i0, nr, kt, true);
         const int64_t row0 = g * pp.nq + i0;
         const A* pd = c.drop.on ? w.pd.get() : w.s.get();
+        const A* ds = w.dp.get();
         // dV += (P dropped)^T dO ; dK += dS^T Q  (A operands read transposed)
         gemm<A, true>(nj, static_cast<int>(c.dv_p), nr, pd, 1, kBlockN, pp.dout + row0 * c.dv_p, c.dv_p, dv, c.dv_p);
-        gemm<A, true>(nj, static_cast<int>(c.dqk_p), nr, w.dp.get(), 1, kBlockN, pp.q + row0 * c.dqk_p, c.dqk_p, dk,
-                      c.dqk_p);
+        gemm<A, true>(nj, static_cast<int>(c.dqk_p), nr, ds, 1, kBlockN, pp.q + row0 * c.dqk_p, c.dqk_p, dk, c.dqk_p);
+        if (dq != nullptr) {
+          gemm<A, true>(nr, static_cast<int>(c.dqk_p), nj, ds, kBlockN, 1, pp.k + j0 * c.dqk_p, c.dqk_p,
+                        dq + row0 * c.dqk_p, c.dqk_p);
+        }
       }
     }
     for (int jj = 0; jj < nj; ++jj) {
@@ -263,40 +270,10 @@ struct BwdRun {
   // ---- fused: one (batch, kv head) pair, all of its tiles ------------------------------------------------
   void run_pair_item(Scratch& w, const PairPanels& pp) const {
     const SeqExtent& e = c.lay.seq[pp.b];
-    const Window& win = c.win[pp.b];
-    const int64_t bk = c.lay.kv_thd ? 0 : pp.b, bq = c.lay.q_thd ? 0 : pp.b;
+    const int64_t bq = c.lay.q_thd ? 0 : pp.b;
     A* __restrict dq = w.dq.get();  // [group][nq][dqk_p]
-    A* __restrict dk = w.acc_a.get();
-    A* __restrict dv = w.acc_b.get();
     std::memset(dq, 0, sizeof(A) * c.group * pp.nq * c.dqk_p);
-    for (int64_t kt = 0; kt < pp.nk / kBlockN; ++kt) {
-      const int64_t j0 = kt * kBlockN;
-      const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
-      std::memset(dk, 0, sizeof(A) * kBlockN * c.dqk_p);
-      std::memset(dv, 0, sizeof(A) * kBlockN * c.dv_p);
-      int64_t ilo, ihi;
-      rows_for_keys(win, j0, j0 + nj, &ilo, &ihi);
-      for (int64_t g = 0; g < c.group; ++g) {
-        const int64_t h = pp.hk * c.group + g;
-        for (int64_t qt = ilo / kBlockM; ilo < ihi && qt * kBlockM < ihi; ++qt) {
-          const int64_t i0 = qt * kBlockM;
-          const int nr = static_cast<int>(std::min<int64_t>(kBlockM, e.len_q - i0));
-          tile_grads(w, pp, h, g, i0, nr, kt, true);
-          const int64_t row0 = g * pp.nq + i0;
-          const A* pd = c.drop.on ? w.pd.get() : w.s.get();
-          const A* ds = w.dp.get();
-          gemm<A, true>(nj, static_cast<int>(c.dv_p), nr, pd, 1, kBlockN, pp.dout + row0 * c.dv_p, c.dv_p, dv, c.dv_p);
-          gemm<A, true>(nj, static_cast<int>(c.dqk_p), nr, ds, 1, kBlockN, pp.q + row0 * c.dqk_p, c.dqk_p, dk, c.dqk_p);
-          gemm<A, true>(nr, static_cast<int>(c.dqk_p), nj, ds, kBlockN, 1, pp.k + j0 * c.dqk_p, c.dqk_p,
-                        dq + row0 * c.dqk_p, c.dqk_p);
-        }
-      }
-      for (int jj = 0; jj < nj; ++jj) {
-        const int64_t tok = e.tok_kv + j0 + jj;
-        store_row<T, A>(row_ptr<T>(bp.dk, bk, tok, pp.hk), bp.dk.stride_d, c.dqk, dk + jj * c.dqk_p, c.scale);
-        store_row<T, A>(row_ptr<T>(bp.dv, bk, tok, pp.hk), bp.dv.stride_d, c.dv, dv + jj * c.dv_p, static_cast<A>(1));
-      }
-    }
+    for (int64_t kt = 0; kt < pp.nk / kBlockN; ++kt) run_kv_item(w, pp, kt, dq);
     for (int64_t g = 0; g < c.group; ++g) {
       const int64_t h = pp.hk * c.group + g;
       for (int64_t i = 0; i < e.len_q; ++i) {
@@ -426,7 +403,7 @@ struct BwdRun {
           exec, static_cast<int64_t>(kv_items.size()), [&](Scratch& w) { return init_scratch(w); },
           [&](Scratch& w, int64_t k) {
             const auto& it = kv_items[order[k]];
-            run_kv_item(w, pan[it.first], it.second);
+            run_kv_item(w, pan[it.first], it.second, nullptr);
           }));
 
       // Pass 2: dQ (and dbias) per (slot, query tile). A slot is one (b, h) without
