@@ -9,6 +9,14 @@
 * ``assert_matches_reference`` is the tolerance rule, FlashAttention's:
   err(fusedattn in dtype vs float64 reference) <= 2 * err(the reference run in
   that dtype vs the float64 reference) + eps; NaN fails.
+* ``DEVICE`` (environment variable FUSEDATTN_TEST_DEVICE: "cpu", the default,
+  or "cuda") is where the engine runs. Cases are built on the CPU and the
+  reference always runs there in float64; ``to_device`` copies a case to the
+  device for the engine run (``device_run``) and ``to_host`` brings the results
+  back for the comparison. With DEVICE = "cpu" both are the identity, so the
+  CPU suite runs exactly as it did before the variable existed. When "cuda" is
+  asked for but cannot be had, the session stops at once (``pytest.exit``)
+  instead of quietly testing the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import os
 import random
 import sys
 import zlib
@@ -39,8 +48,45 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, 
 EPS = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float64: 1e-10}
 
 
+# ---------------------------------------------------------------------------
+# The device the engine runs on
+
+DEVICE = os.environ.get("FUSEDATTN_TEST_DEVICE", "cpu")
+DEVICE_TYPE = DEVICE.split(":")[0]  # "cpu" | "cuda" ("cuda:1" selects a GPU)
+ON_CUDA = DEVICE_TYPE == "cuda"
+
+
+def _device_problem() -> Optional[str]:
+    """Why the suite cannot run on DEVICE, or None."""
+    try:
+        dev = torch.device(DEVICE)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        return f"FUSEDATTN_TEST_DEVICE={DEVICE!r}: expected 'cpu' or 'cuda' (or 'cuda:N')"
+    if dev.type == "cpu":
+        return None
+    if not torch.cuda.is_available():
+        return (f"FUSEDATTN_TEST_DEVICE={DEVICE} but CUDA is not available to torch {torch.__version__} "
+                f"(built for CUDA {torch.version.cuda}); not falling back to the CPU")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        return f"FUSEDATTN_TEST_DEVICE={DEVICE} but only {torch.cuda.device_count()} CUDA device(s) are visible"
+    import fusedattn._ops  # noqa: F401  (loads the extension)
+
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("fusedattn::fwd", "CUDA"):
+        return f"FUSEDATTN_TEST_DEVICE={DEVICE} but this fusedattn was built without the CUDA engine"
+    return None
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (deselect with -m 'not slow')")
+    problem = _device_problem()
+    if problem is not None:
+        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def pytest_report_header(config):
+    return f"fusedattn test device: {DEVICE} (FUSEDATTN_TEST_DEVICE)"
 
 
 @pytest.fixture(autouse=True)
@@ -584,6 +630,83 @@ def build_case(cfg: Config, device="cpu", dtype=None) -> Case:
 
 
 # ---------------------------------------------------------------------------
+# Moving cases and results between the host and the device
+
+
+def _device_of(device) -> torch.device:
+    return torch.device(DEVICE if device is None else device)
+
+
+def _is_on(t: torch.Tensor, dev: torch.device) -> bool:
+    return t.device.type == dev.type and (dev.index is None or t.device.index == dev.index)
+
+
+def on_device(x, device=None):
+    """Tensors (alone or in tuples, lists and dicts; None passes) on ``device`` (default DEVICE).
+    A tensor already there is returned as it is, so on the CPU suite this is the identity."""
+    dev = _device_of(device)
+    if isinstance(x, dict):
+        return {n: on_device(t, dev) for n, t in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(on_device(t, dev) for t in x)
+    if isinstance(x, torch.Tensor) and not _is_on(x, dev):
+        return x.to(dev)
+    return x
+
+
+def module_on_device(mod: torch.nn.Module, device=None) -> torch.nn.Module:
+    """The module moved to ``device`` (default DEVICE); left alone on the CPU."""
+    dev = _device_of(device)
+    return mod if dev.type == "cpu" else mod.to(dev)
+
+
+def to_host(x):
+    """Results back on the CPU for the comparison with the reference: device tensors (alone or in
+    tuples, lists and dicts) as detached CPU copies; CPU tensors and anything else as they are."""
+    if isinstance(x, dict):
+        return {n: to_host(t) for n, t in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_host(t) for t in x)
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        return x.detach().cpu()
+    return x
+
+
+def to_device(case: Case, device=None) -> Case:
+    """The case with its leaves (still leaves, same requires_grad), op inputs (cu_seqlens, mask,
+    ALiBi slopes, rng_state) and dout on ``device`` (default DEVICE); the case itself when they
+    are there already. cfg, args and the host-side sequence bookkeeping (q_side / kv_side) are
+    shared, so the reference keeps running on the CPU case."""
+    dev = _device_of(device)
+    tensors = list(case.leaves.values()) + [t for t in case.extra.values() if t is not None] + [case.dout]
+    if all(_is_on(t, dev) for t in tensors):
+        return case
+    leaves = {n: t.detach().to(dev).requires_grad_(t.requires_grad) for n, t in case.leaves.items()}
+    extra = {n: (t.to(dev) if t is not None else None) for n, t in case.extra.items()}
+    if case.extra["cu_seqlens_kv"] is case.extra["cu_seqlens_q"] and case.extra["cu_seqlens_q"] is not None:
+        extra["cu_seqlens_kv"] = extra["cu_seqlens_q"]  # t3hd / th3d share one tensor, as the API does
+        extra["cu_seqlens_kv_padded"] = extra["cu_seqlens_q_padded"]
+    return replace(case, leaves=leaves, extra=extra, dout=case.dout.to(dev))
+
+
+# Gradients the CUDA engines accumulate with atomics (docs/design.md, "Determinism"): dq (and so
+# a packed qkv's gradient), a dbias reduced over broadcast dims and the tensor-core engine's
+# d_softmax_offset. Two runs of one backward may differ there in the last bits on CUDA; every
+# other result is bitwise reproducible there, and every result is on the CPU.
+ATOMIC_GRADS = ("q", "qkv", "bias", "softmax_offset")
+
+
+def rerun_tol(name: str, device=None) -> dict:
+    """assert_close tolerances for one result compared between two runs of the same computation
+    (eager vs compiled, packed vs separate inputs, twice the same call): exact, except for the
+    gradients in ATOMIC_GRADS on CUDA, which get assert_close's defaults for their dtype (a few
+    ulps; fp32: rtol 1.3e-6, atol 1e-5)."""
+    if _device_of(device).type == "cuda" and name in ATOMIC_GRADS:
+        return {}
+    return dict(rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------
 # Running and comparing
 
 
@@ -604,12 +727,13 @@ def tol_check(name, got, ref64, ref_lp, dtype, where=None, algo_term=None):
     ``algo_term`` (float64, like ref64) is the exact first-order effect of a
     documented algorithmic choice that the math reference does not make (see
     ``reference_run``); its max is added to the tolerance."""
-    got64 = got.detach().to(torch.float64)
-    r64 = ref64.detach().to(torch.float64)
-    rlp = ref_lp.detach().to(torch.float64)
+    got64 = got.detach().cpu().to(torch.float64)  # compared on the CPU, wherever the run was
+    r64 = ref64.detach().cpu().to(torch.float64)
+    rlp = ref_lp.detach().cpu().to(torch.float64)
     if got64.shape != r64.shape:
         return f"{name}: shape {tuple(got64.shape)} != reference {tuple(r64.shape)}"
     if where is not None:
+        where = where.cpu()
         got64, r64, rlp = got64[where], r64[where], rlp[where]
     if not torch.isfinite(got64).all():
         return f"{name}: {int((~torch.isfinite(got64)).sum())} non-finite values"
@@ -619,7 +743,7 @@ def tol_check(name, got, ref64, ref_lp, dtype, where=None, algo_term=None):
     err_lp = (rlp - r64).abs().nan_to_num(0.0).max().item()
     eps = EPS[dtype] * max(1.0, r64.abs().max().item())
     if algo_term is not None:
-        a = algo_term.detach().to(torch.float64)
+        a = algo_term.detach().cpu().to(torch.float64)
         eps += (a[where] if where is not None else a).abs().max().item()
     if not err <= 2 * err_lp + eps:
         return (f"{name}: max error {err:.3e} vs float64 reference exceeds 2 * {err_lp:.3e} (torch in {dtype}) "
@@ -642,6 +766,19 @@ def engine_run(case: Case, leaves=None, dout=None):
     out, lse, rng_out, ml = run_op(case, leaves)
     out.backward(case.dout if dout is None else dout)
     return out, lse, rng_out, ml, {n: t.grad for n, t in leaves.items()}
+
+
+def device_run(case: Case, device=None):
+    """``engine_run`` of the case on ``device`` (default DEVICE): on a device copy of a CPU case,
+    with the results (out, lse, rng_state_out, max_logit, grads) brought back to the CPU. On the
+    device the case is on already it is ``engine_run(case)`` itself."""
+    dcase = to_device(case, device)
+    if dcase is case:
+        return engine_run(case)
+    res = engine_run(dcase)
+    if dcase.dout.is_cuda:
+        torch.cuda.synchronize(dcase.dout.device)  # an asynchronous error shows up in this test
+    return to_host(res)
 
 
 def _rows_to_lse_layout(x, q_format):
@@ -686,9 +823,11 @@ def reference_run(case: Case, compute_dtype, dout=None, rounding_dtype=None):
     return (ref, grads, term) if rounding_dtype is not None else (ref, grads)
 
 
-def check_case(case: Case):
-    """The whole comparison of one case: forward outputs and every gradient, plus the zero/NaN rules."""
-    out, lse, rng_out, ml, grads = engine_run(case)
+def check_case(case: Case, device=None):
+    """The whole comparison of one case: forward outputs and every gradient, plus the zero/NaN rules.
+
+    The engine runs on ``device`` (default DEVICE, see ``device_run``), the reference on the CPU."""
+    out, lse, rng_out, ml, grads = device_run(case, device)
     dt = case.dtype
     r64, g64, rounding = reference_run(case, torch.float64, rounding_dtype=dt)
     rlp, glp = reference_run(case, case.dtype)
@@ -733,7 +872,8 @@ DPA_LAYOUTS = tuple(l for l in LAYOUTS if LAYOUTS[l][0] == LAYOUTS[l][1])  # DPA
 
 
 def dpa_module(case: Case):
-    """A DotProductAttention built for the case (learnable offset set to the case's values)."""
+    """A DotProductAttention built for the case (learnable offset set to the case's values), on the
+    case's device."""
     from fusedattn import DotProductAttention
 
     cfg, a = case.cfg, case.args
@@ -742,6 +882,7 @@ def dpa_module(case: Case):
         attention_dropout=cfg.dropout, qkv_format=a.q_format, attn_mask_type=cfg.mask,
         window_size=(a.window_left, a.window_right), bottom_right_diagonal=cfg.brd, softmax_scale=a.scale,
         softmax_type=cfg.softmax, return_max_logit=cfg.max_logit)
+    mod = module_on_device(mod, case.dout.device)
     if cfg.softmax == "learnable":
         with torch.no_grad():
             mod.softmax_offset.copy_(case.leaves["softmax_offset"])

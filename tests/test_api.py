@@ -1,5 +1,9 @@
 """The Python API: DotProductAttention (TransformerEngine's contract) and
-fusedattn.scaled_dot_product_attention (torch's contract)."""
+fusedattn.scaled_dot_product_attention (torch's contract).
+
+Inputs are made on the CPU and run on conftest.DEVICE (FUSEDATTN_TEST_DEVICE);
+the references (tests/reference.py, torch's math SDPA) run on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ import fusedattn
 import reference as R
 from fusedattn import DotProductAttention, FwdArgs
 from conftest import (DPA_LAYOUTS, MATRIX, assert_matches_reference, build_case, dpa_kwargs, dpa_module,
-                      reference_run, sample_inputs, tol_check)
+                      module_on_device, on_device, reference_run, rerun_tol, sample_inputs, to_device, to_host,
+                      tol_check)
 
 # ---------------------------------------------------------------------------
 # DotProductAttention
@@ -34,7 +39,7 @@ def test_te_defaults():
     # The defaults in action: sbhd in, [s, b, h*d] out, top-left causal, 1/sqrt(d) scale.
     torch.manual_seed(0)
     q, k, v = (torch.randn(7, 2, 4, 32) for _ in range(3))
-    out = mod(q, k, v)
+    out = to_host(mod(*on_device((q, k, v))))
     assert out.shape == (7, 2, 128)
     ref = R.attention_ref(q.double(), k.double(), v.double(),
                           FwdArgs(scale=1 / math.sqrt(32), q_format="sbhd", kv_format="sbhd", mask_type="causal"))
@@ -51,6 +56,7 @@ def test_output_shapes_with_distinct_v_dim(fmt, shape_q, shape_kv, out_shape):
     q = torch.randn(*shape_q)
     k = torch.randn(*shape_kv)
     v = torch.randn(*shape_kv[:-1], 16)
+    q, k, v = on_device((q, k, v))
     out = mod(q, k, v)
     assert out.shape == out_shape and out.dtype == q.dtype
 
@@ -59,6 +65,7 @@ def test_thd_output_shape_and_per_call_format():
     mod = DotProductAttention(2, 16, attn_mask_type="padding_causal")  # module format sbhd, call thd
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     q, k, v = (torch.randn(10, 2, 16) for _ in range(3))
+    q, k, v, cu = on_device((q, k, v, cu))
     out = mod(q, k, v, qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=5, max_seqlen_kv=5)
     assert out.shape == (10, 32)
     assert torch.equal(out[8:], torch.zeros_like(out[8:]))  # trailing tokens after the last sequence
@@ -70,11 +77,13 @@ def test_thd_output_shape_and_per_call_format():
 def test_dpa_matches_reference(cfg):
     """The module maps TransformerEngine's arguments onto the operator faithfully."""
     case = build_case(cfg)
-    mod = dpa_module(case)
-    leaves = case.clone_leaves()
-    res = mod(**dpa_kwargs(case, leaves))
+    dcase = to_device(case)  # the case itself on the CPU
+    mod = dpa_module(dcase)
+    leaves = dcase.clone_leaves()
+    res = mod(**dpa_kwargs(dcase, leaves))
     out, max_logit = res if cfg.max_logit else (res, None)
-    out.backward(case.dout.flatten(-2))
+    out.backward(dcase.dout.flatten(-2))
+    out, max_logit = to_host((out, max_logit))
     r64, g64 = reference_run(case, torch.float64)
     rlp, glp = reference_run(case, case.dtype)
     dt = case.dtype
@@ -97,7 +106,7 @@ def test_return_max_logit():
     torch.manual_seed(0)
     mod = DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal", return_max_logit=True)
     q, k, v = (torch.randn(2, 6, 4, 16, dtype=torch.bfloat16) for _ in range(3))
-    out, max_logit = mod(q, k, v)
+    out, max_logit = to_host(mod(*on_device((q, k, v))))
     assert out.shape == (2, 6, 64)
     assert max_logit.shape == (4,) and max_logit.dtype == torch.bfloat16
     ref = R.attention_ref(q.double(), k.double(), v.double(), FwdArgs(scale=0.25, mask_type="causal"))
@@ -106,19 +115,20 @@ def test_return_max_logit():
 
 def test_learnable_softmax_offset_is_a_parameter_with_gradient():
     torch.manual_seed(0)
-    mod = DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="no_mask", softmax_type="learnable")
+    mod = module_on_device(DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="no_mask",
+                                               softmax_type="learnable"))
     assert isinstance(mod.softmax_offset, torch.nn.Parameter)
     assert mod.softmax_offset.shape == (4,) and mod.softmax_offset.dtype == torch.float32
-    assert torch.equal(mod.softmax_offset.detach(), torch.zeros(4))
+    assert torch.equal(to_host(mod.softmax_offset.detach()), torch.zeros(4))
     assert [n for n, _ in mod.named_parameters()] == ["softmax_offset"]
     assert "softmax_offset" in mod.state_dict()
     with torch.no_grad():
         mod.softmax_offset.copy_(torch.tensor([-1.0, 0.0, 0.5, 2.0]))
     q, k, v = (torch.randn(2, 5, 4, 16) for _ in range(3))
-    mod(q, k, v).square().sum().backward()
-    g = mod.softmax_offset.grad
+    mod(*on_device((q, k, v))).square().sum().backward()
+    g = to_host(mod.softmax_offset.grad)
     assert g is not None and g.shape == (4,)
-    off = mod.softmax_offset.detach().double().requires_grad_()
+    off = to_host(mod.softmax_offset.detach()).double().requires_grad_()
     ref = R.attention_ref(q.double(), k.double(), v.double(),
                           FwdArgs(scale=0.25, softmax_type="learnable"), softmax_offset=off)
     ref.out.square().sum().backward()
@@ -132,8 +142,8 @@ def test_learnable_softmax_offset_is_a_parameter_with_gradient():
 
 def test_learnable_offset_survives_module_dtype_cast():
     torch.manual_seed(0)
-    mod = DotProductAttention(2, 16, qkv_format="bshd", softmax_type="learnable").to(torch.bfloat16)
-    q, k, v = (torch.randn(1, 4, 2, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mod = module_on_device(DotProductAttention(2, 16, qkv_format="bshd", softmax_type="learnable").to(torch.bfloat16))
+    q, k, v = (on_device(torch.randn(1, 4, 2, 16, dtype=torch.bfloat16)).requires_grad_() for _ in range(3))
     mod(q, k, v).sum().backward()
     assert mod.softmax_offset.grad is not None
 
@@ -144,13 +154,14 @@ def test_off_by_one_has_no_parameter():
     assert list(mod.parameters()) == []
     q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
     ref = R.attention_ref(q.double(), k.double(), v.double(), FwdArgs(scale=0.25, softmax_type="off-by-one"))
-    torch.testing.assert_close(mod(q, k, v), ref.out.flatten(-2).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(to_host(mod(*on_device((q, k, v)))), ref.out.flatten(-2).float(), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_dropout_only_in_training():
     torch.manual_seed(0)
     mod = DotProductAttention(2, 16, qkv_format="bshd", attention_dropout=0.5)
-    q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(1, 8, 2, 16) for _ in range(3)])
     mod.eval()
     e1, e2 = mod(q, k, v), mod(q, k, v)
     assert torch.equal(e1, e2)
@@ -163,14 +174,14 @@ def test_dropout_only_in_training():
 def test_packed_qkv_layer_equals_separate_tensors():
     torch.manual_seed(0)
     mod = DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal")
-    qkv = torch.randn(2, 7, 3, 4, 16, requires_grad=True)
+    qkv = on_device(torch.randn(2, 7, 3, 4, 16)).requires_grad_()
     out = mod(qkv_layer=qkv, qkv_interleave_dim=-3)
     q, k, v = (qkv.detach()[:, :, i].clone().requires_grad_() for i in range(3))
     ref = mod(q, k, v)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     out.sum().backward()
     ref.sum().backward()
-    torch.testing.assert_close(qkv.grad, torch.stack([q.grad, k.grad, v.grad], dim=2), rtol=0, atol=0)
+    torch.testing.assert_close(qkv.grad, torch.stack([q.grad, k.grad, v.grad], dim=2), **rerun_tol("qkv"))
 
 
 def test_padding_attention_mask_equals_cu_seqlens():
@@ -181,6 +192,7 @@ def test_padding_attention_mask_equals_cu_seqlens():
     lens = torch.tensor([8, 3, 5])
     pad = torch.arange(s).view(1, 1, 1, s) >= lens.view(b, 1, 1, 1)  # True = padded (TE convention)
     cu = torch.tensor([0, 8, 11, 16], dtype=torch.int32)
+    q, k, v, pad, cu = on_device((q, k, v, pad, cu))
     out_mask = mod(q, k, v, attention_mask=pad)
     out_cu = mod(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu)
     torch.testing.assert_close(out_mask, out_cu, rtol=0, atol=0)
@@ -191,6 +203,7 @@ def test_mask_type_aliases():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 6, 2, 16) for _ in range(3))
     cu = torch.tensor([0, 4], dtype=torch.int32)
+    q, k, v, cu = on_device((q, k, v, cu))
     outs = [DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type=m)(q, k, v, cu_seqlens_q=cu,
                                                                             cu_seqlens_kv=cu)
             for m in ("padding_causal", "padding,causal", "causal,padding", "causal_padding")]
@@ -203,6 +216,7 @@ def test_pre_scale_bias_is_scaled_post_scale_bias():
     mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="no_mask", softmax_scale=0.3)
     q, k, v = (torch.randn(2, 5, 2, 16) for _ in range(3))
     bias = torch.randn(1, 2, 5, 5)
+    q, k, v, bias = on_device((q, k, v, bias))
     pre = mod(q, k, v, core_attention_bias_type="pre_scale_bias", core_attention_bias=bias)
     post = mod(q, k, v, core_attention_bias_type="post_scale_bias", core_attention_bias=bias * 0.3)
     torch.testing.assert_close(pre, post, rtol=1e-6, atol=1e-6)
@@ -212,7 +226,7 @@ def test_alibi_default_slopes():
     torch.manual_seed(0)
     mod = DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal")
     q, k, v = (torch.randn(1, 6, 4, 16) for _ in range(3))
-    out = mod(q, k, v, core_attention_bias_type="alibi")
+    out = to_host(mod(*on_device((q, k, v)), core_attention_bias_type="alibi"))
     slopes = torch.tensor([2 ** (-8 * (i + 1) / 4) for i in range(4)], dtype=torch.float32)
     ref = R.attention_ref(q.double(), k.double(), v.double(), FwdArgs(scale=0.25, mask_type="causal"),
                           alibi_slopes=slopes)
@@ -269,24 +283,26 @@ def test_sdpa_matches_torch(kw):
     elif mask_kind == "float":
         mask = torch.randn(*mask_shape)
     ins = [q, k, v] + ([mask] if mask is not None else [])
-    ins_a = [t.clone().requires_grad_(t.is_floating_point() and (i < 3 or grad_mask)) for i, t in enumerate(ins)]
-    ins_b = [t.clone().requires_grad_(t.is_floating_point() and (i < 3 or grad_mask)) for i, t in enumerate(ins)]
+    ins_a = [on_device(t.clone()).requires_grad_(t.is_floating_point() and (i < 3 or grad_mask))
+             for i, t in enumerate(ins)]  # fusedattn's, on the device
+    ins_b = [t.clone().requires_grad_(t.is_floating_point() and (i < 3 or grad_mask))
+             for i, t in enumerate(ins)]  # torch's, on the CPU
     extra_a = dict(attn_mask=ins_a[3]) if mask is not None else {}
     extra_b = dict(attn_mask=ins_b[3]) if mask is not None else {}
     out = fusedattn.scaled_dot_product_attention(*ins_a[:3], **extra_a, **kw)
     ref = _torch_sdpa(*ins_b[:3], **extra_b, **kw)
     assert out.shape == ref.shape
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(to_host(out), ref, rtol=1e-5, atol=1e-5)
     dout = torch.randn_like(ref)
-    out.backward(dout)
+    out.backward(on_device(dout))
     ref.backward(dout)
     for a, r in zip(ins_a, ins_b):
         if r.requires_grad:
-            torch.testing.assert_close(a.grad, r.grad, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(to_host(a.grad), r.grad, rtol=1e-5, atol=1e-5)
 
 
 def test_sdpa_output_layout_matches_torch_contract():
-    q, k, v = (torch.randn(2, 4, 6, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(2, 4, 6, 16) for _ in range(3)])
     out = fusedattn.scaled_dot_product_attention(q, k, v)
     assert out.shape == (2, 4, 6, 16) and out.dtype == q.dtype
 
@@ -295,7 +311,7 @@ def test_sdpa_output_layout_matches_torch_contract():
 def test_sdpa_low_precision_within_flash_rule(dtype):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 33, 64, dtype=dtype) for _ in range(3))
-    out = fusedattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = to_host(fusedattn.scaled_dot_product_attention(*on_device((q, k, v)), is_causal=True))
     ref64 = _torch_sdpa(q.double(), k.double(), v.double(), is_causal=True)
     ref_lp = _torch_sdpa(q, k, v, is_causal=True)
     assert_matches_reference([tol_check("out", out, ref64, ref_lp, dtype)])
@@ -308,6 +324,7 @@ def test_sdpa_dropout_keeps_expected_fraction():
     q = torch.zeros(1, 2, 64, 16)
     k = torch.randn(1, 2, s, 16)
     v = torch.eye(s).expand(1, 2, s, s).contiguous()
+    q, k, v = on_device((q, k, v))
     torch.manual_seed(5)
     out = fusedattn.scaled_dot_product_attention(q, k, v, dropout_p=0.2)
     torch.manual_seed(5)

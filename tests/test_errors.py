@@ -3,6 +3,12 @@
 Operator level (the core's validation, raised by the binding: ValueError for
 invalid arguments, NotImplementedError for unsupported configurations) and API
 level (DotProductAttention, scaled_dot_product_attention).
+
+Inputs are made on the CPU and handed to the op on conftest.DEVICE
+(FUSEDATTN_TEST_DEVICE). The checks of cu_seqlens' values (monotone, within
+the token dim, ...) are the CPU engine's: CUDA kernels read cu_seqlens on the
+device without a host synchronisation (docs/design.md) and clamp bad lengths
+instead, so those tests run on the CPU only.
 """
 
 from __future__ import annotations
@@ -12,16 +18,28 @@ import torch
 
 import fusedattn
 from fusedattn import DotProductAttention, FwdArgs
+from conftest import ON_CUDA, on_device
 
 I32 = torch.int32
 
+cpu_engine_check = pytest.mark.skipif(
+    ON_CUDA, reason="a check of cu_seqlens' values, which the CPU engine makes; CUDA kernels read cu_seqlens on "
+                    "the device without a host sync and clamp lengths instead (docs/design.md)")
 
-def fwd(q, k, v, args=None, **kw):
+
+def op_fwd(q, k, v, args=None, **kw):
+    """torch.ops.fusedattn.fwd with the tensors where they are."""
     args = args or FwdArgs(scale=0.25)
     t = dict(bias=None, softmax_offset=None, attn_mask=None, alibi_slopes=None, cu_seqlens_q=None,
              cu_seqlens_kv=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, rng_state=None)
     t.update(kw)
     return torch.ops.fusedattn.fwd(q, k, v, *t.values(), *args.op_args(), args.return_max_logit)
+
+
+def fwd(q, k, v, args=None, **kw):
+    """op_fwd with every tensor on DEVICE."""
+    q, k, v, kw = on_device((q, k, v, kw))
+    return op_fwd(q, k, v, args, **kw)
 
 
 def qkv(b=2, s_q=6, s_kv=6, h_q=4, h_kv=4, d=16, d_v=None, dtype=torch.float32):
@@ -118,7 +136,7 @@ def test_integer_dtype():
 def test_mixed_devices():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"\bk must be on the same device as q"):
-        fwd(q.cuda(), k, v.cuda())
+        op_fwd(q.cuda(), k, v.cuda())
 
 
 # ---------------------------------------------------------------------------
@@ -162,6 +180,7 @@ def test_cu_seqlens_padded_size_mismatch():
 
 
 @pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_kv"])
+@cpu_engine_check
 def test_cu_seqlens_not_monotonic(name):
     q, k, v = thd()
     good = torch.tensor([0, 4, 10], dtype=I32)
@@ -173,6 +192,7 @@ def test_cu_seqlens_not_monotonic(name):
 
 
 @pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_kv"])
+@cpu_engine_check
 def test_cu_seqlens_beyond_tokens(name):
     q, k, v = thd(t=10)
     good = torch.tensor([0, 4, 10], dtype=I32)
@@ -182,6 +202,7 @@ def test_cu_seqlens_beyond_tokens(name):
         fwd(q, k, v, THD, **kw)
 
 
+@cpu_engine_check
 def test_cu_seqlens_not_starting_at_zero_or_negative():
     q, k, v = thd(t=10)
     good = torch.tensor([0, 4, 10], dtype=I32)
@@ -189,6 +210,7 @@ def test_cu_seqlens_not_starting_at_zero_or_negative():
         fwd(q, k, v, THD, cu_seqlens_q=torch.tensor([-2, 4, 10], dtype=I32), cu_seqlens_kv=good)
 
 
+@cpu_engine_check
 def test_cu_seqlens_padded_overlapping_sequences():
     q, k, v = thd(t=12)
     cu = torch.tensor([0, 4, 10], dtype=I32)  # lengths 4 and 6
@@ -198,6 +220,7 @@ def test_cu_seqlens_padded_overlapping_sequences():
             cu_seqlens_kv_padded=torch.tensor([0, 5, 11], dtype=I32))
 
 
+@cpu_engine_check
 def test_bshd_padding_lengths_beyond_sequence_dim():
     q, k, v = qkv(s_q=6, s_kv=6)
     args = FwdArgs(scale=0.25, mask_type="padding")
@@ -206,6 +229,7 @@ def test_bshd_padding_lengths_beyond_sequence_dim():
             cu_seqlens_kv=torch.tensor([0, 7, 12], dtype=I32))
 
 
+@cpu_engine_check
 def test_max_seqlen_smaller_than_a_sequence_with_bias():
     """The bias is [.., max_seqlen_q, max_seqlen_kv]: a longer sequence would read past it."""
     q, k, v = thd(t=10)
@@ -354,7 +378,7 @@ def test_bad_max_seqlen():
 
 
 def test_bwd_dout_shape_and_need_dbias():
-    q, k, v = qkv()
+    q, k, v = on_device(qkv())
     args = FwdArgs(scale=0.25)
     out, lse, rng, _ = fwd(q, k, v, args)
     opt = [None] * 8
@@ -377,13 +401,13 @@ def test_dpa_gqa_groups_must_divide_heads():
 
 def test_dpa_unknown_format():
     mod = DotProductAttention(2, 16, qkv_format="bhsd")
-    q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(1, 4, 2, 16) for _ in range(3)])
     with pytest.raises(ValueError, match=r"qkv_format"):
         mod(q, k, v)
 
 
 def test_dpa_unknown_mask_and_softmax():
-    q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(1, 4, 2, 16) for _ in range(3)])
     with pytest.raises(ValueError, match=r"attn_mask_type"):
         DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="diagonal")(q, k, v)
     with pytest.raises(ValueError, match=r"softmax_type"):
@@ -391,7 +415,7 @@ def test_dpa_unknown_mask_and_softmax():
 
 
 def test_dpa_window_with_causal():
-    q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(1, 4, 2, 16) for _ in range(3)])
     mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="causal", window_size=(-1, 3))
     with pytest.raises(ValueError, match=r"window_size"):
         mod(q, k, v)
@@ -399,26 +423,27 @@ def test_dpa_window_with_causal():
 
 def test_dpa_kv_heads_differ_from_module():
     mod = DotProductAttention(4, 16, num_gqa_groups=2, qkv_format="bshd")
-    q = torch.randn(1, 4, 4, 16)
-    k = v = torch.randn(1, 4, 4, 16)
+    q = on_device(torch.randn(1, 4, 4, 16))
+    k = v = on_device(torch.randn(1, 4, 4, 16))
     with pytest.raises(ValueError, match=r"num_gqa_groups"):
         mod(q, k, v)
 
 
 def test_dpa_bias_type_checks():
     mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="no_mask")
-    q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(1, 4, 2, 16) for _ in range(3)])
     with pytest.raises(ValueError, match=r"core_attention_bias_type"):
-        mod(q, k, v, core_attention_bias_type="mul_bias", core_attention_bias=torch.zeros(1, 2, 4, 4))
+        mod(q, k, v, core_attention_bias_type="mul_bias", core_attention_bias=on_device(torch.zeros(1, 2, 4, 4)))
     with pytest.raises(ValueError, match=r"core_attention_bias"):
         mod(q, k, v, core_attention_bias_type="post_scale_bias")
     with pytest.raises(ValueError, match=r"core_attention_bias"):
-        mod(q, k, v, core_attention_bias_type="post_scale_bias", core_attention_bias=torch.zeros(1, 2, 5, 4))
+        mod(q, k, v, core_attention_bias_type="post_scale_bias",
+            core_attention_bias=on_device(torch.zeros(1, 2, 5, 4)))
 
 
 def test_dpa_thd_without_cu_seqlens():
     mod = DotProductAttention(2, 16, qkv_format="thd", attn_mask_type="padding")
-    q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(8, 2, 16) for _ in range(3)])
     with pytest.raises(ValueError, match=r"cu_seqlens_q"):
         mod(q, k, v)
 
@@ -427,26 +452,26 @@ def test_dpa_unsupported_features():
     with pytest.raises(NotImplementedError, match=r"tp_size"):
         DotProductAttention(2, 16, tp_size=2)
     mod = DotProductAttention(2, 16, qkv_format="bshd")
-    q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(1, 4, 2, 16) for _ in range(3)])
     with pytest.raises(TypeError, match=r"inference_params must be a fusedattn.inference.InferenceParams"):
         mod(q, k, v, inference_params=object())
 
 
 def test_sdpa_mask_with_is_causal():
-    q, k, v = (torch.randn(1, 2, 4, 16) for _ in range(3))
+    q, k, v = on_device([torch.randn(1, 2, 4, 16) for _ in range(3)])
     with pytest.raises(RuntimeError, match=r"attn_mask"):
-        fusedattn.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool),
+        fusedattn.scaled_dot_product_attention(q, k, v, attn_mask=on_device(torch.ones(4, 4, dtype=torch.bool)),
                                                is_causal=True)
 
 
 def test_sdpa_gqa_needs_enable_gqa():
-    q = torch.randn(1, 4, 4, 16)
-    k = v = torch.randn(1, 2, 4, 16)
+    q = on_device(torch.randn(1, 4, 4, 16))
+    k = v = on_device(torch.randn(1, 2, 4, 16))
     with pytest.raises(RuntimeError, match=r"enable_gqa"):
         fusedattn.scaled_dot_product_attention(q, k, v)
 
 
 def test_sdpa_rank():
-    q = torch.randn(4, 16)
+    q = on_device(torch.randn(4, 16))
     with pytest.raises(ValueError, match=r"4-D|3-D"):
         fusedattn.scaled_dot_product_attention(q, q, q)

@@ -12,14 +12,14 @@
   they were;
 * torch.library.opcheck of the append operator (mutated arguments).
 
-Runs on CPU, and on CUDA as well when a device is present (or
-FUSEDATTN_TEST_DEVICE=cuda).
+The numerics, operator and compile tests run on CPU, and on CUDA as well when
+a device is present (or FUSEDATTN_TEST_DEVICE=cuda); the bookkeeping and
+bad-use tests run on conftest.DEVICE (FUSEDATTN_TEST_DEVICE, default CPU).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections import OrderedDict
 
 import pytest
@@ -29,11 +29,11 @@ from torch._dynamo.utils import counters
 import fusedattn._ops  # noqa: F401  (loads the operators)
 from fusedattn import DotProductAttention
 from fusedattn.inference import InferenceParams, KVCacheFullError
-from conftest import tol_check
+from conftest import DEVICE, ON_CUDA, tol_check
 
 DEVICES = ["cpu"]
-if torch.cuda.is_available() or os.environ.get("FUSEDATTN_TEST_DEVICE") == "cuda":
-    DEVICES.append("cuda")
+if torch.cuda.is_available() or ON_CUDA:
+    DEVICES.append(DEVICE if ON_CUDA else "cuda")
 
 H, H_KV, D_K, D_V = 4, 2, 32, 16
 MAX_BATCH, MAX_SEQ, PAGE = 3, 16, 4
@@ -364,10 +364,10 @@ def test_compiled_decoding_matches_eager_without_recompiles(paged, device):
     _compiled_decoding(paged, device)
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="CUDA graphs need a CUDA device")
+@pytest.mark.skipif(len(DEVICES) < 2, reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("paged", [False, True], ids=["nonpaged", "paged"])
 def test_cudagraph_decoding_matches_eager(paged):
-    c = _compiled_decoding(paged, "cuda", mode="reduce-overhead")
+    c = _compiled_decoding(paged, DEVICES[-1], mode="reduce-overhead")
     assert not c["inductor"]["cudagraph_skips"], dict(c["inductor"])
 
 
@@ -415,7 +415,7 @@ def _started(paged, device, **kw):
     ([([1], 1)], TypeError, "hashable"),
 ], ids=["past_max_seqlen", "duplicate", "zero_len", "too_many", "empty", "unhashable"])
 def test_bad_pre_step_leaves_state(paged, bad, exc, match):
-    p = _started(paged, "cpu")
+    p = _started(paged, DEVICE)
     snap = _snapshot(p)
     with pytest.raises(exc, match=match):
         p.pre_step(bad)
@@ -423,7 +423,7 @@ def test_bad_pre_step_leaves_state(paged, bad, exc, match):
 
 
 def test_page_pool_exhausted_leaves_state():
-    p = _started(True, "cpu", total_num_pages=4)  # 2 + 1 pages in use, 1 free
+    p = _started(True, DEVICE, total_num_pages=4)  # 2 + 1 pages in use, 1 free
     snap = _snapshot(p)
     with pytest.raises(KVCacheFullError, match="KV cache is full"):
         p.pre_step(OrderedDict([(0, 1), (1, 1), (2, 8)]))  # the newcomer needs 2 pages
@@ -435,7 +435,7 @@ def test_page_pool_exhausted_leaves_state():
 
 @pytest.mark.parametrize("paged", [False, True], ids=["nonpaged", "paged"])
 def test_release_unknown_seq_id(paged):
-    p = _started(paged, "cpu")
+    p = _started(paged, DEVICE)
     snap = _snapshot(p)
     with pytest.raises(KeyError, match="unknown seq_id 7"):
         p.release(7)
@@ -445,7 +445,7 @@ def test_release_unknown_seq_id(paged):
 @pytest.mark.parametrize("paged", [False, True], ids=["nonpaged", "paged"])
 @pytest.mark.parametrize("what", ["dtype", "heads", "head_dim_k", "head_dim_v", "batch", "short", "format"])
 def test_bad_step_leaves_cache(paged, what):
-    p = _started(paged, "cpu")
+    p = _started(paged, DEVICE)
     p.pre_step(OrderedDict([(0, 1), (1, 2)]))
     snap = _snapshot(p)
     b, s, h, dk, dv, dtype, fmt = 2, 2, H_KV, D_K, D_V, torch.float32, "bshd"
@@ -466,15 +466,16 @@ def test_bad_step_leaves_cache(paged, what):
     else:
         fmt = "bhsd"
     with pytest.raises(ValueError, match=match):
-        p.step(1, torch.randn(b, s, h, dk, dtype=dtype), torch.randn(b, s, h, dv, dtype=dtype), fmt)
+        p.step(1, torch.randn(b, s, h, dk, dtype=dtype, device=DEVICE), torch.randn(b, s, h, dv, dtype=dtype,
+                                                                                  device=DEVICE), fmt)
     _assert_unchanged(p, snap)
 
 
 def test_step_before_pre_step():
-    p = make_params(True, "cpu")
+    p = make_params(True, DEVICE)
     p.allocate_memory(1)
     with pytest.raises(RuntimeError, match="before pre_step"):
-        p.step(1, torch.randn(1, 1, H_KV, D_K), torch.randn(1, 1, H_KV, D_V), "bshd")
+        p.step(1, torch.randn(1, 1, H_KV, D_K, device=DEVICE), torch.randn(1, 1, H_KV, D_V, device=DEVICE), "bshd")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -512,7 +513,7 @@ def test_append_op_rejects_bad_data_before_writing(what, match, device):
     ("format", "qkv_format"),
 ])
 def test_append_op_argument_errors(what, match):
-    args = append_case("bshd", "cpu")
+    args = append_case("bshd", DEVICE)
     if what == "cache_dtype":
         args[2] = args[2].double()
     elif what == "cache_heads":
@@ -530,14 +531,15 @@ def test_append_op_argument_errors(what, match):
 
 
 def test_inference_rejects_arbitrary_mask():
-    p = make_params(True, "cpu")
+    p = make_params(True, DEVICE)
     p.allocate_memory(1)
     p.pre_step(OrderedDict([(0, 2)]))
     m = DotProductAttention(H, (D_K, D_V), num_gqa_groups=H_KV, qkv_format="bshd", attn_mask_type="arbitrary",
                             layer_number=1)
-    q = torch.randn(1, 2, H, D_K)
+    q = torch.randn(1, 2, H, D_K, device=DEVICE)
     with pytest.raises(ValueError, match="not supported with inference_params"):
-        m(q, torch.randn(1, 2, H_KV, D_K), torch.randn(1, 2, H_KV, D_V), inference_params=p)
+        m(q, torch.randn(1, 2, H_KV, D_K, device=DEVICE), torch.randn(1, 2, H_KV, D_V, device=DEVICE),
+          inference_params=p)
 
 
 def test_constructor_errors():
@@ -550,7 +552,7 @@ def test_constructor_errors():
 
 
 def test_reset_forgets_sequences():
-    p = _started(True, "cpu")
+    p = _started(True, DEVICE)
     p.reset()
     assert p.batch_size == 0 and not p.sequences
     assert p.cache_manager.free_pages == list(range(p.total_num_pages))
@@ -560,7 +562,7 @@ def test_reset_forgets_sequences():
 
 def test_pages_are_allocated_on_demand_and_reused():
     """The scenario's bookkeeping: pages as sequences grow; the leaver's pages go to others."""
-    p = make_params(True, "cpu")
+    p = make_params(True, DEVICE)
     m = p.cache_manager
     p.pre_step(SCENARIO[0])  # 5, 3, 7 tokens: 2 + 1 + 2 pages
     assert m.pages == {0: [0, 1], 1: [2], 2: [3, 4]}

@@ -4,7 +4,8 @@ opcheck verifies the schema (no undeclared mutation or aliasing), the autograd
 registration, that the fake implementation agrees with the real one (shapes,
 strides, dtypes) and that the op works under AOTAutograd with dynamic shapes.
 The configs are conftest.sample_inputs(): a subset of the numerics matrix in
-which every value of every setting appears at least once.
+which every value of every setting appears at least once, built on the CPU and
+run on conftest.DEVICE (FUSEDATTN_TEST_DEVICE).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import fusedattn._ops  # noqa: F401  (loads the operators)
-from conftest import MATRIX, build_case, run_op, sample_inputs
+from conftest import MATRIX, build_case, run_op, sample_inputs, to_device
 
 CONFIGS = sample_inputs()
 
@@ -24,13 +25,13 @@ def _fwd_args(case):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_opcheck_fwd(cfg):
-    case = build_case(cfg)
+    case = to_device(build_case(cfg))
     torch.library.opcheck(torch.ops.fusedattn.fwd.default, _fwd_args(case))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_opcheck_fwd_without_grad(cfg):
-    case = build_case(cfg)
+    case = to_device(build_case(cfg))
     for t in case.leaves.values():
         t.requires_grad_(False)
     torch.library.opcheck(torch.ops.fusedattn.fwd.default, _fwd_args(case),
@@ -46,14 +47,14 @@ def _bwd_args(case, need_dbias):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_opcheck_bwd(cfg):
-    case = build_case(cfg)
+    case = to_device(build_case(cfg))
     need_dbias = "bias" in case.leaves
     torch.library.opcheck(torch.ops.fusedattn.bwd.default, _bwd_args(case, need_dbias))
 
 
 def test_opcheck_bwd_bias_without_dbias():
     cfg = next(c for c in MATRIX if c.bias in ("bhss", "1hss") and c.layout == "bshd")
-    case = build_case(cfg)
+    case = to_device(build_case(cfg))
     torch.library.opcheck(torch.ops.fusedattn.bwd.default, _bwd_args(case, False))
 
 
@@ -64,7 +65,7 @@ def test_fake_matches_real_strides_for_packed_and_strided_inputs():
 
     for layout in ("bsh3d", "sbhd_sb2hd", "bhsd_views", "th3d"):
         cfg = next(c for c in MATRIX if c.layout == layout)
-        case = build_case(cfg)
+        case = to_device(build_case(cfg))
         args = _bwd_args(case, False)
         real = torch.ops.fusedattn.bwd(*args)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:

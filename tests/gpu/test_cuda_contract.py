@@ -20,9 +20,7 @@ CONFIGS = [c for c in C.sample_inputs() if c.dtype != "fp64"]
 
 
 def _cuda_case(cfg):
-    from test_cuda_engine import to_device
-
-    return to_device(C.build_case(cfg), "cuda")
+    return C.to_device(C.build_case(cfg), "cuda")
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)

@@ -16,7 +16,6 @@ Run with ``FUSEDATTN_TEST_DEVICE=cuda pytest tests/gpu`` (scripts/gpu_check.sh).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -44,32 +43,9 @@ def _require_cuda_kernel():
     yield
 
 
-def to_device(case: C.Case, device) -> C.Case:
-    leaves = {n: t.detach().to(device).requires_grad_(t.requires_grad) for n, t in case.leaves.items()}
-    extra = {n: (t.to(device) if t is not None else None) for n, t in case.extra.items()}
-    if case.extra["cu_seqlens_kv"] is case.extra["cu_seqlens_q"] and case.extra["cu_seqlens_q"] is not None:
-        extra["cu_seqlens_kv"] = extra["cu_seqlens_q"]
-        extra["cu_seqlens_kv_padded"] = extra["cu_seqlens_q_padded"]
-    return dataclasses.replace(case, leaves=leaves, extra=extra, dout=case.dout.to(device))
-
-
-def _cpu(x):
-    if isinstance(x, dict):
-        return {n: _cpu(t) for n, t in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(_cpu(t) for t in x)
-    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
-
-
-_ORIG_ENGINE_RUN = C.engine_run
-
-
-def engine_run_cuda(case, leaves=None, dout=None):
-    """conftest.engine_run on a CUDA copy of the case; results come back on the CPU."""
-    assert leaves is None and dout is None
-    out = _ORIG_ENGINE_RUN(to_device(case, DEV))
-    torch.cuda.synchronize()
-    return _cpu(out)
+def engine_run_cuda(case):
+    """conftest.engine_run on a CUDA copy of the (CPU) case; results come back on the CPU."""
+    return C.device_run(case, DEV)
 
 
 def _slow(cfg) -> bool:
@@ -81,9 +57,8 @@ def _slow(cfg) -> bool:
 
 
 @pytest.mark.parametrize("cfg", C.MATRIX, ids=str)
-def test_cuda_matches_reference(cfg, monkeypatch):
-    monkeypatch.setattr(C, "engine_run", engine_run_cuda)
-    C.check_case(C.build_case(cfg))
+def test_cuda_matches_reference(cfg):
+    C.check_case(C.build_case(cfg), device=DEV)
 
 
 EXTRA_CASES = [
@@ -102,9 +77,8 @@ EXTRA_CASES = [
 
 
 @pytest.mark.parametrize("cfg", [C.normalise(c) for c in EXTRA_CASES], ids=str)
-def test_cuda_extra_cases(cfg, monkeypatch):
-    monkeypatch.setattr(C, "engine_run", engine_run_cuda)
-    C.check_case(C.build_case(cfg))
+def test_cuda_extra_cases(cfg):
+    C.check_case(C.build_case(cfg), device=DEV)
 
 
 # fp64 at every head-dim bucket. The arithmetic is float64 throughout, but two
@@ -235,7 +209,7 @@ def _graph_case():
     cfg = C.normalise(C.Config(layout="thd_gaps", mask="padding_causal", dims=(64, 64), shape="long",
                                dtype="bf16", seqlens="random", max_seqlen="given", dropout=0.25,
                                softmax="learnable", heads=(4, 2), bias="alibi_h"))
-    return to_device(C.build_case(cfg), DEV)
+    return C.to_device(C.build_case(cfg), DEV)
 
 
 def test_cuda_graph_capture_and_replay():
