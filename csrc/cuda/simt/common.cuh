@@ -209,8 +209,21 @@ __device__ __forceinline__ SeqInfo seq_info(const FwdParams& p, int b) {
                             : clamp_len(p.prob.s_q, p.prob.s_q);
   s.len_kv = sl.cu_seqlens_kv ? clamp_len(int64_t(sl.cu_seqlens_kv[b + 1]) - sl.cu_seqlens_kv[b], p.prob.s_kv)
                               : clamp_len(p.prob.s_kv, p.prob.s_kv);
-  s.tok_q = sl.q_is_thd ? int64_t(sl.offsets_q[b]) : 0;
-  s.tok_kv = sl.kv_is_thd ? int64_t(sl.offsets_kv[b]) : 0;
+  // thd offsets come from the device too: a sequence is kept inside the token
+  // dim, so inconsistent cu_seqlens give wrong rows, never an out-of-bounds
+  // access (the CPU engine, which can read them, reports them as errors).
+  if (sl.q_is_thd) {
+    s.tok_q = min64(max64(sl.offsets_q[b], 0), p.prob.t_q);
+    s.len_q = static_cast<int>(min64(s.len_q, p.prob.t_q - s.tok_q));
+  } else {
+    s.tok_q = 0;
+  }
+  if (sl.kv_is_thd) {
+    s.tok_kv = min64(max64(sl.offsets_kv[b], 0), p.prob.t_kv);
+    s.len_kv = static_cast<int>(min64(s.len_kv, p.prob.t_kv - s.tok_kv));
+  } else {
+    s.tok_kv = 0;
+  }
   s.diag = p.mask.bottom_right ? s.len_kv - s.len_q : 0;
   // A window wider than both sequences constrains nothing; dropping it keeps
   // i + diag +- w far from overflow (the CPU engine does the same).

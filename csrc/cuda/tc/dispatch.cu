@@ -152,6 +152,8 @@ KArgs make_fwd_kargs(const FwdParams& p) {
   a.kv_thd = p.seqlens.kv_is_thd;
   a.off_q = a.q_thd ? p.seqlens.offsets_q : nullptr;
   a.off_kv = a.kv_thd ? p.seqlens.offsets_kv : nullptr;
+  a.t_q = pr.t_q;
+  a.t_kv = pr.t_kv;
   a.b = static_cast<int>(pr.b);
   a.h_q = static_cast<int>(pr.h_q);
   a.h_kv = static_cast<int>(pr.h_kv);

@@ -30,6 +30,7 @@ struct KArgs {
   const int32_t* cu_kv;
   const int32_t* off_q;  // thd token offsets; null for bshd/sbhd
   const int32_t* off_kv;
+  int64_t t_q, t_kv;  // thd token dims: offsets are clamped into them
   int q_thd, kv_thd;
   int b, h_q, h_kv, group, s_q, s_kv, d_qk, d_v;
 
@@ -95,6 +96,17 @@ __device__ __forceinline__ SeqInfo seq_info(const KArgs& a, int b) {
   s.len_kv = max(0, min(lk, a.s_kv));
   s.off_q = a.off_q ? a.off_q[b] : 0;
   s.off_kv = a.off_kv ? a.off_kv[b] : 0;
+  // thd offsets come from the device too: a sequence is kept inside the token
+  // dim, so inconsistent cu_seqlens give wrong rows, never an out-of-bounds
+  // access (the CPU engine, which can read them, reports them as errors).
+  if (a.off_q) {
+    s.off_q = s.off_q < 0 ? 0 : (s.off_q > a.t_q ? a.t_q : s.off_q);
+    s.len_q = static_cast<int>(s.len_q < a.t_q - s.off_q ? s.len_q : a.t_q - s.off_q);
+  }
+  if (a.off_kv) {
+    s.off_kv = s.off_kv < 0 ? 0 : (s.off_kv > a.t_kv ? a.t_kv : s.off_kv);
+    s.len_kv = static_cast<int>(s.len_kv < a.t_kv - s.off_kv ? s.len_kv : a.t_kv - s.off_kv);
+  }
   return s;
 }
 
