@@ -7,7 +7,9 @@ VENV="${FUSEDATTN_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 
 if [ ! -x "$PY" ]; then
-  python3 -m venv "$VENV"
+  # System site-packages stay visible, so a torch the machine already has (a
+  # CUDA build on a GPU machine) is used rather than replaced.
+  python3 -m venv --system-site-packages "$VENV"
 fi
 # torch: keep one that is already installed (a CUDA build on a GPU machine);
 # otherwise 2.13.0, the CPU build that CPU machines hold on disk (a bare
