@@ -188,5 +188,8 @@ sed -n '/^### Decode/,$p' "$OUT/bench_decode.log" 2>/dev/null
 printf '\n== failures\n'
 grep -hE "^(FAILED|ERROR) " "$OUT"/test_*.log 2>/dev/null | head -30
 printf '\n== summary\n'
-printf '%s\n' "${SUMMARY[@]}"
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
+# The device tool returns at most 8 files: keep the tables and the summary
+# loose, pack every log into one archive.
+(cd "$OUT" && find . -maxdepth 1 -type f -name '*.log' -printf '%f\n' | tar czf logs.tgz -T - && rm -f ./*.log)
 exit $status
