@@ -475,3 +475,30 @@ def test_sdpa_rank():
     q = on_device(torch.randn(4, 16))
     with pytest.raises(ValueError, match=r"4-D|3-D"):
         fusedattn.scaled_dot_product_attention(q, q, q)
+
+
+def test_dpa_cross_attention_single_padding_mask_is_rejected():
+    """One [b,1,1,s] padding mask only describes self-attention: for s_q != s_kv the keys'
+    lengths would silently come from the query mask."""
+    from fusedattn import DotProductAttention
+
+    mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="padding")
+    q, k, v = torch.randn(2, 4, 2, 16), torch.randn(2, 6, 2, 16), torch.randn(2, 6, 2, 16)
+    with pytest.raises(ValueError, match=r"attention_mask.*key/value.*\(mask_q, mask_kv\)"):
+        mod(q, k, v, attention_mask=torch.zeros(2, 1, 1, 4, dtype=torch.bool))
+
+
+def test_dpa_integer_padding_mask_counts_like_bool():
+    """A 0/1 integer padding mask means the same as the bool mask (logical, not bitwise, not)."""
+    from fusedattn import DotProductAttention
+
+    mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="padding")
+    q, k, v = torch.randn(2, 4, 2, 16), torch.randn(2, 6, 2, 16), torch.randn(2, 6, 2, 16)
+    mq = torch.zeros(2, 1, 1, 4, dtype=torch.bool)
+    mk = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
+    mk[0, ..., 4:] = True
+    want = mod(q, k, v, attention_mask=(mq, mk))
+    got = mod(q, k, v, attention_mask=(mq.int(), mk.int()))
+    assert torch.equal(got, want)
+    keys_dropped = mod(q, k[:, :4], v[:, :4], attention_mask=(mq, mk[..., :4]))
+    assert torch.equal(want[0], keys_dropped[0])

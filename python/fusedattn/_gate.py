@@ -102,7 +102,6 @@ def eager_fallback_gate(when: Callable[[Dict[str, Any]], Optional[str]],
                 return unknown_runner(reason, *args, **kwargs)
             return runner(*args, **kwargs)
 
-        wrapper.__fusedattn_gate__ = when
         return wrapper
 
     return decorator

@@ -31,18 +31,6 @@ def _load_library() -> None:
 
 _load_library()
 
-QKV_FORMATS = ("bshd", "sbhd", "thd")
-MASK_TYPES = (
-    "no_mask",
-    "padding",
-    "causal",
-    "padding_causal",
-    "causal_bottom_right",
-    "padding_causal_bottom_right",
-    "arbitrary",
-)
-SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
-
 
 @dataclass(frozen=True)
 class FwdArgs:

@@ -29,6 +29,7 @@ BIAS_TYPES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
 # bottom_right_diagonal says.
 _TOP_LEFT_MASKS = ("causal", "padding_causal")
 _BOTTOM_RIGHT_MASKS = ("causal_bottom_right", "padding_causal_bottom_right")
+CAUSAL_MASK_TYPES = _TOP_LEFT_MASKS + _BOTTOM_RIGHT_MASKS
 
 MaskArg = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None]
 
@@ -49,7 +50,7 @@ def canonical_mask_type(attn_mask_type: str) -> str:
 
 def default_window_size(mask_type: str) -> Tuple[int, int]:
     """TransformerEngine's ``check_set_window_size(mask, None)``."""
-    return (-1, 0) if "causal" in mask_type else (-1, -1)
+    return (-1, 0) if mask_type in CAUSAL_MASK_TYPES else (-1, -1)
 
 
 def resolve_bottom_right_diagonal(mask_type: str, bottom_right_diagonal: Optional[bool]) -> bool:
@@ -160,7 +161,7 @@ def cu_seqlens_from_padding_mask(mask: torch.Tensor) -> torch.Tensor:
     Like TransformerEngine, it counts the unmasked positions of each row, so the
     padding is assumed to sit at the end of each sequence.
     """
-    seqlens = (~mask).reshape(mask.shape[0], -1).sum(dim=-1)
+    seqlens = mask.logical_not().reshape(mask.shape[0], -1).sum(dim=-1)
     return F.pad(seqlens.cumsum(0), (1, 0)).to(torch.int32)
 
 
@@ -208,7 +209,7 @@ def _bias_inputs(bias_type: str, bias: Optional[torch.Tensor], alibi_slopes: Opt
     return bias.to(q.dtype), None
 
 
-def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqlens_kv):
+def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqlens_kv, s_q=None, s_kv=None):
     """(attn_mask, cu_seqlens_q, cu_seqlens_kv) for the operator.
 
     Padding masks: cu_seqlens win when given; otherwise ``attention_mask`` (one
@@ -233,11 +234,26 @@ def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqle
             mask_q, mask_kv = attention_mask
         else:
             mask_q = mask_kv = attention_mask
+        # A padding mask's last dim is the sequence it pads: one mask for both
+        # sides only fits self-attention (TransformerEngine takes a pair for
+        # cross-attention); a mismatch would silently drop or invent keys.
+        for name, m, s in (("query", mask_q, s_q), ("key/value", mask_kv, s_kv)):
+            if s is not None and m.shape[-1] != s:
+                raise ValueError(
+                    f"attention_mask for the {name} side has {m.shape[-1]} positions but the {name} sequence has "
+                    f"{s}; for cross-attention pass attention_mask=(mask_q, mask_kv)")
         if cu_seqlens_q is None:
             cu_seqlens_q = cu_seqlens_from_padding_mask(mask_q)
         if cu_seqlens_kv is None:
             cu_seqlens_kv = cu_seqlens_from_padding_mask(mask_kv)
     return None, cu_seqlens_q, cu_seqlens_kv
+
+
+def _seq_dim(t: torch.Tensor, fmt: str):
+    """The sequence dim of a bshd/sbhd tensor (None for thd, whose sequences come from cu_seqlens)."""
+    if fmt == "thd":
+        return None
+    return t.shape[0] if fmt == "sbhd" else t.shape[1]
 
 
 def _kv_cache_mask_type(mask_type: str) -> str:
@@ -252,8 +268,6 @@ def _kv_cache_mask_type(mask_type: str) -> str:
     raise ValueError(f"attn_mask_type {mask_type!r} is not supported with inference_params (KV cache); use "
                      f"'padding_causal' (decoding) or 'padding'")
 
-
-CAUSAL_MASK_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
 
 
 # ---------------------------------------------------------------------------
@@ -311,8 +325,10 @@ def _attention_forward(
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
         return_max_logit=return_max_logit,
     )
+    kv_fmt = qkv_format if kv_format is None else kv_format
     attn_mask, cu_seqlens_q, cu_seqlens_kv = _mask_inputs(
-        mask_type, attention_mask, cu_seqlens_q, cu_seqlens_kv)
+        mask_type, attention_mask, cu_seqlens_q, cu_seqlens_kv,
+        s_q=_seq_dim(query_layer, qkv_format), s_kv=None if page_table is not None else _seq_dim(key_layer, kv_fmt))
     bias, slopes = _bias_inputs(core_attention_bias_type, core_attention_bias, alibi_slopes,
                                 query_layer, scale)
     if softmax_offset is not None:
@@ -514,8 +530,6 @@ class DotProductAttention(torch.nn.Module):
         if (score_mod is not None or score_mod_bprop is not None or score_mod_tensors is not None
                 or score_mod_bprop_tensors is not None):
             raise NotImplementedError("fusedattn.DotProductAttention does not support score_mod")
-        if self.cp_group is not None:
-            raise NotImplementedError("fusedattn.DotProductAttention does not support context parallelism yet")
 
         qkv_format = self.qkv_format if qkv_format is None else qkv_format
         query_layer, key_layer, value_layer = _unpack_packed_qkv(
