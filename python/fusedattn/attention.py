@@ -53,16 +53,6 @@ def default_window_size(mask_type: str) -> Tuple[int, int]:
     return (-1, 0) if mask_type in CAUSAL_MASK_TYPES else (-1, -1)
 
 
-def resolve_bottom_right_diagonal(mask_type: str, bottom_right_diagonal: Optional[bool]) -> bool:
-    """TransformerEngine's rule: forced False for causal/padding_causal, forced True
-    for the bottom-right causal masks, True when unset for every other mask."""
-    if mask_type in _TOP_LEFT_MASKS:
-        return False
-    if mask_type in _BOTTOM_RIGHT_MASKS or bottom_right_diagonal is None:
-        return True
-    return bool(bottom_right_diagonal)
-
-
 def _build_fwd_args(
     *,
     q_format: str,
@@ -94,7 +84,8 @@ def _build_fwd_args(
         mask_type=mask_type,
         window_left=int(window_size[0]),
         window_right=int(window_size[1]),
-        bottom_right_diagonal=resolve_bottom_right_diagonal(mask_type, bottom_right_diagonal),
+        # None: the core applies TransformerEngine's rule (causal types force their own diagonal).
+        bottom_right_diagonal=bottom_right_diagonal,
         softmax_type=softmax_type,
         dropout_p=float(dropout_p),
         max_seqlen_q=max_seqlen_q if q_format == "thd" else None,
