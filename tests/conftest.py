@@ -921,3 +921,12 @@ def dpa_kwargs(case: Case, leaves=None):
         kw["core_attention_bias_type"] = "alibi"
         kw["alibi_slopes"] = e["alibi_slopes"]
     return kw
+
+
+@pytest.fixture(scope="module")
+def require_cuda_kernel():
+    """For tests/gpu: skip a module when fusedattn was built without the CUDA engine."""
+    import fusedattn._ops  # noqa: F401  (loads the extension)
+
+    if not (torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key("fusedattn::fwd", "CUDA")):
+        pytest.skip("fusedattn was built without the CUDA engine")

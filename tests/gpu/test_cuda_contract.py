@@ -14,7 +14,8 @@ import torch
 
 import conftest as C
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+              pytest.mark.usefixtures("require_cuda_kernel")]
 
 CONFIGS = [c for c in C.sample_inputs() if c.dtype != "fp64"]
 

@@ -34,24 +34,10 @@ import conftest as C
 import reference as R
 from fusedattn._ops import FwdArgs
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+              pytest.mark.usefixtures("require_cuda_kernel")]
 
 DEV = "cuda"
-
-
-def _has_cuda_kernel() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    import fusedattn._ops  # noqa: F401  (loads the extension)
-
-    return torch._C._dispatch_has_kernel_for_dispatch_key("fusedattn::fwd", "CUDA")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _require_cuda_kernel():
-    if not _has_cuda_kernel():
-        pytest.skip("fusedattn was built without the CUDA engine")
-    yield
 
 
 @dataclasses.dataclass(frozen=True)
