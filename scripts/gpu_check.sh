@@ -17,6 +17,9 @@
 #   GPU_CHECK_SANITIZER    a pytest -k expression: those tests of tests/gpu also run
 #                          under compute-sanitizer memcheck and racecheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
+#   GPU_CHECK_BENCH=0      skip the benchmarks and timings
+#   GPU_CHECK_STEP_TIMEOUT seconds per pytest run (default 400); a run that dies on a
+#                          signal is re-run from its last test under cuda-gdb for a native backtrace
 set -uo pipefail
 OUT="${1:?usage: scripts/gpu_check.sh OUTDIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,14 +71,30 @@ note "CUDA kernels registered" "$(tail -1 "$OUT/cuda_registered.log")"
 
 # ---- tests ---------------------------------------------------------------------------
 status=0
+# run_pytest LOG ARGS...: pytest with a time limit; on a crash (killed by a signal) the
+# test that was running is re-run under cuda-gdb so the log ends with a native backtrace.
+run_pytest() {
+  local log="$1"; shift
+  timeout "${GPU_CHECK_STEP_TIMEOUT:-400}" "$PY" -m pytest -v -rfEs -p no:cacheprovider "$@" > "$log" 2>&1
+  local rc=$?
+  if [ $rc -gt 128 ] && [ $rc -ne 137 ] && command -v cuda-gdb > /dev/null; then
+    local last
+    last="$(grep -oE "^[^ ]+::[^ ]+" "$log" | tail -1)"
+    if [ -n "$last" ]; then
+      { echo "== crash (rc=$rc) in $last: cuda-gdb backtrace"
+        timeout 180 cuda-gdb -batch -ex run -ex bt --args "$PY" -m pytest -x -q -p no:cacheprovider "$last" 2>&1 | tail -60
+      } >> "$log"
+    fi
+  fi
+  return $rc
+}
 pytest_counts() { grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|(passed|failed|error)(,| in )" "$1" | tail -1 | sed 's/=//g'; }
 for engine in ${GPU_CHECK_ENGINES:-default simt}; do
   log="$OUT/test_gpu_${engine}.log"
   t0=$(now)
   if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider tests/gpu \
-    ${GPU_CHECK_PYTEST:-} > "$log" 2>&1
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$log" tests/gpu --ignore=tests/gpu/test_decode.py ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "tests/gpu ($engine engine)" "rc=$rc $(pytest_counts "$log") ($(( $(now) - t0 )) s)"
@@ -88,8 +107,8 @@ for engine in ${GPU_CHECK_ENGINES:-default simt}; do
   t0=$(now)
   if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_decode.py \
-    ${GPU_CHECK_PYTEST:-} > "$log" 2>&1
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$log" tests/gpu/test_decode.py tests/test_kv_cache.py \
+    ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "tests/gpu/test_decode ($engine)" "rc=$rc $(pytest_counts "$log") ($(( $(now) - t0 )) s)"
@@ -99,8 +118,8 @@ unset FUSEDATTN_CUDA_ENGINE
 if grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
   t0=$(now)
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda "$PY" -m pytest -q -rfEs -p no:cacheprovider -m "not slow" tests \
-    --ignore=tests/gpu ${GPU_CHECK_PYTEST:-} > "$OUT/test_suite_cuda.log" 2>&1
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$OUT/test_suite_cuda.log" -m "not slow" tests \
+    --ignore=tests/gpu ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "tests/ (FUSEDATTN_TEST_DEVICE=cuda)" "rc=$rc $(pytest_counts "$OUT/test_suite_cuda.log") ($(( $(now) - t0 )) s)"
@@ -122,69 +141,14 @@ $(pytest_counts "$OUT/sanitizer_${tool}.log") ($(( $(now) - t0 )) s)"
   done
 fi
 
-# ---- timing ----------------------------------------------------------------------------
-if [ -x bench/run_gpu.sh ]; then
+# ---- benchmarks: the attention grid vs FA2 and cuDNN, decode vs SDPA (BENCH_GPU_ARGS=--quick: d=128 only)
+if [ "${GPU_CHECK_BENCH:-1}" = "1" ] && [ -x bench/run_gpu.sh ]; then
   bench/run_gpu.sh "$OUT" > "$OUT/bench.log" 2>&1
   note "bench/run_gpu.sh" "rc=$?"
 fi
-for engine in ${GPU_CHECK_ENGINES:-default simt}; do
-  if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
-  "$PY" - "$engine" > "$OUT/timing_${engine}.log" 2>&1 <<'PYEOF'
-# Median times (CUDA events) of forward and forward+backward, causal
-# self-attention, against torch's SDPA in the same dtype.
-import math, sys, torch
-import torch.nn.functional as F
-from fusedattn._ops import FwdArgs, attention
 
-engine = sys.argv[1]
-def bench(fn, iters=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-b, s, h, d = 4, 2048, 16, 128
-flops_fwd = 4 * b * h * s * s * d / 2  # causal: half the score matrix
-for dtype in (torch.float16, torch.bfloat16, torch.float32):
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-    args = FwdArgs(scale=1 / math.sqrt(d), mask_type="causal")
-    do = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
-    def fa_f():
-        with torch.no_grad():
-            attention(q, k, v, args)
-    def fa_fb():
-        out, _ = attention(q, k, v, args)
-        torch.autograd.grad(out, (q, k, v), do)
-    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-    def sd_f():
-        with torch.no_grad():
-            F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
-    def sd_fb():
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
-        torch.autograd.grad(out, (qt, kt, vt), do.transpose(1, 2))
-    r = {n: bench(f) for n, f in (("fa_fwd", fa_f), ("fa_fwdbwd", fa_fb), ("sdpa_fwd", sd_f), ("sdpa_fwdbwd", sd_fb))}
-    name = str(dtype).replace("torch.", "")
-    print(f"TIMING engine={engine} {name} b{b} s{s} h{h} d{d} causal: fusedattn fwd {r['fa_fwd']:.3f} ms "
-          f"({flops_fwd / r['fa_fwd'] / 1e9:.1f} TFLOP/s), fwd+bwd {r['fa_fwdbwd']:.3f} ms | torch sdpa fwd "
-          f"{r['sdpa_fwd']:.3f} ms, fwd+bwd {r['sdpa_fwdbwd']:.3f} ms")
-PYEOF
-  rc=$?
-  note "timing ($engine engine)" "rc=$rc (timing_${engine}.log)"
-done
-unset FUSEDATTN_CUDA_ENGINE
-# Decode against torch SDPA (cuDNN, FA2): the markdown table goes to the log.
-"$PY" bench/bench_decode.py > "$OUT/bench_decode.log" 2>&1
-note "bench/bench_decode.py" "rc=$? (bench_decode.log)"
-
-printf '\n== timings\n'
-grep -h "^TIMING" "$OUT"/timing_*.log 2>/dev/null | sed 's/^TIMING //'
-sed -n '/^### Decode/,$p' "$OUT/bench_decode.log" 2>/dev/null
+printf '\n== benchmark tables\n'
+cat "$OUT/RESULTS_gpu.md" 2>/dev/null
 printf '\n== failures\n'
 grep -hE "^(FAILED|ERROR) " "$OUT"/test_*.log 2>/dev/null | head -30
 printf '\n== summary\n'
