@@ -68,6 +68,15 @@ fi
 "$PY" -c "import fusedattn, torch; print(torch._C._dispatch_has_kernel_for_dispatch_key('fusedattn::fwd', 'CUDA'))" \
   > "$OUT/cuda_registered.log" 2>&1
 note "CUDA kernels registered" "$(tail -1 "$OUT/cuda_registered.log")"
+# How the extension links the C++ runtime: a static libstdc++ copy inside _C.so
+# beside the process's shared one is a known source of host crashes.
+{
+  so="$("$PY" -c "import fusedattn, os; print(os.path.join(os.path.dirname(fusedattn.__file__), '_C.so'))")"
+  ldd "$so"
+  echo "std:: symbols defined in _C.so: $(nm -D --defined-only -C "$so" | grep -c " std::")"
+  echo "g++ libstdc++.so: $(g++ -print-file-name=libstdc++.so)"; ls -l "$(dirname "$(g++ -print-file-name=libstdc++.a)")"/libstdc++* 2>&1
+} > "$OUT/link.log" 2>&1
+note "std:: symbols defined in _C.so" "$(grep -oE "[0-9]+$" "$OUT/link.log" | head -1)"
 
 # ---- tests ---------------------------------------------------------------------------
 status=0

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fusedattn/api.h"
+#include "fusedattn/cat.h"
 
 namespace fusedattn::binding {
 
@@ -41,7 +42,7 @@ inline at::ScalarType to_scalar_type(DType t) {
 
 inline TensorRef to_ref(const at::Tensor& t, const char* name) {
   TensorRef r;
-  TORCH_CHECK_VALUE(t.dim() <= kMaxRank, name, " has ", t.dim(), " dims; at most ", kMaxRank, " are supported");
+  TORCH_CHECK_VALUE(t.dim() <= kMaxRank, cat(name, " has ", t.dim(), " dims; at most ", kMaxRank, " are supported"));
   r.data = t.data_ptr();
   r.dtype = to_dtype(t.scalar_type());
   r.device = t.is_cpu() ? DeviceType::kCPU : (t.is_cuda() ? DeviceType::kCUDA : DeviceType::kOther);

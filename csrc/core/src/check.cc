@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "cat.h"
+#include "fusedattn/cat.h"
 #include "fusedattn/api.h"
 #include "layout.h"
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "cat.h"
+#include "fusedattn/cat.h"
 #include "layout.h"
 
 namespace fusedattn {

@@ -1,7 +1,6 @@
 #include "fusedattn/types.h"
 
-#include <sstream>
-
+#include "fusedattn/cat.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn {
@@ -28,11 +27,9 @@ const char* device_name(DeviceType t) {
 }
 
 std::string shape_str(const TensorRef& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int i = 0; i < t.ndim; ++i) os << (i ? ", " : "") << t.sizes[i];
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += cat(i ? ", " : "", t.sizes[i]);
+  return s + "]";
 }
 
 namespace {

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <string>
 
 #include "aux_kernels.h"
+#include "fusedattn/cat.h"
 #include "fusedattn/philox.h"
 #include "launch.h"
 #include "tc_api.h"
@@ -37,13 +37,6 @@ const TableEntry kTable[] = {
 
 constexpr int kBuckets[] = {64, 128, 256};
 constexpr int64_t kMaxSeq = int64_t{1} << 29;  // keeps window arithmetic in int32
-
-template <typename... Ts>
-std::string cat(const Ts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
 
 int head_dim_bucket(const Problem& p) {
   const int64_t d = std::max(p.d_qk, p.d_v);
