@@ -930,3 +930,20 @@ def require_cuda_kernel():
 
     if not (torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key("fusedattn::fwd", "CUDA")):
         pytest.skip("fusedattn was built without the CUDA engine")
+
+
+@pytest.fixture
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True, warn_only=True) for one test, restored after.
+
+    opcheck's AOTAutograd test runs the backward twice and compares the gradients at dtype
+    tolerance with atol 1e-5: the CUDA tensor-core backward sums dQ with atomics in
+    arbitrary order unless asked to be deterministic (the CPU engine always is).
+    warn_only keeps configurations without a deterministic CUDA path (the SIMT engine)
+    running; tests/gpu/test_cuda_contract.py checks that strict mode raises for them."""
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)

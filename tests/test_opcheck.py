@@ -23,6 +23,7 @@ def _fwd_args(case):
     return case.op_args()
 
 
+@pytest.mark.usefixtures("deterministic_algorithms")
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_opcheck_fwd(cfg):
     case = to_device(build_case(cfg))

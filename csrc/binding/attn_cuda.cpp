@@ -44,6 +44,12 @@ struct CudaEngine {
     return run_fwd_cuda(params, launch_for(q, fwd_workspace_bytes(params), &ws));
   }
   static Status run_bwd(const BwdParams& params, const at::Tensor& q) {
+    if (params.deterministic && !bwd_deterministic_available(params)) {
+      // Raises, or warns under warn_only, as torch's own non-deterministic kernels do.
+      at::globalContext().alertNotDeterministic(
+          "fusedattn::bwd on CUDA with the SIMT engine (float32/float64, or a configuration the tensor-core "
+          "kernels do not take): its dQ and dbias are summed with atomics");
+    }
     at::Tensor ws;
     return run_bwd_cuda(params, launch_for(q, bwd_workspace_bytes(params), &ws));
   }

@@ -69,6 +69,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_impl(
   BwdArgs args;
   args.fwd = make_args(settings, false);
   args.need_dbias = need_dbias;
+  args.deterministic = at::globalContext().deterministicAlgorithms();
   const OpTensors opt{bias,         softmax_offset, attn_mask,           alibi_slopes,
                       cu_seqlens_q, cu_seqlens_kv,  cu_seqlens_q_padded, cu_seqlens_kv_padded};
   BwdInputs in;

@@ -41,6 +41,12 @@ size_t bwd_workspace_bytes(const BwdParams& params) {
   return std::max(tc_bytes, simt::bwd_workspace_bytes(params));
 }
 
+// The tensor-core backward always needs scratch (its dQ accumulator), and its
+// workspace size is 0 exactly when it does not take the call.
+bool bwd_deterministic_available(const BwdParams& params) {
+  return tc_enabled() && tc::bwd_workspace_bytes(params) > 0;
+}
+
 Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch) {
   if (params.prob.device != DeviceType::kCUDA) return Status::Invalid("run_fwd_cuda: tensors are not on a CUDA device");
   bool handled = false;

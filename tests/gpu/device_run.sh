@@ -3,6 +3,7 @@
 # it on the device if it does not start there, then the correctness cases, a
 # memcheck pass on a few small cases, and the timing table. Logs go to $OUT.
 #   tests/gpu/device_run.sh [check|bench|checkalt|benchalt|peer|table|sanitize|ncu ...]
+# (checkalt/benchalt: other builds linked as .tcbuild/tc_harness_alt*, for A/B timings)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"

@@ -122,6 +122,7 @@ Status make_bwd_params(const BwdArgs& args, const BwdInputs& in, const BwdOutput
   p->dq = seq_tensor(out.dq, args.fwd.q_format);
   p->dk = seq_tensor(out.dk, args.fwd.kv_format);
   p->dv = seq_tensor(out.dv, args.fwd.kv_format);
+  p->deterministic = args.deterministic;
   if (args.need_dbias && out.dbias.defined() && out.dbias.ndim == 4) {
     p->dbias.data = out.dbias.data;
     for (int i = 0; i < 4; ++i) p->dbias.sizes[i] = out.dbias.sizes[i];

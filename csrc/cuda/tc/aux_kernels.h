@@ -54,8 +54,43 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_consta
     if (threadIdx.x == 0) {
       float t = 0.f;
       for (int w = 0; w < 8; ++w) t += part[w];
-      if (t != 0.f) atomicAdd(a.d_sink + h, t);
+      if (a.dsink_part != nullptr) {
+        a.dsink_part[(static_cast<int64_t>(h) * gridDim.z + b) * gridDim.x + blockIdx.x] = t;
+      } else if (t != 0.f) {
+        atomicAdd(a.d_sink + h, t);
+      }
     }
+  }
+}
+
+// Deterministic d_softmax_offset: one warp per head sums the preprocess
+// blocks' partials in a fixed order (strided lanes, then a fixed shuffle tree).
+__global__ void dsink_reduce_kernel(const float* part, float* d_sink, int h_q, int64_t per_head) {
+  const int h = blockIdx.x, lane = threadIdx.x;
+  if (h >= h_q) return;
+  float t = 0.f;
+  for (int64_t i = lane; i < per_head; i += 32) t += part[h * per_head + i];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  if (lane == 0) d_sink[h] = t;
+}
+
+// Deterministic broadcast dbias: the main kernel wrote each (b, h_q, i, j)
+// term once into a full fp32 buffer; element t of dbias sums its terms over
+// the broadcast dims in index order.
+template <typename Elem>
+__global__ void dbias_reduce_kernel(const float* full, Elem* dbias, int64_t b, int64_t h, int64_t s_q, int64_t s_kv,
+                                    int64_t db0, int64_t db1, int64_t db2) {
+  const int64_t n = db0 * db1 * db2 * s_kv;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = t % s_kv, i0 = t / s_kv % db2, h0 = t / (s_kv * db2) % db1, b0 = t / (s_kv * db2 * db1);
+    float acc = 0.f;
+    for (int64_t bb = (db0 == 1 ? 0 : b0); bb < (db0 == 1 ? b : b0 + 1); ++bb)
+      for (int64_t hh = (db1 == 1 ? 0 : h0); hh < (db1 == 1 ? h : h0 + 1); ++hh)
+        for (int64_t ii = (db2 == 1 ? 0 : i0); ii < (db2 == 1 ? s_q : i0 + 1); ++ii)
+          acc += full[((bb * h + hh) * s_q + ii) * s_kv + j];
+    dbias[t] = from_float<Elem>(acc);
   }
 }
 

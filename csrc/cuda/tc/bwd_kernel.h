@@ -15,21 +15,59 @@
 
 #include "fwd_kernel.h"
 
-// Phase order inside one query tile (an A/B switch; docs/perf-notes.md):
-//   0 (default, measured): S^T and dP^T interleaved per k-step; dK/dV, then dQ
-//     and its atomics at the end of the tile.
-//   1: dQ and its atomics (predicated red.v2, no branches) before dK/dV, so
-//     they drain while the dK/dV matmuls run (FlashAttention-2's order).
-//   2: 1, plus S^T first and dP^T second with the exponentials of S^T issued
-//     between dP^T's k-steps (fast variant).
-// 1 and 2 compile without spills on sm_90 but have not run on a device yet;
-// 0 is what the checks and benchmark numbers in docs/perf-notes.md used.
-#ifndef FUSEDATTN_TC_BWD_VARIANT
-#define FUSEDATTN_TC_BWD_VARIANT 0
-#endif
 
 namespace fusedattn {
 namespace tc {
+
+// Query rows [lo, hi) that see some key of key tile n_block (empty when
+// hi <= lo). The main kernel's loop bounds and the deterministic ordering below
+// both come from here, so they cannot disagree.
+struct RowRange {
+  int lo, hi;
+};
+
+template <int kBlockN>
+__device__ __forceinline__ RowRange key_tile_rows(const KArgs& a, const SeqInfo& sq, int diag, int n_block) {
+  const int n0 = n_block * kBlockN, n_end = min(n0 + kBlockN, sq.len_kv);
+  if (n_end <= n0) return RowRange{0, 0};
+  RowRange r{0, sq.len_q};
+  if (a.wr >= 0) r.lo = max(0, n0 - diag - a.wr);
+  if (a.wl >= 0) r.hi = min(r.hi, n_end - 1 - diag + a.wl + 1);
+  return r;
+}
+
+// Deterministic dQ (KArgs::dq_lock): the blocks that add into one query tile
+// m do so in key-tile order, so every dQ element sums its terms in one fixed
+// order. The visitors of m are a contiguous run of key tiles (row ranges only
+// grow with the key tile; empty ranges lie before the first or after the last
+// visitor), so block n's turn is n - first(m), where first(m) is the smallest
+// key tile whose rows reach tile m: a binary search over tiles 0..n.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int dq_turn(const KArgs& a, const SeqInfo& sq, int diag, int n_block, int m) {
+  int lo = 0, hi = n_block;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    const RowRange r = key_tile_rows<kBlockN>(a, sq, diag, mid);
+    if (r.hi > r.lo && (r.hi + kBlockM - 1) / kBlockM > m) hi = mid; else lo = mid + 1;
+  }
+  return n_block - lo;
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Waits until *lock == turn. Blocks only wait for blocks of lower index,
+// which were scheduled first, so the wait ends; a counter that never gets
+// there is a bug, and trapping (a launch error) beats hanging the GPU.
+__device__ __forceinline__ void wait_turn(const int* lock, int turn) {
+  for (long long spins = 0; ld_acquire_gpu(lock) != turn; ++spins) {
+    if (spins > (1ll << 31)) __trap();
+    __nanosleep(32);
+  }
+}
 
 template <int kD, int kBlockM, int kBlockN>
 struct BwdSmem {
@@ -96,11 +134,9 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
 
   // Query rows that see any key of the tile.
   const int diag = seq_diag(a, sq);
-  const int n_end = min(n0 + kBlockN, sq.len_kv);
-  int i_lo = 0, i_hi = sq.len_q;
-  if (a.wr >= 0) i_lo = max(0, n0 - diag - a.wr);
-  if (a.wl >= 0) i_hi = min(i_hi, n_end - 1 - diag + a.wl + 1);
-  if (n_end <= n0 || i_hi <= i_lo) {
+  const RowRange rows = key_tile_rows<kBlockN>(a, sq, diag, n_block);
+  const int i_lo = rows.lo, i_hi = rows.hi;
+  if (i_hi <= i_lo) {
     zero_tile<kBlockN, kD, kThreads>(dk_ptr(), a.dk_ss, rows_here, a.d_qk, tid);
     zero_tile<kBlockN, kD, kThreads>(dv_ptr(), a.dv_ss, rows_here, a.d_v, tid);
     return;
@@ -213,57 +249,6 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[mt][t][e] = dpt[mt][t][e] = 0.f;
 
-#if FUSEDATTN_TC_BWD_VARIANT >= 2
-    // S^T = K Q^T first, then dP^T = V dO^T with the exponentials of S^T
-    // (fast variant) spread over its k-steps: their FFMA/MUFU issue while the
-    // tensor pipe works on dP^T instead of after it.
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t ka[kSdpMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kSdpMT; ++mt) ldsm_x4(aK.at(kk, mt * 16), ka[mt]);
-#pragma unroll
-      for (int np = 0; np < kSdpNT / 2; ++np) {
-        uint32_t qb[4];
-        ldsm_x4(aQ.at(kk, np * 16) + boff, qb);
-#pragma unroll
-        for (int mt = 0; mt < kSdpMT; ++mt) {
-          mma<Elem>(st[mt][2 * np], ka[mt], qb[0], qb[1]);
-          mma<Elem>(st[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t va[kSdpMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kSdpMT; ++mt) ldsm_x4(aK.at(kk, mt * 16) + kVoff, va[mt]);
-#pragma unroll
-      for (int np = 0; np < kSdpNT / 2; ++np) {
-        uint32_t ob[4];
-        ldsm_x4(aQ.at(kk, np * 16) + boff + kdOoff, ob);
-#pragma unroll
-        for (int mt = 0; mt < kSdpMT; ++mt) {
-          mma<Elem>(dpt[mt][2 * np], va[mt], ob[0], ob[1]);
-          mma<Elem>(dpt[mt][2 * np + 1], va[mt], ob[2], ob[3]);
-        }
-      }
-      if (!kGeneral) {
-        // Column tiles nt with nt * (kD / 16) / kSdpNT == kk: one share of the exponentials.
-#pragma unroll
-        for (int nt = 0; nt < kSdpNT; ++nt) {
-          if (nt * (kD / 16) / kSdpNT != kk) continue;
-          const int il0 = wm * kSdpCols + nt * 8 + 2 * (lane & 3);
-          const float l0 = ld_shared_f32(sLb + il0 * 4), l1 = ld_shared_f32(sLb + il0 * 4 + 4);
-#pragma unroll
-          for (int mt = 0; mt < kSdpMT; ++mt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              st[mt][nt][e] = fast_exp2(fmaf(st[mt][nt][e], a.scale_log2, -((e & 1) ? l1 : l0)));
-        }
-      }
-    }
-#else
     // S^T = K Q^T, dP^T = V dO^T
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -288,18 +273,11 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
       }
     }
 
-#endif
-
     // P^T and dS^T, element-wise. Rows of the fragments are keys, columns queries.
     const bool edge = tile_needs_mask(a, mm0, kBlockM, n0, kBlockN, sq.len_kv, diag);
     float slope = 0.f;
     if (kGeneral && a.bias_type == 2) slope = a.alibi[b * a.al_sb + h * a.al_sh];
     const int64_t bh = static_cast<int64_t>(b) * a.h_q + h;
-#if FUSEDATTN_TC_BWD_VARIANT >= 2
-    if (kGeneral) {
-#else
-    {
-#endif
     // (1) P^T = exp2(S^T * scale * log2(e) - lse2) (general: logits with bias and masks).
 #pragma unroll
     for (int nt = 0; nt < kSdpNT; ++nt) {
@@ -319,7 +297,6 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
             st[mt][nt][e] = fast_exp2(s2 - ((e & 1) ? l1 : l0));
           }
         }
-    }
     }
     // (2) Window / length mask, only on the tiles that need it (a uniform
     // branch: interior tiles skip the compares). Key j is visible to query i
@@ -431,72 +408,6 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
       cp_async_commit();
     }
 
-#if FUSEDATTN_TC_BWD_VARIANT >= 1
-    // dQ first: its atomics then drain while the dK/dV matmuls run (they
-    // need no result back), instead of sitting between the last HMMA and the
-    // next tile's barrier.
-    // dQ = dS K, accumulated in fp32 across key tiles.
-    float dq[kDqMT][kDqNT][4];
-#pragma unroll
-    for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-      for (int t = 0; t < kDqNT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[mt][t][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t da[kDqMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kDqMT; ++mt) ldsm_x4_t(aS_t[mt] + kk * 16 * kPRowBytes, da[mt]);
-#pragma unroll
-      for (int dp = 0; dp < kDqNT / 2; ++dp) {
-        uint32_t kb[4];
-        ldsm_x4_t(aKt.at(dp, kk * 16), kb);
-#pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt) {
-          mma<Elem>(dq[mt][2 * dp], da[mt], kb[0], kb[1]);
-          mma<Elem>(dq[mt][2 * dp + 1], da[mt], kb[2], kb[3]);
-        }
-      }
-    }
-    float* dq_tile = a.dq_acc + ((tok0 + mm0) * a.h_q + h) * a.acc_d + dq_toff;
-    const int rows_left = sq.len_q - mm0 - dq_lrow;
-#pragma unroll
-    for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const bool row_ok = mt * 16 + 8 * r < rows_left;
-        float* row = dq_tile + (mt * 16 + 8 * r) * dq_rstride;
-#pragma unroll
-        for (int nt = 0; nt < kDqNT; ++nt)
-          atomic_add2_if(row + nt * 8, dq[mt][nt][2 * r], dq[mt][nt][2 * r + 1], row_ok);
-      }
-    // dV += P^T dO, dK += dS^T Q
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      uint32_t pa[kDkvMT][4], sa[kDkvMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kDkvMT; ++mt) {
-        ldsm_x4(aP.at(kk, mt * 16), pa[mt]);
-        ldsm_x4(aP.at(kk, mt * 16) + kdSoff, sa[mt]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < kDkvNT / 2; ++dp) {
-        const uint32_t brow = aQt.at(dp, kk * 16) + boff;
-        uint32_t ob[4], qb[4];
-        ldsm_x4_t(brow + kdOoff, ob);
-        ldsm_x4_t(brow, qb);
-#pragma unroll
-        for (int mt = 0; mt < kDkvMT; ++mt) {
-          mma<Elem>(dv[mt][2 * dp], pa[mt], ob[0], ob[1]);
-          mma<Elem>(dv[mt][2 * dp + 1], pa[mt], ob[2], ob[3]);
-          mma<Elem>(dk[mt][2 * dp], sa[mt], qb[0], qb[1]);
-          mma<Elem>(dk[mt][2 * dp + 1], sa[mt], qb[2], qb[3]);
-        }
-      }
-    }
-
-#else
     // dV += P^T dO, dK += dS^T Q
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
@@ -545,6 +456,12 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
           mma<Elem>(dq[mt][2 * dp + 1], da[mt], kb[2], kb[3]);
         }
       }
+    }
+    int* lock = nullptr;
+    if (a.dq_lock != nullptr) {
+      lock = a.dq_lock + (static_cast<int64_t>(b) * a.h_q + h) * a.dq_lock_mt + mm0 / kBlockM;
+      if (tid == 0) wait_turn(lock, dq_turn<kBlockM, kBlockN>(a, sq, diag, n_block, mm0 / kBlockM));
+      __syncthreads();
     }
     float* dq_tile = a.dq_acc + ((tok0 + mm0) * a.h_q + h) * a.acc_d + dq_toff;
     const int rows_left = sq.len_q - mm0 - dq_lrow;
@@ -558,7 +475,13 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
           for (int nt = 0; nt < kDqNT; ++nt) atomic_add2(row + nt * 8, dq[mt][nt][2 * r], dq[mt][nt][2 * r + 1]);
         }
       }
-#endif
+    if (lock != nullptr) {
+      // Every thread's additions are visible device-wide before the next
+      // block of the tile may start its own.
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(lock, 1);
+    }
   }
 
   // Epilogue: dK (scaled) and dV through shared memory into 16-byte stores.

@@ -193,8 +193,15 @@ int64_t dbias_numel(const BwdParams& p) {
 }
 
 struct BwdWorkspace {
-  size_t dq_acc = 0, lse2 = 0, dsum = 0, dbias = 0, total = 0;
+  size_t dq_acc = 0, lse2 = 0, dsum = 0, dbias = 0, dq_lock = 0, dsink_part = 0, total = 0;
 };
+
+// Deterministic mode: query tiles per (b, h_q) row of the dQ counters (the
+// smallest kBlockM of any instantiation is 16, so this covers them all), and
+// the preprocess kernel's blocks per (h_q, b) (8 rows each).
+int64_t dq_lock_tiles(const Problem& pr) { return (pr.s_q + 15) / 16; }
+int64_t preprocess_blocks(const Problem& pr) { return (pr.s_q + 7) / 8; }
+bool dbias_reduced_in_order(const BwdParams& p) { return p.deterministic && p.dbias.data != nullptr && !dbias_full(p); }
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -210,7 +217,18 @@ BwdWorkspace bwd_layout(const BwdParams& p) {
   w.dsum = off;
   off += align256(static_cast<size_t>(rows) * pr.h_q * 4);
   w.dbias = off;
-  if (p.dbias.data != nullptr && !dbias_full(p)) off += align256(static_cast<size_t>(dbias_numel(p)) * 4);
+  if (dbias_reduced_in_order(p)) {
+    // Every (b, h_q, i, j) term once, summed over the broadcast dims afterwards.
+    off += align256(static_cast<size_t>(pr.b * pr.h_q * pr.s_q * pr.s_kv) * 4);
+  } else if (p.dbias.data != nullptr && !dbias_full(p)) {
+    off += align256(static_cast<size_t>(dbias_numel(p)) * 4);
+  }
+  w.dq_lock = off;
+  if (p.deterministic) off += align256(static_cast<size_t>(pr.b * pr.h_q * dq_lock_tiles(pr)) * 4);
+  w.dsink_part = off;
+  if (p.deterministic && p.fwd.softmax.type == SoftmaxType::kLearnable) {
+    off += align256(static_cast<size_t>(pr.h_q * pr.b * preprocess_blocks(pr)) * 4);
+  }
   w.total = off;
   return w;
 }
@@ -244,25 +262,38 @@ Status run_fwd_all(const FwdParams& p, const KArgs& a, KernelFn main, cudaStream
 
 template <typename Elem>
 Status run_bwd_all(const BwdParams& p, KArgs& a, KernelFn main, cudaStream_t st) {
+  const Problem& pr = p.fwd.prob;
   cudaMemsetAsync(a.dq_acc, 0, static_cast<size_t>(a.rows_q) * a.h_q * a.acc_d * 4, st);
+  if (a.dq_lock != nullptr) cudaMemsetAsync(a.dq_lock, 0, static_cast<size_t>(a.b * a.h_q * a.dq_lock_mt) * 4, st);
   if (a.softmax_type == 2 && a.d_sink != nullptr) cudaMemsetAsync(a.d_sink, 0, static_cast<size_t>(a.h_q) * 4, st);
   if (a.dbias != nullptr) {
-    if (a.dbias_direct) {
+    if (dbias_reduced_in_order(p)) {
+      cudaMemsetAsync(a.dbias_acc, 0, static_cast<size_t>(pr.b * pr.h_q * pr.s_q * pr.s_kv) * 4, st);
+    } else if (a.dbias_direct) {
       cudaMemsetAsync(a.dbias, 0, static_cast<size_t>(dbias_numel(p)) * sizeof(Elem), st);
     } else {
       cudaMemsetAsync(a.dbias_acc, 0, static_cast<size_t>(dbias_numel(p)) * 4, st);
     }
   }
   FUSEDATTN_RETURN_IF_ERROR(launch_status("backward memset"));
-  bwd_preprocess_kernel<Elem><<<dim3((a.s_q + 7) / 8, a.h_q, a.b), 256, 0, st>>>(a);
+  bwd_preprocess_kernel<Elem><<<dim3(static_cast<unsigned>(preprocess_blocks(pr)), a.h_q, a.b), 256, 0, st>>>(a);
   FUSEDATTN_RETURN_IF_ERROR(launch_status("backward preprocess"));
+  if (a.dsink_part != nullptr) {
+    dsink_reduce_kernel<<<a.h_q, 32, 0, st>>>(a.dsink_part, a.d_sink, a.h_q, pr.b * preprocess_blocks(pr));
+  }
   FUSEDATTN_RETURN_IF_ERROR(main(a, st));
   const int64_t conv_blocks = (a.rows_q * a.h_q + 7) / 8;
   if (conv_blocks > 0) dq_convert_kernel<Elem><<<static_cast<unsigned>(conv_blocks), 256, 0, st>>>(a);
   if (a.dbias != nullptr && !a.dbias_direct) {
     const int64_t n = dbias_numel(p);
     const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65536));
-    dbias_convert_kernel<Elem><<<blocks, 256, 0, st>>>(a.dbias_acc, static_cast<Elem*>(a.dbias), n);
+    if (dbias_reduced_in_order(p)) {
+      dbias_reduce_kernel<Elem><<<blocks, 256, 0, st>>>(a.dbias_acc, static_cast<Elem*>(a.dbias), pr.b, pr.h_q,
+                                                        pr.s_q, pr.s_kv, a.db_sizes[0], a.db_sizes[1],
+                                                        a.db_sizes[2]);
+    } else {
+      dbias_convert_kernel<Elem><<<blocks, 256, 0, st>>>(a.dbias_acc, static_cast<Elem*>(a.dbias), n);
+    }
   }
   if (a.kv_thd) {
     const int64_t t_kv = p.fwd.prob.t_kv;
@@ -349,6 +380,19 @@ Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) 
   a.lse2 = reinterpret_cast<float*>(ws + w.lse2);
   a.dsum = reinterpret_cast<float*>(ws + w.dsum);
   a.dbias_acc = a.dbias != nullptr && !a.dbias_direct ? reinterpret_cast<float*>(ws + w.dbias) : nullptr;
+  if (dbias_reduced_in_order(p)) {
+    // The main kernel indexes the full fp32 buffer: one write per element.
+    const Problem& pr = p.fwd.prob;
+    a.db_sb = pr.h_q * pr.s_q * pr.s_kv;
+    a.db_sh = pr.s_q * pr.s_kv;
+    a.db_si = pr.s_kv;
+    a.db_sj = 1;
+  }
+  if (p.deterministic) {
+    a.dq_lock = reinterpret_cast<int*>(ws + w.dq_lock);
+    a.dq_lock_mt = static_cast<int>(dq_lock_tiles(p.fwd.prob));
+    if (a.softmax_type == 2 && a.d_sink != nullptr) a.dsink_part = reinterpret_cast<float*>(ws + w.dsink_part);
+  }
   a.rows_q = rows_q(p.fwd.prob, a.q_thd);
   const bool general = needs_general(p.fwd) || a.dbias != nullptr;
   const TableEntry* e = find_kernel(Dir::kBwd, p.fwd.prob.dtype, a.acc_d, general);

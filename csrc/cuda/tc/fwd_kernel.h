@@ -155,10 +155,13 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
   int j_lo = 0, j_hi = sq.len_kv;
   if (a.wl >= 0) j_lo = max(j_lo, m0 + diag - a.wl);
   if (a.wr >= 0) j_hi = min(j_hi, m_last + diag + a.wr + 1);
+  // Rows with no visible key: lse is the sink logit (off-by-one: 0,
+  // learnable: the offset), -inf without one; padded rows are -inf too.
+  const float empty_lse = a.softmax_type == 0 ? -INFINITY : a.softmax_type == 1 ? 0.f : a.sink[h];
   if (m_last < m0 || j_hi <= j_lo) {
     zero_tile<kBlockM, kD, kThreads>(o_ptr(), a.o_ss, rows_here, a.d_v, tid);
     float* gL = l_ptr();
-    for (int r = tid; r < rows_here; r += kThreads) gL[r * a.lse_ss] = -INFINITY;
+    for (int r = tid; r < rows_here; r += kThreads) gL[r * a.lse_ss] = m0 + r < sq.len_q ? empty_lse : -INFINITY;
     return;
   }
   const int n_min = j_lo / kBlockN;
@@ -373,7 +376,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
       const int i = m0 + warp_row + mi * 16 + (lane >> 2) + 8 * r;
       const float mx = row_max[mi][r];
       const float sum = quad_sum(row_sum[mi][r]);
-      float inv = 0.f, lse = -INFINITY;
+      float inv = 0.f, lse = i < sq.len_q ? empty_lse : -INFINITY;
       if (i < sq.len_q && mx != -INFINITY) {
         warp_max = fmaxf(warp_max, mx);
         if (a.softmax_type != 0) {

@@ -28,6 +28,10 @@ struct FwdArgs {
 struct BwdArgs {
   FwdArgs fwd;
   bool need_dbias = false;
+  // Sum dQ, a broadcast dbias and d_softmax_offset in a fixed order, so equal
+  // inputs give bitwise-equal gradients (the binding sets it from
+  // torch.use_deterministic_algorithms). The CPU engine always is.
+  bool deterministic = false;
 };
 
 // The tensors of a forward call. Optional ones are absent (ndim == -1).

@@ -108,6 +108,7 @@ struct BwdParams {
   SeqTensor dq, dk, dv;
   PairTensor dbias;  // bias's own shape, contiguous; data null when not needed
   float* d_softmax_offset = nullptr;  // [h_q] fp32, learnable only
+  bool deterministic = false;         // BwdArgs::deterministic
 };
 
 // The default diagonal alignment of a mask type (TransformerEngine's

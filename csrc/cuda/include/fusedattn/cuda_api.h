@@ -34,6 +34,9 @@ size_t bwd_workspace_bytes(const BwdParams& params);
 // configurations and for launch failures (with cudaGetErrorString's message).
 Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch);
 Status run_bwd_cuda(const BwdParams& params, const CudaLaunch& launch);
+// Whether run_bwd_cuda honours params.deterministic for this call (the
+// tensor-core engine does; the SIMT engine sums dQ and dbias with atomics).
+bool bwd_deterministic_available(const BwdParams& params);
 
 // fusedattn::copy_to_kv_cache on the device (see fusedattn/kv_cache.h): one
 // kernel on launch.stream, no workspace, no host synchronisation. Tokens the
