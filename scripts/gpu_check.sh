@@ -141,7 +141,7 @@ if [ -n "${GPU_CHECK_SANITIZER:-}" ] && command -v compute-sanitizer > /dev/null
   for tool in memcheck racecheck; do
     t0=$(now)
     timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu/test_cuda_engine.py -k "$GPU_CHECK_SANITIZER" \
+      "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu -k "$GPU_CHECK_SANITIZER" \
       > "$OUT/sanitizer_${tool}.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && status=1
