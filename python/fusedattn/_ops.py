@@ -206,6 +206,11 @@ def _backward(ctx, dout, _dlse, _drng, _dmax_logit):
     bias, softmax_offset = optionals[0], optionals[1]
     args: FwdArgs = ctx.fwd_args
     bargs = BwdArgs(fwd=args, need_dbias=bias is not None and ctx.needs_input_grad[3])
+    # A gradient that reaches here broadcast (stride 0, e.g. from out.sum()) or
+    # strided would send the CUDA backward to its slow SIMT engine, and eager and
+    # compiled runs apart (AOTAutograd hands the backward contiguous tangents).
+    if not dout.is_contiguous():
+        dout = dout.contiguous()
     dq, dk, dv, dbias, d_off = torch.ops.fusedattn.bwd(
         dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(), bargs.need_dbias
     )

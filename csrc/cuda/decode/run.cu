@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
 #include "decode.h"
 #include "simt/common.cuh"
@@ -85,6 +86,17 @@ int choose_splits(int64_t units, int64_t tiles, int64_t cap) {
   return best;
 }
 
+// FUSEDATTN_DECODE_SPLITS=n fixes the split count (capped by the key tiles
+// and kMaxSplits), for measuring choose_splits' model against the device;
+// read once per process.
+int forced_splits() {
+  static const int n = [] {
+    const char* e = std::getenv("FUSEDATTN_DECODE_SPLITS");
+    return e == nullptr ? 0 : std::clamp(std::atoi(e), 0, kMaxSplits);
+  }();
+  return n;
+}
+
 Plan no(const char* why) {
   Plan p;
   p.why = why;
@@ -124,6 +136,7 @@ Plan make_plan(const FwdParams& p, int sm_count) {
   const int64_t cap = int64_t(sms) * blocks_per_sm(pl.d, pl.wm, dev.smem_per_sm);
   const int64_t tiles = std::max<int64_t>(1, (pr.s_kv + kBlockN - 1) / kBlockN);
   pl.splits = choose_splits(pr.b * pr.h_kv * pl.chunks, tiles, cap);
+  if (const int forced = forced_splits(); forced > 0) pl.splits = static_cast<int>(std::min<int64_t>(forced, tiles));
   if (pl.splits > 1) {
     const auto up = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t prow = static_cast<size_t>(pl.splits) * pr.b * pr.h_kv * rows;
