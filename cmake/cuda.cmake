@@ -121,6 +121,9 @@ if(_fa_want_cuda)
   if(NOT FUSEDATTN_CUDA_TC)
     list(FILTER FUSEDATTN_CUDA_SOURCES EXCLUDE REGEX "/csrc/cuda/tc/")
   endif()
+  # The Hopper path (wgmma, setmaxnreg) assembles for sm_90a only: its own
+  # object library below, never compiled for the other architectures.
+  list(FILTER FUSEDATTN_CUDA_SOURCES EXCLUDE REGEX "/csrc/cuda/hopper/")
   add_library(fusedattn_cuda_objects OBJECT ${FUSEDATTN_CUDA_SOURCES})
   target_include_directories(fusedattn_cuda_objects
     PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/include ${CMAKE_CURRENT_SOURCE_DIR}/csrc/core/include
@@ -139,9 +142,43 @@ if(_fa_want_cuda)
   if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
     target_compile_definitions(fusedattn_cuda_objects PRIVATE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
   endif()
-  # The default tensor-core hooks are weak symbols (csrc/cuda/tc_default.cu);
-  # linking object files rather than an archive lets strong ones win.
-  add_library(fusedattn_cuda_kernels STATIC $<TARGET_OBJECTS:fusedattn_cuda_objects>)
+  # Hopper forward path: built when the architectures include 9.0 (as 90 or
+  # 90a) and the tensor-core engine is on; compiled for sm_90a alone. At run
+  # time it takes calls only on a 9.0 device that can load that code.
+  set(_fa_hopper OFF)
+  if(FUSEDATTN_CUDA_TC AND "${FUSEDATTN_CUDA_ARCHS}" MATCHES "(^|;)90"
+     AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3)
+    set(_fa_hopper ON)
+  endif()
+  set(_fa_kernel_objects $<TARGET_OBJECTS:fusedattn_cuda_objects>)
+  if(_fa_hopper)
+    file(GLOB FUSEDATTN_HOPPER_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/hopper/*.cu)
+    add_library(fusedattn_cuda_hopper OBJECT ${FUSEDATTN_HOPPER_SOURCES})
+    target_include_directories(fusedattn_cuda_hopper
+      PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/include ${CMAKE_CURRENT_SOURCE_DIR}/csrc/core/include
+      PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda)
+    set_target_properties(fusedattn_cuda_hopper PROPERTIES
+      CUDA_ARCHITECTURES 90a-real
+      CUDA_STANDARD 17
+      CUDA_STANDARD_REQUIRED ON
+      POSITION_INDEPENDENT_CODE ON
+      JOB_POOL_COMPILE fusedattn_nvcc)
+    target_compile_options(fusedattn_cuda_hopper PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+    if(FUSEDATTN_CUDA_COMPILE_ONLY)
+      target_compile_options(fusedattn_cuda_hopper PRIVATE
+        $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Werror>)
+    endif()
+    if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
+      target_compile_definitions(fusedattn_cuda_hopper PRIVATE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
+    endif()
+    list(APPEND _fa_kernel_objects $<TARGET_OBJECTS:fusedattn_cuda_hopper>)
+  endif()
+  message(STATUS "fusedattn: Hopper (sm_90a) forward path: ${_fa_hopper}")
+
+  # The default tensor-core and Hopper hooks are weak symbols
+  # (csrc/cuda/tc_default.cu); linking object files rather than an archive
+  # lets strong ones win.
+  add_library(fusedattn_cuda_kernels STATIC ${_fa_kernel_objects})
   set_target_properties(fusedattn_cuda_kernels PROPERTIES LINKER_LANGUAGE CXX)
 
   # Bound parallel nvcc processes (each can take a few GiB).
@@ -168,6 +205,9 @@ endif()
 if(_fa_want_cuda AND _fa_torch_cuda AND TARGET _C)
   find_package(CUDAToolkit REQUIRED)
   target_link_libraries(_C PRIVATE fusedattn_cuda_objects CUDA::cudart)
+  if(TARGET fusedattn_cuda_hopper)
+    target_link_libraries(_C PRIVATE fusedattn_cuda_hopper)
+  endif()
   target_compile_definitions(_C PRIVATE FUSEDATTN_WITH_CUDA=1)
   message(STATUS "fusedattn: CUDA engine: on (torch CUDA ${_fa_torch_cuda_version})")
 else()

@@ -16,14 +16,17 @@ namespace fusedattn {
 namespace {
 
 // FUSEDATTN_CUDA_ENGINE=simt sends every call to the SIMT engine (to test it,
-// or to rule the tensor-core and decode kernels out); read once per process.
-bool tc_enabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("FUSEDATTN_CUDA_ENGINE");
-    return e == nullptr || std::strcmp(e, "simt") != 0;
-  }();
-  return enabled;
+// or to rule the tensor-core and decode kernels out); =sm80 skips the Hopper
+// forward path and keeps the sm80-class tensor-core kernels. Read once per
+// process.
+const char* engine_choice() {
+  static const char* e = std::getenv("FUSEDATTN_CUDA_ENGINE");
+  return e == nullptr ? "" : e;
 }
+
+bool tc_enabled() { return std::strcmp(engine_choice(), "simt") != 0; }
+
+bool hopper_enabled() { return tc_enabled() && std::strcmp(engine_choice(), "sm80") != 0; }
 
 }  // namespace
 
@@ -55,6 +58,8 @@ Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch) {
     if (handled) return Status::Ok();
     return simt::run_fwd(params, launch);
   }
+  if (hopper_enabled()) FUSEDATTN_RETURN_IF_ERROR(hopper::try_run_fwd(params, launch, &handled));
+  if (handled) return Status::Ok();
   if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(tc::try_run_fwd(params, launch, &handled));
   if (handled) return Status::Ok();
   return simt::run_fwd(params, launch);

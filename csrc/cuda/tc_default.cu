@@ -1,4 +1,5 @@
-// Default hooks of the tensor-core engine: take no call, need no workspace.
+// Default hooks of the tensor-core engine and the Hopper path: take no call,
+// need no workspace.
 // Weak, so that the tensor-core engine's strong definitions (csrc/cuda/tc/)
 // replace them at link time; the kernels are linked as object files (see
 // cmake/cuda.cmake), which is what makes the strong definitions win. The tc
@@ -23,4 +24,14 @@ __attribute__((weak)) size_t fwd_workspace_bytes(const FwdParams&) { return 0; }
 __attribute__((weak)) size_t bwd_workspace_bytes(const BwdParams&) { return 0; }
 
 }  // namespace tc
+
+namespace hopper {
+
+// Replaced by csrc/cuda/hopper/fwd_sm90.cu when the build includes sm_90a.
+__attribute__((weak)) Status try_run_fwd(const FwdParams&, const CudaLaunch&, bool* handled) {
+  *handled = false;
+  return Status::Ok();
+}
+
+}  // namespace hopper
 }  // namespace fusedattn

@@ -56,4 +56,11 @@ size_t fwd_workspace_bytes(const FwdParams& params);
 size_t bwd_workspace_bytes(const BwdParams& params);
 }  // namespace tc
 
+// Hook of the Hopper forward path (csrc/cuda/hopper, built for sm_90a only):
+// asked before the tensor-core hook, same contract. Weak default in
+// csrc/cuda/tc_default.cu.
+namespace hopper {
+Status try_run_fwd(const FwdParams& params, const CudaLaunch& launch, bool* handled);
+}  // namespace hopper
+
 }  // namespace fusedattn

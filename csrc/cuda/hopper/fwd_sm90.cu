@@ -1,0 +1,144 @@
+// The Hopper forward path's entry points (hooks declared in fusedattn/cuda_api.h):
+// which calls it takes, and the launch. Built only for sm_90a (cmake/cuda.cmake
+// compiles this directory on its own, for that target alone); without it the
+// weak defaults in csrc/cuda/tc_default.cu take no call.
+//
+// Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
+// 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
+// and strides), no_mask or top-left causal (a bottom-right causal mask too
+// when s_q = s_kv, where the diagonals coincide), vanilla softmax, no bias,
+// ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
+// other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "fusedattn/cat.h"
+#include "fusedattn/cuda_api.h"
+#include "hopper/fwd_sm90.cuh"
+
+namespace fusedattn {
+namespace hopper {
+namespace {
+
+bool device_is_sm90(int* dev_out) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    return false;
+  }
+  *dev_out = dev;
+  return major == 9 && minor == 0;
+}
+
+std::string check_rows(const SeqTensor& t, const char* name) {
+  if (t.data == nullptr) return cat(name, " is null");
+  if (t.stride_d != 1) return cat(name, " has head-dim stride ", t.stride_d);
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return cat(name, " is not 16-byte aligned");
+  if (t.stride_b % 8 != 0 || t.stride_s % 8 != 0 || t.stride_h % 8 != 0) {
+    return cat(name, " has strides that are not multiples of 16 bytes (the tensor-memory accelerator needs them)");
+  }
+  return "";
+}
+
+detail::MapDesc map_of(const SeqTensor& t, const Problem& pr, int64_t s, int64_t h, int64_t d) {
+  return detail::MapDesc{t.data,     static_cast<int>(pr.b), static_cast<int>(s), static_cast<int>(h),
+                         static_cast<int>(d), t.stride_b, t.stride_s, t.stride_h};
+}
+
+template <typename T, int D>
+Status run_kernel(const FwdParams& p, bool causal, cudaStream_t st) {
+  const Problem& pr = p.prob;
+  Sm90Args a{};
+  a.q = map_of(p.q, pr, pr.s_q, pr.h_q, D);
+  a.k = map_of(p.k, pr, pr.s_kv, pr.h_kv, D);
+  a.v = map_of(p.v, pr, pr.s_kv, pr.h_kv, D);
+  KParams& k = a.out;
+  k.o = p.out.data;
+  k.o_sb = p.out.stride_b;
+  k.o_ss = p.out.stride_s;
+  k.o_sh = p.out.stride_h;
+  k.lse = p.lse;
+  k.lse_sb = p.lse_stride_b;
+  k.lse_sh = p.lse_stride_h;
+  k.lse_ss = p.lse_stride_s;
+  k.b = static_cast<int>(pr.b);
+  k.s_q = static_cast<int>(pr.s_q);
+  k.s_kv = static_cast<int>(pr.s_kv);
+  k.h = static_cast<int>(pr.h_q);
+  k.h_kv = static_cast<int>(pr.h_kv);
+  k.scale_log2 = p.scale * 1.4426950408889634f;
+  a.causal = causal;
+  const cudaError_t e = fwd_sm90<T, D>(a, st);
+  if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
+  return Status::Ok();
+}
+
+// Whether this build holds sm_90a machine code for the kernels: an image the
+// device cannot run makes the attribute query fail.
+bool kernels_loadable() {
+  static const bool ok = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, fwd_sm90_kernel<__nv_bfloat16, 128, false>) == cudaSuccess;
+  }();
+  return ok;
+}
+
+// Why a call is not taken ("" when it is), naming the setting.
+std::string fwd_support(const FwdParams& p) {
+  const Problem& pr = p.prob;
+  if (pr.device != DeviceType::kCUDA) return "not a CUDA tensor";
+  if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
+  if (pr.d_qk != pr.d_v || (pr.d_qk != 64 && pr.d_qk != 128 && pr.d_qk != 256)) {
+    return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (the Hopper kernels take d_qk = d_v = 64, 128 or 256)");
+  }
+  if (p.seqlens.q_is_thd || p.seqlens.kv_is_thd || p.seqlens.cu_seqlens_q != nullptr ||
+      p.seqlens.cu_seqlens_kv != nullptr) {
+    return "thd or padding (per-sequence lengths)";
+  }
+  if (p.paged.page_table != nullptr) return "KV cache";
+  if (p.mask.mask.data != nullptr) return "explicit attention mask";
+  if (p.bias.type != BiasType::kNoBias) return "bias or ALiBi";
+  if (p.softmax.type != SoftmaxType::kVanilla) return "off-by-one or learnable softmax";
+  if (p.dropout.p > 0.f) return "dropout";
+  if (p.max_logit != nullptr) return "max_logit";
+  const bool causal = p.mask.window_left < 0 && p.mask.window_right == 0;
+  if (!(p.mask.window_left < 0 && p.mask.window_right < 0) && !causal) return "sliding window";
+  if (causal && p.mask.bottom_right && pr.s_q != pr.s_kv) return "bottom-right causal with s_q != s_kv";
+  if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q >= (int64_t{1} << 30) || pr.s_kv >= (int64_t{1} << 30)) {
+    return "batch, heads or sequence beyond the grid";
+  }
+  if (pr.b <= 0 || pr.s_q <= 0 || pr.s_kv <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return "empty problem";
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
+    std::string r = check_rows(*t, name);
+    if (!r.empty()) return r;
+  }
+  if (p.out.data == nullptr || p.out.stride_d != 1 || reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0) {
+    return "out needs a unit head-dim stride";
+  }
+  if (p.lse == nullptr) return "softmax_lse is null";
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return "not a compute-capability 9.0 device";
+  if (!kernels_loadable()) return "this build has no sm_90a code (build with TORCH_CUDA_ARCH_LIST=9.0a)";
+  return "";
+}
+
+}  // namespace
+
+Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
+  *handled = false;
+  if (!fwd_support(p).empty()) return Status::Ok();
+  *handled = true;
+  const bool causal = p.mask.window_right == 0;
+  auto st = static_cast<cudaStream_t>(launch.stream);
+  const bool f16 = p.prob.dtype == DType::kFloat16;
+  switch (p.prob.d_qk) {
+    case 64: return f16 ? run_kernel<__half, 64>(p, causal, st) : run_kernel<__nv_bfloat16, 64>(p, causal, st);
+    case 128: return f16 ? run_kernel<__half, 128>(p, causal, st) : run_kernel<__nv_bfloat16, 128>(p, causal, st);
+    default: return f16 ? run_kernel<__half, 256>(p, causal, st) : run_kernel<__nv_bfloat16, 256>(p, causal, st);
+  }
+}
+
+}  // namespace hopper
+}  // namespace fusedattn

@@ -1,0 +1,146 @@
+// Thin PTX wrappers for the Hopper (sm_90a) forward kernel: mbarrier, TMA
+// (cp.async.bulk.tensor), wgmma fences, setmaxnreg and the shared-memory
+// matrix descriptor. Written against the PTX ISA 8.x text; no CUTLASS/CuTe.
+#pragma once
+#include <cstdint>
+
+namespace fusedattn {
+namespace hopper {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------- mbarrier
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Make the initialised barriers visible to the other threads and to the async
+// (TMA) proxy before anyone uses them.
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Block until the phase with the given parity has completed. On a freshly
+// initialised barrier (current phase 0) waiting for parity 1 returns at once.
+// Watchdog (on unless FUSEDATTN_HOPPER_NO_WATCHDOG), so that a pipeline bug
+// (phase / expect_tx mismatch) cannot hang the one GPU run: after 2^26 failed
+// polls (each a try_wait, which may itself suspend briefly: >= ~1 s in all;
+// legitimate waits here are microseconds)
+//   TRAP = true : the thread traps -> "unspecified launch failure";
+//   TRAP = false: the wait gives up and returns false; the caller carries on
+//                 with stale shared memory, so results are garbage (the check
+//                 fails) but the kernel ends. Used on the consumer side, where
+//                 a __trap path made ptxas spill and serialise wgmma (d=256).
+template <bool TRAP>
+__device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
+#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
+  uint32_t polls = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    if (++polls == (1u << 26)) {
+      if (TRAP) __trap();
+      return false;
+    }
+  }
+#else
+  while (!mbar_try_wait(bar, parity)) {
+  }
+#endif
+  return true;
+}
+
+// --------------------------------------------------------------------- TMA
+__device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// 4D tiled load, completion signalled on `bar` through complete_tx (bytes).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// ------------------------------------------------------------------- wgmma
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pin a register operand so the compiler cannot move its producers/consumers
+// across the fence / wait (same idea as CUTLASS's warpgroup_fence_operand).
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void reg_fence(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// ---------------------------------------------------------------- setmaxnreg
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
+// ------------------------------------------------- shared-memory descriptor
+// sm_90 wgmma matrix descriptor:
+//   bits  0-13 start address >> 4
+//   bits 16-29 leading-dimension byte offset >> 4
+//   bits 32-45 stride-dimension byte offset >> 4
+//   bits 49-51 base offset (0: every swizzle atom starts 1024-byte aligned)
+//   bits 62-63 swizzle: 1 = 128B, 2 = 64B, 3 = 32B, 0 = none
+// All tiles here use the 128B swizzle produced by TMA with
+// CU_TENSOR_MAP_SWIZZLE_128B on a box whose inner extent is 128 bytes
+// (64 x 16-bit): row r of a [rows][64] chunk sits at r*128 bytes and its
+// 16-byte unit u at unit (u ^ (r % 8)).
+//  * K-major operand (Q as A, K as B): SBO = 1024 (next 8 rows), LBO unused (1).
+//    A k16 step inside the 64-element chunk advances the start address by 32 B.
+//  * MN-major operand (V as B, trans-b = 1): canonical layout
+//    ((8,8,m),(8,k)) : ((1,8,LBO),(64,SBO)) in elements, i.e.
+//    LBO = byte distance between 64-wide MN chunks, SBO = 1024 (next 8 K rows).
+__device__ __forceinline__ uint64_t make_smem_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<uint64_t>(1) << 62;  // 128B swizzle
+  return d;
+}
+
+// ------------------------------------------------------------------- math
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace hopper
+}  // namespace fusedattn
