@@ -932,6 +932,20 @@ def require_cuda_kernel():
         pytest.skip("fusedattn was built without the CUDA engine")
 
 
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def opcheck_tests(dtype, device=None) -> tuple:
+    """opcheck's test_utils for a forward of this dtype. Its AOTAutograd test compares two backward
+    runs at dtype tolerance with atol 1e-5, so it needs bitwise-stable gradients: the CPU engine and
+    the CUDA tensor-core backward under deterministic_algorithms give them; the CUDA SIMT engine
+    (float32/float64) sums dQ and dbias with atomics in any order and has no deterministic mode, so
+    there the test is left out (tests/test_compile.py still compares compiled and eager gradients)."""
+    if _device_of(device).type == "cuda" and dtype in (torch.float32, torch.float64):
+        return OPCHECK_TESTS[:3]
+    return OPCHECK_TESTS
+
+
 @pytest.fixture
 def deterministic_algorithms():
     """torch.use_deterministic_algorithms(True, warn_only=True) for one test, restored after.

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fusedattn._ops  # noqa: F401  (loads the operators)
-from conftest import MATRIX, build_case, run_op, sample_inputs, to_device
+from conftest import MATRIX, build_case, opcheck_tests, run_op, sample_inputs, to_device
 
 CONFIGS = sample_inputs()
 
@@ -27,7 +27,7 @@ def _fwd_args(case):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_opcheck_fwd(cfg):
     case = to_device(build_case(cfg))
-    torch.library.opcheck(torch.ops.fusedattn.fwd.default, _fwd_args(case))
+    torch.library.opcheck(torch.ops.fusedattn.fwd.default, _fwd_args(case), test_utils=opcheck_tests(case.dtype))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)

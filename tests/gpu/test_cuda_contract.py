@@ -32,7 +32,8 @@ def _cuda_case(cfg):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_opcheck_fwd_cuda(cfg):
     case = _cuda_case(cfg)
-    torch.library.opcheck(torch.ops.fusedattn.fwd.default, case.op_args())
+    torch.library.opcheck(torch.ops.fusedattn.fwd.default, case.op_args(),
+                          test_utils=C.opcheck_tests(case.dtype, "cuda"))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
