@@ -37,9 +37,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
                       cu_seqlens_q, cu_seqlens_kv,  cu_seqlens_q_padded, cu_seqlens_kv_padded};
   const FwdInputs in = make_inputs(q, k, v, opt, rng_state, page_table);
 
-  Problem prob;
+  CheckedProblem prob;
   raise_if_error(check_fwd(args, in, &prob));
-  const FwdOutputShapes shapes = fwd_output_shapes(args, prob);
+  const FwdOutputShapes shapes = fwd_output_shapes(args, prob.get());
   const auto opts = q.options();
   at::Tensor out = empty_like_shape(shapes.out, opts);
   at::Tensor lse = empty_like_shape(shapes.lse, opts);
@@ -49,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
 
   FwdOutputs outs{to_ref(out, "out"), to_ref(lse, "softmax_lse"), to_ref(max_logit, "max_logit")};
   FwdParams params;
-  raise_if_error(make_fwd_params(args, in, outs, &params));
+  raise_if_error(make_fwd_params(args, in, prob, outs, &params));
   raise_if_error(Engine::run_fwd(params, q));
   return {out, lse, rng_out, max_logit};
 }
@@ -78,9 +78,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_impl(
   in.out = to_ref(out, "out");
   in.lse = to_ref(softmax_lse, "softmax_lse");
 
-  Problem prob;
+  CheckedProblem prob;
   raise_if_error(check_bwd(args, in, &prob));
-  const BwdOutputShapes shapes = bwd_output_shapes(args, in, prob);
+  const BwdOutputShapes shapes = bwd_output_shapes(args, in, prob.get());
   const auto opts = q.options();
   at::Tensor dq = empty_like_shape(shapes.dq, opts);
   at::Tensor dk = empty_like_shape(shapes.dk, opts);
@@ -91,7 +91,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_impl(
   BwdOutputs outs{to_ref(dq, "dq"), to_ref(dk, "dk"), to_ref(dv, "dv"), to_ref(dbias, "dbias"),
                   to_ref(d_off, "d_softmax_offset")};
   BwdParams params;
-  raise_if_error(make_bwd_params(args, in, outs, &params));
+  raise_if_error(make_bwd_params(args, in, prob, outs, &params));
   raise_if_error(Engine::run_bwd(params, q));
   return {dq, dk, dv, dbias, d_off};
 }

@@ -115,9 +115,7 @@ Status check_window(const FwdArgs& args) {
   return Status::Ok();
 }
 
-}  // namespace
-
-Status check_fwd(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
+Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
   const TensorRef& q = in.q;
   if (!q.defined() || !in.k.defined() || !in.v.defined()) {
     return Status::Invalid("q, k and v are required");
@@ -316,6 +314,8 @@ Status check_fwd(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
   return Status::Ok();
 }
 
+}  // namespace
+
 FwdOutputShapes fwd_output_shapes(const FwdArgs& args, const Problem& p) {
   FwdOutputShapes s;
   s.out.dtype = p.dtype;
@@ -367,14 +367,23 @@ OutputShape shape_of(const TensorRef& t) {
 }
 }  // namespace
 
-Status check_bwd(const BwdArgs& args, const BwdInputs& in, Problem* prob) {
+Status check_fwd(const FwdArgs& args, const FwdInputs& in, CheckedProblem* prob) {
+  prob->valid_ = false;
+  FUSEDATTN_RETURN_IF_ERROR(check_fwd_args(args, in, &prob->prob_));
+  prob->valid_ = true;
+  return Status::Ok();
+}
+
+Status check_bwd(const BwdArgs& args, const BwdInputs& in, CheckedProblem* checked) {
+  checked->valid_ = false;
+  Problem* prob = &checked->prob_;
   if (in.fwd.page_table.defined()) {
     return Status::Unsupported("backward through a KV cache (page_table) is not supported: the cache is for inference");
   }
   FwdArgs fargs = args.fwd;
   fargs.return_max_logit = false;
   // Backward always receives the forward's rng_state (zeros without dropout).
-  FUSEDATTN_RETURN_IF_ERROR(check_fwd(fargs, in.fwd, prob));
+  FUSEDATTN_RETURN_IF_ERROR(check_fwd_args(fargs, in.fwd, prob));
   const FwdOutputShapes s = fwd_output_shapes(fargs, *prob);
   FUSEDATTN_RETURN_IF_ERROR(check_like(in.out, s.out, in.fwd.q, "out"));
   FUSEDATTN_RETURN_IF_ERROR(check_like(in.dout, s.out, in.fwd.q, "dout"));
@@ -382,6 +391,7 @@ Status check_bwd(const BwdArgs& args, const BwdInputs& in, Problem* prob) {
   if (args.need_dbias && !in.fwd.bias.defined()) {
     return Status::Invalid("need_dbias is set but no core_attention_bias was given");
   }
+  checked->valid_ = true;
   return Status::Ok();
 }
 

@@ -97,9 +97,10 @@ void set_lse(const TensorRef& lse, Format q_format, float** data, int64_t* sb, i
 
 }  // namespace
 
-Status make_fwd_params(const FwdArgs& args, const FwdInputs& in, const FwdOutputs& out, FwdParams* p) {
-  Problem prob;
-  FUSEDATTN_RETURN_IF_ERROR(check_fwd(args, in, &prob));
+Status make_fwd_params(const FwdArgs& args, const FwdInputs& in, const CheckedProblem& checked, const FwdOutputs& out,
+                       FwdParams* p) {
+  if (!checked.valid()) return Status::Invalid("make_fwd_params: the call was not validated by check_fwd");
+  const Problem& prob = checked.get();
   *p = FwdParams{};
   fill_common(args, in, prob, p);
   p->out = seq_tensor(out.out, args.q_format);
@@ -108,9 +109,10 @@ Status make_fwd_params(const FwdArgs& args, const FwdInputs& in, const FwdOutput
   return Status::Ok();
 }
 
-Status make_bwd_params(const BwdArgs& args, const BwdInputs& in, const BwdOutputs& out, BwdParams* p) {
-  Problem prob;
-  FUSEDATTN_RETURN_IF_ERROR(check_bwd(args, in, &prob));
+Status make_bwd_params(const BwdArgs& args, const BwdInputs& in, const CheckedProblem& checked, const BwdOutputs& out,
+                       BwdParams* p) {
+  if (!checked.valid()) return Status::Invalid("make_bwd_params: the call was not validated by check_bwd");
+  const Problem& prob = checked.get();
   *p = BwdParams{};
   FwdParams& f = p->fwd;
   fill_common(args.fwd, in.fwd, prob, &f);

@@ -30,17 +30,38 @@ class SerialExecutor final : public Executor {
   int num_threads() const override { return 1; }
 };
 
+class CheckedProblem;
+
 // Validates every argument and derives the problem dimensions. Invalid
 // arguments and unsupported configurations are told apart by the status code.
-Status check_fwd(const FwdArgs& args, const FwdInputs& in, Problem* prob);
-Status check_bwd(const BwdArgs& args, const BwdInputs& in, Problem* prob);
+Status check_fwd(const FwdArgs& args, const FwdInputs& in, CheckedProblem* prob);
+Status check_bwd(const BwdArgs& args, const BwdInputs& in, CheckedProblem* prob);
+
+// The problem check_fwd / check_bwd derived from one call's arguments and
+// inputs. Only they fill one in, so make_*_params take it as the proof that
+// the call was validated and do not validate it again (pass the same args and
+// inputs that were checked).
+class CheckedProblem {
+ public:
+  const Problem& get() const { return prob_; }
+  bool valid() const { return valid_; }
+
+ private:
+  friend Status check_fwd(const FwdArgs&, const FwdInputs&, CheckedProblem*);
+  friend Status check_bwd(const BwdArgs&, const BwdInputs&, CheckedProblem*);
+  Problem prob_;
+  bool valid_ = false;
+};
 
 FwdOutputShapes fwd_output_shapes(const FwdArgs& args, const Problem& prob);
 BwdOutputShapes bwd_output_shapes(const BwdArgs& args, const BwdInputs& in, const Problem& prob);
 
-// Fill the engine parameters (calls check_* itself).
-Status make_fwd_params(const FwdArgs& args, const FwdInputs& in, const FwdOutputs& out, FwdParams* params);
-Status make_bwd_params(const BwdArgs& args, const BwdInputs& in, const BwdOutputs& out, BwdParams* params);
+// Fill the engine parameters of a checked call (Invalid if `prob` was not
+// filled in by a successful check).
+Status make_fwd_params(const FwdArgs& args, const FwdInputs& in, const CheckedProblem& prob, const FwdOutputs& out,
+                       FwdParams* params);
+Status make_bwd_params(const BwdArgs& args, const BwdInputs& in, const CheckedProblem& prob, const BwdOutputs& out,
+                       BwdParams* params);
 
 // CPU engine. Outputs must be allocated with the shapes above; the engine
 // writes every element of them (padded rows included).
