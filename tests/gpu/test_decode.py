@@ -19,6 +19,10 @@ NaN, so a read outside a sequence's pages shows up as NaN.
 Also: CUDA graph capture of a decode step replayed with new cache lengths and
 queries copied into the same buffers, and copy_to_kv_cache on CUDA against the
 CPU engine.
+
+The fused split-KV combine (FUSEDATTN_DECODE_FUSED_COMBINE=1, read once per
+process) is covered by test_decode_fused_combine: the decode tests of this file
+again in a child process with the switch on (and with a forced split count).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -317,6 +325,28 @@ def test_decode_cuda_graph_replay_new_lengths():
         ref = reference(tt, torch.float64)
         ref_lp = reference(tt, C.DTYPES[cfg.dtype])
         C.assert_matches_reference([C.tol_check("out", static_out.cpu(), ref.out, ref_lp.out, C.DTYPES[cfg.dtype])])
+
+
+# ---------------------------------------------------------------------------
+# The fused combine: the switch is read once per process, so the decode tests
+# above run again in a child process with it set. The graph-replay test checks
+# that the arrival counters start from zero on every replay; FUSEDATTN_DECODE_
+# SPLITS=3 gives uneven and empty splits (and one-tile sequences with splits).
+
+
+@pytest.mark.skipif(os.environ.get("FUSEDATTN_DECODE_FUSED_COMBINE") is not None,
+                    reason="already the child process (or the switch set by the caller)")
+@pytest.mark.parametrize("splits", [None, "3"], ids=["planned_splits", "splits3"])
+def test_decode_fused_combine(splits):
+    env = dict(os.environ, FUSEDATTN_DECODE_FUSED_COMBINE="1")
+    if splits is not None:
+        env["FUSEDATTN_DECODE_SPLITS"] = splits
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                        "-k", "not fused_combine and not copy_to_kv_cache"],
+                       cwd=str(Path(__file__).resolve().parents[2]), env=env, capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, f"fused-combine run failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert " passed" in r.stdout, r.stdout[-2000:]
 
 
 # ---------------------------------------------------------------------------

@@ -17,86 +17,20 @@ namespace decode {
 
 using simt::SeqInfo;
 
-// Merges the splits' partials of every output row: one warp per (b, i, h_q),
-// lanes along the head dim (4 floats each, d_v <= 256). Also writes the
-// padded bshd/sbhd rows.
+// Merges the splits' partials of every output row: one warp per (b, i, h_q)
+// (combine_row, epilogue.cuh). Also writes the padded bshd/sbhd rows.
 template <class T>
 __global__ void __launch_bounds__(256) decode_combine_kernel(const FwdParams p, const KernelArgs a) {
   const Problem& pr = p.prob;
   const int lane = threadIdx.x & 31;
-  const int dv = static_cast<int>(pr.d_v);
   const int64_t nrows = pr.b * pr.s_q * pr.h_q;
-  const int64_t stride_split = pr.b * pr.h_kv * a.rows;
-  T* out = static_cast<T*>(p.out.data);
+  const CombineShape<T> cs(p, a);
   for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < nrows;
        w += int64_t(gridDim.x) * (blockDim.x / 32)) {
     const int h = static_cast<int>(w % pr.h_q);
     const int64_t bi = w / pr.h_q;
     const int i = static_cast<int>(bi % pr.s_q), b = static_cast<int>(bi / pr.s_q);
-    const SeqInfo si = simt::seq_info(p, b);
-    float* lse_row = p.lse + int64_t(b) * p.lse_stride_b + int64_t(h) * p.lse_stride_h;
-    if (i >= si.len_q) {
-      if (!p.seqlens.q_is_thd) {
-        T* row = out + simt::row_base(p.out, b, i, h);
-        for (int c = lane * 4; c < dv; c += 128) store4<T>(row, p.out.stride_d, c, a.out_vec, 0.f, 0.f, 0.f, 0.f);
-        if (lane == 0) lse_row[int64_t(i) * p.lse_stride_s] = -INFINITY;
-      }
-      continue;
-    }
-    const int hk = h / a.group;
-    const int64_t wrow = (int64_t(b) * pr.h_kv + hk) * a.rows + int64_t(i) * a.group + h % a.group;
-    // Lane k holds the lse of splits k, k + 32, ...
-    float ls[kMaxSplits / 32];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits / 32; ++k) {
-      const int sp = lane + 32 * k;
-      ls[k] = sp < a.splits ? a.ws_lse[sp * stride_split + wrow] : -INFINITY;
-      mx = fmaxf(mx, ls[k]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float den = 0.f;
-    float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int k = 0; k < kMaxSplits / 32; ++k) {
-        if (32 * k >= a.splits) break;
-        const int ns = min(32, a.splits - 32 * k);
-        // Every split wrote O for every valid row (zeros when it saw no key),
-        // so the loads need no branch and several stay in flight.
-#pragma unroll 8
-        for (int j = 0; j < ns; ++j) {
-          const float lsj = __shfl_sync(0xffffffffu, ls[k], j);
-          const float wj = exp2f(lsj - mx);  // 0 for an empty split
-          den += wj;
-          const float* orow = a.ws_o + ((32 * k + j) * stride_split + wrow) * dv;
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            const int c = (lane + 32 * q) * 4;
-            if (c < dv) {
-              const float4 x4 = *reinterpret_cast<const float4*>(orow + c);
-              acc[q].x += wj * x4.x;
-              acc[q].y += wj * x4.y;
-              acc[q].z += wj * x4.z;
-              acc[q].w += wj * x4.w;
-            }
-          }
-        }
-      }
-    }
-    float fct, lse;
-    finalize_row(p, h, den, mx, &fct, &lse);
-    T* row = out + simt::row_base(p.out, b, si.tok_q + i, h);
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int c = (lane + 32 * q) * 4;
-      if (c < dv) {
-        store4<T>(row, p.out.stride_d, c, a.out_vec, acc[q].x * fct, acc[q].y * fct, acc[q].z * fct,
-                  acc[q].w * fct);
-      }
-    }
-    if (lane == 0) lse_row[(si.tok_q + i) * p.lse_stride_s] = lse;
+    combine_row<T>(p, a, cs, lane, b, i, h);
   }
 }
 

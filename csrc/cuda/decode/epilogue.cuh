@@ -1,11 +1,15 @@
 // Row epilogue shared by the decode kernel (one split) and the combine kernel
-// (several): the final scale and lse of a row, with the softmax sink, and
-// 4-element output stores.
+// (several): the final scale and lse of a row, with the softmax sink,
+// 4-element output stores, and the merge of one row's split partials
+// (combine_row: decode_combine_kernel, and the decode kernel's last block of
+// a row chunk under the fused combine).
 #pragma once
 
+#include "decode.h"
 #include "fusedattn/params.h"
 #include "ptx.cuh"
 #include "simt/common.cuh"
+#include "tile.h"
 
 namespace fusedattn {
 namespace decode {
@@ -49,6 +53,114 @@ __device__ __forceinline__ void store4(T* row, int64_t stride_d, int c, bool vec
     row[(c + 2) * stride_d] = simt::from_acc<T>(x2);
     row[(c + 3) * stride_d] = simt::from_acc<T>(x3);
   }
+}
+
+// A workspace float for combine_row. kL2: read at L2 (ld.global.cg), for the
+// fused combine, which reads partials other blocks of the same kernel wrote;
+// the combine kernel runs after the decode kernel and reads them plainly.
+template <bool kL2>
+__device__ __forceinline__ float ws_load(const float* x) {
+  if constexpr (kL2) {
+    return __ldcg(x);
+  } else {
+    return *x;
+  }
+}
+template <bool kL2>
+__device__ __forceinline__ float4 ws_load4(const float* x) {
+  if constexpr (kL2) {
+    return __ldcg(reinterpret_cast<const float4*>(x));
+  } else {
+    return *reinterpret_cast<const float4*>(x);
+  }
+}
+
+// What combine_row needs beyond the row (computed once per thread).
+template <class T>
+struct CombineShape {
+  int dv;
+  int64_t stride_split;  // ws elements between two splits' rows
+  T* out;
+  __device__ __forceinline__ explicit CombineShape(const FwdParams& p, const KernelArgs& a)
+      : dv(static_cast<int>(p.prob.d_v)),
+        stride_split(p.prob.b * p.prob.h_kv * a.rows),
+        out(static_cast<T*>(p.out.data)) {}
+};
+
+// Merges the splits' partials (KernelArgs::ws_o / ws_lse) of output row
+// (b, i, h) and writes it (out and lse; zeros and -inf for a padded bshd/sbhd
+// row, nothing for a thd row past the sequence). One warp, lanes along the
+// head dim (4 floats each, d_v <= 256); every lane calls it.
+template <class T, bool kL2 = false>
+__device__ __forceinline__ void combine_row(const FwdParams& p, const KernelArgs& a, const CombineShape<T>& cs,
+                                            int lane, int b, int i, int h) {
+  const Problem& pr = p.prob;
+  const int dv = cs.dv;
+  const int64_t stride_split = cs.stride_split;
+  T* out = cs.out;
+  const simt::SeqInfo si = simt::seq_info(p, b);
+  float* lse_row = p.lse + int64_t(b) * p.lse_stride_b + int64_t(h) * p.lse_stride_h;
+  if (i >= si.len_q) {
+    if (!p.seqlens.q_is_thd) {
+      T* row = out + simt::row_base(p.out, b, i, h);
+      for (int c = lane * 4; c < dv; c += 128) store4<T>(row, p.out.stride_d, c, a.out_vec, 0.f, 0.f, 0.f, 0.f);
+      if (lane == 0) lse_row[int64_t(i) * p.lse_stride_s] = -INFINITY;
+    }
+    return;
+  }
+  const int hk = h / a.group;
+  const int64_t wrow = (int64_t(b) * pr.h_kv + hk) * a.rows + int64_t(i) * a.group + h % a.group;
+  // Lane k holds the lse of splits k, k + 32, ...
+  float ls[kMaxSplits / 32];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    const int sp = lane + 32 * k;
+    ls[k] = sp < a.splits ? ws_load<kL2>(a.ws_lse + (sp * stride_split + wrow)) : -INFINITY;
+    mx = fmaxf(mx, ls[k]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float den = 0.f;
+  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  if (mx != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < kMaxSplits / 32; ++k) {
+      if (32 * k >= a.splits) break;
+      const int ns = min(32, a.splits - 32 * k);
+      // Every split wrote O for every valid row (zeros when it saw no key),
+      // so the loads need no branch and several stay in flight.
+#pragma unroll 8
+      for (int j = 0; j < ns; ++j) {
+        const float lsj = __shfl_sync(0xffffffffu, ls[k], j);
+        const float wj = exp2f(lsj - mx);  // 0 for an empty split
+        den += wj;
+        const float* orow = a.ws_o + ((32 * k + j) * stride_split + wrow) * dv;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int c = (lane + 32 * q) * 4;
+          if (c < dv) {
+            const float4 x4 = ws_load4<kL2>(orow + c);
+            acc[q].x += wj * x4.x;
+            acc[q].y += wj * x4.y;
+            acc[q].z += wj * x4.z;
+            acc[q].w += wj * x4.w;
+          }
+        }
+      }
+    }
+  }
+  float fct, lse;
+  finalize_row(p, h, den, mx, &fct, &lse);
+  T* row = out + simt::row_base(p.out, b, si.tok_q + i, h);
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int c = (lane + 32 * q) * 4;
+    if (c < dv) {
+      store4<T>(row, p.out.stride_d, c, a.out_vec, acc[q].x * fct, acc[q].y * fct, acc[q].z * fct, acc[q].w * fct);
+    }
+  }
+  if (lane == 0) lse_row[(si.tok_q + i) * p.lse_stride_s] = lse;
 }
 
 }  // namespace decode
