@@ -18,6 +18,7 @@
 #                          under compute-sanitizer memcheck and racecheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings
+#   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "fwd v2 bwd"; "" skips)
 #   GPU_CHECK_STEP_TIMEOUT seconds per pytest run (default 400); a run that dies on a
 #                          signal is re-run from its last test under cuda-gdb for a native backtrace
 set -uo pipefail
@@ -78,8 +79,36 @@ note "CUDA kernels registered" "$(tail -1 "$OUT/cuda_registered.log")"
 } > "$OUT/link.log" 2>&1
 note "std:: symbols defined in _C.so" "$(grep -oE "[0-9]+$" "$OUT/link.log" | head -1)"
 
-# ---- tests ---------------------------------------------------------------------------
+# ---- Hopper harnesses (9.0 GPUs): the standalone kernels before their library use ----
+# GPU_CHECK_HOPPER lists what to run: fwd (the dispatched forward: check, bench), v2 (the
+# overlapped forward variant: check2, bench2 = v1 and v2 side by side), bwd (the backward
+# prototype: check, bench); "" skips them.
 status=0
+case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-fwd v2 bwd}" ;; *) hopper_steps="" ;; esac
+if [ -n "$hopper_steps" ]; then
+  HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
+  tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 || { note "hopper fwd harness build" "FAILED"; status=1; }
+  tests/gpu/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 || { note "hopper bwd harness build" "FAILED"; status=1; }
+  for step in $hopper_steps; do
+    case "$step" in
+      fwd) h="$HH"; runs="check bench" ;;
+      v2) h="$HH"; runs="check2 bench2" ;;
+      bwd) h="$HB"; runs="check bench" ;;
+      *) note "hopper step $step" "unknown"; continue ;;
+    esac
+    [ -x "$h" ] || continue
+    for r in $runs; do
+      t0=$(now)
+      timeout 300 "$h" "$r" > "$OUT/hopper_${step}_${r}.log" 2>&1
+      rc=$?
+      [ $rc -ne 0 ] && status=1
+      note "hopper $step $r" "rc=$rc $(grep -E "passed|FAIL" "$OUT/hopper_${step}_${r}.log" | tail -1) ($(( $(now) - t0 )) s)"
+    done
+  done
+  rm -f "$HH" "$HB"
+fi
+
+# ---- tests ---------------------------------------------------------------------------
 # run_pytest LOG ARGS...: pytest with a time limit; on a crash (killed by a signal) the
 # test that was running is re-run under cuda-gdb so the log ends with a native backtrace.
 run_pytest() {
@@ -158,6 +187,7 @@ fi
 
 printf '\n== benchmark tables\n'
 cat "$OUT/RESULTS_gpu.md" 2>/dev/null
+grep -h -E "^(HBENCH|HBENCH2|HDIFF|HBWD)" "$OUT"/hopper_*_bench*.log 2>/dev/null
 printf '\n== failures\n'
 grep -hE "^(FAILED|ERROR) " "$OUT"/test_*.log 2>/dev/null | head -30
 printf '\n== summary\n'

@@ -142,5 +142,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Plain (non-tensor) bulk copy global -> shared, completing on an mbarrier
+// with complete_tx like the tensor loads (the backward's per-row lse / D slices).
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// Generic-proxy shared-memory writes (st.shared, stmatrix) become visible to
+// wgmma / TMA reads, which use the async proxy.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Barrier `id` (1-15; 0 is __syncthreads) among `nthreads` threads (a multiple
+// of 32): synchronises a subset of the CTA, e.g. the consumer warpgroups.
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t nthreads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+
 }  // namespace hopper
 }  // namespace fusedattn

@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Build the standalone Hopper (sm_90a) forward-kernel harness.
+# Build the standalone Hopper (sm_90a) forward-kernel harness (v1 and v2).
 #   tests/gpu/hopper/build.sh [OUT_BINARY]   (default /tmp/hopper_harness)
-# Then: OUT check | OUT bench | OUT one D S CAUSAL
+# Then: OUT check | OUT bench | OUT one D S CAUSAL            (v1, fwd_sm90.cuh)
+#       OUT check2 | OUT bench2 | OUT sweep2 | OUT one2 D S CAUSAL
+#                                          (v2, fwd_sm90_v2.cuh; bench2/sweep2 time v1 too)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 OUT="${1:-/tmp/hopper_harness}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+LOG="$(mktemp)"
+trap 'rm -f "$LOG"' EXIT
 "$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo \
-  -o "$OUT" "$ROOT/tests/gpu/hopper/harness.cu"
+  -o "$OUT" "$ROOT/tests/gpu/hopper/harness.cu" 2>&1 | tee "$LOG"
 echo "built $OUT"
+# Summary: kernels that spill, and ptxas wgmma diagnostics (C75xx: a
+# warpgroup.wait injected / wgmma serialised) -- both should be empty.
+echo "ptxas: $(grep -c 'Compiling entry function' "$LOG" || true) kernels," \
+  "$(grep -E 'bytes spill stores' "$LOG" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads' || true) with spills," \
+  "$(grep -cE 'C75[0-9][0-9]|serializ' "$LOG" || true) wgmma diagnostics"
+grep -E 'C75[0-9][0-9]|serializ' "$LOG" || true
 # Optional: confirm the kernels use Hopper wgmma (needs cuobjdump + nvdisasm).
 if command -v cuobjdump >/dev/null 2>&1; then
   echo "HGMMA instructions in SASS: $(cuobjdump --dump-sass "$OUT" 2>/dev/null | grep -c HGMMA || true)"

@@ -1,8 +1,17 @@
 // Standalone check + timer for the Hopper (sm_90a) forward prototype in
-// csrc/cuda/hopper/fwd_sm90.cuh. No torch, no library build.
-//   harness check              correctness vs. a naive fp32 GPU reference
-//   harness bench              TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
-//   harness one D S CAUSAL     one bench point (for ncu)
+// csrc/cuda/hopper/fwd_sm90.cuh (v1) and its variant fwd_sm90_v2.cuh (v2).
+// No torch, no library build.
+//   harness check              v1 correctness vs. a naive fp32 GPU reference
+//   harness bench              v1 TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
+//   harness one D S CAUSAL     one v1 bench point (for ncu)
+//   harness check2             v2 (default configs) on check's cases, plus longer
+//                              sequences and every sweep config on a few cases
+//   harness bench2             bench's table, v1 (HBENCH) and v2 (HBENCH2) on the
+//                              same inputs, plus HDIFF: v2 vs v1 outputs
+//   harness sweep2             v1 and every v2 config (BN/STAGES/ping-pong) on a
+//                              few points (HBENCH / HBENCH2 with cfg=)
+//   harness one2 D S CAUSAL    one v2 (default config) bench point (for ncu)
+// v1 lines are v1 even under -DFUSEDATTN_HOPPER_FWD_V2 (fwd_sm90_prepare).
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,8 +27,53 @@
 #include <vector>
 
 #include "../../../csrc/cuda/hopper/fwd_sm90.cuh"
+#include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
 
-using fusedattn::hopper::fwd_sm90;
+using fusedattn::hopper::FwdLaunch;
+using fusedattn::hopper::Sm90Args;
+typedef cudaError_t (*PrepFn)(FwdLaunch*, const Sm90Args&);
+
+// A kernel variant under test: its prepare function and a label.
+struct Variant {
+  PrepFn prep;
+  std::string name;
+};
+
+template <typename T, int D>
+static Variant v1_variant() {
+  return {fusedattn::hopper::fwd_sm90_prepare<T, D>, "v1"};
+}
+template <typename T, int D, int BN, int ST, bool PP>
+static Variant v2_cfg_variant() {
+  return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, BN, ST, PP>,
+          "v2:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp")};
+}
+template <typename T, int D>
+static Variant v2_variant() {
+  using C = fusedattn::hopper::FwdV2Default<D>;
+  return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP>();
+}
+// Configurations the sweep times (bf16); the default comes first.
+template <int D>
+static std::vector<Variant> v2_sweep_variants();
+template <>
+std::vector<Variant> v2_sweep_variants<64>() {
+  using T = __nv_bfloat16;
+  return {v2_variant<T, 64>(), v2_cfg_variant<T, 64, 128, 3, true>(), v2_cfg_variant<T, 64, 128, 4, false>(),
+          v2_cfg_variant<T, 64, 192, 3, true>()};
+}
+template <>
+std::vector<Variant> v2_sweep_variants<128>() {
+  using T = __nv_bfloat16;
+  return {v2_variant<T, 128>(), v2_cfg_variant<T, 128, 128, 2, true>(), v2_cfg_variant<T, 128, 128, 3, false>(),
+          v2_cfg_variant<T, 128, 176, 2, true>()};
+}
+template <>
+std::vector<Variant> v2_sweep_variants<256>() {
+  using T = __nv_bfloat16;
+  return {v2_variant<T, 256>(), v2_cfg_variant<T, 256, 80, 2, true>(), v2_cfg_variant<T, 256, 64, 2, false>(),
+          v2_cfg_variant<T, 256, 64, 2, true>()};
+}
 
 #define CK(...)                                                                              \
   do {                                                                                       \
@@ -146,14 +200,17 @@ static fusedattn::hopper::Sm90Args bshd_args(const void* q, const void* k, const
 }
 
 template <typename T, int D>
-static cudaError_t launch_fast(const T* q, const T* k, const T* v, T* o, float* lse, int b, int s, int h, int h_kv,
-                               float scale, bool causal) {
-  return fwd_sm90<T, D>(bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal), 0);
+static cudaError_t launch_fast(const Variant& var, const T* q, const T* k, const T* v, T* o, float* lse, int b, int s,
+                               int h, int h_kv, float scale, bool causal) {
+  FwdLaunch L;
+  cudaError_t e = var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal));
+  if (e != cudaSuccess) return e;
+  return fusedattn::hopper::fwd_sm90_launch(L, 0);
 }
 
 // ------------------------------------------------------------------- check
 template <typename T, int D>
-static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   Rng rng(seed);
   const size_t nq = static_cast<size_t>(b) * s * h * D;
   const size_t nkv = static_cast<size_t>(b) * s * h_kv * D;
@@ -178,14 +235,20 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
 
-  cudaError_t le = launch_fast<T, D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal);
+  cudaError_t le = launch_fast<T, D>(var, q, k, v, o, lse, b, s, h, h_kv, scale, causal);
   bool ok = true;
   if (le != cudaSuccess) {
-    std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, causal ? 1 : 0, h,
-                h_kv, cudaGetErrorString(le));
+    std::printf("FAIL %s%s%s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", var.name == "v1" ? "" : var.name.c_str(),
+                var.name == "v1" ? "" : " ", Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, cudaGetErrorString(le));
     ok = false;
   } else {
-    CK(cudaDeviceSynchronize());
+    // A kernel fault (watchdog trap, bad address) is sticky: report and stop.
+    const cudaError_t se = cudaDeviceSynchronize();
+    if (se != cudaSuccess) {
+      std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", var.name.c_str(), Conv<T>::name(), D, s,
+                  causal ? 1 : 0, h, h_kv, cudaGetErrorString(se));
+      std::exit(1);
+    }
     std::vector<T> ho(nq);
     std::vector<float> hor(nq), hl(nl), hlr(nl);
     CK(cudaMemcpy(ho.data(), o, nq * sizeof(T), cudaMemcpyDeviceToHost));
@@ -214,7 +277,8 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
     }
     const double rel = std::sqrt(num / std::max(den, 1e-30));
     ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2;
-    std::printf("%s %s d=%d s=%d causal=%d h=%d/%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu\n", ok ? "PASS" : "FAIL",
+    std::printf("%s %s%s%s d=%d s=%d causal=%d h=%d/%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu\n",
+                ok ? "PASS" : "FAIL", var.name == "v1" ? "" : var.name.c_str(), var.name == "v1" ? "" : " ",
                 Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, rel, max_abs, lse_err, nan_count);
   }
   CK(cudaFree(q));
@@ -227,14 +291,62 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
   return ok;
 }
 
+// v2 = false: v1; true: v2 with its default config.
 template <typename T>
-static bool check_d(int d, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+static bool check_d(int d, int b, int s, int h, int h_kv, bool causal, uint64_t seed, bool v2 = false) {
   switch (d) {
-    case 64: return check_case<T, 64>(b, s, h, h_kv, causal, seed);
-    case 128: return check_case<T, 128>(b, s, h, h_kv, causal, seed);
-    case 256: return check_case<T, 256>(b, s, h, h_kv, causal, seed);
+    case 64: return check_case<T, 64>(v2 ? v2_variant<T, 64>() : v1_variant<T, 64>(), b, s, h, h_kv, causal, seed);
+    case 128: return check_case<T, 128>(v2 ? v2_variant<T, 128>() : v1_variant<T, 128>(), b, s, h, h_kv, causal, seed);
+    case 256: return check_case<T, 256>(v2 ? v2_variant<T, 256>() : v1_variant<T, 256>(), b, s, h, h_kv, causal, seed);
   }
   return false;
+}
+
+template <int D>
+static void check2_sweep(int* n, int* fails, uint64_t* seed) {
+  const int ss[] = {17, 200, 333, 1024};
+  for (const Variant& var : v2_sweep_variants<D>())
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++*n;
+        if (!check_case<__nv_bfloat16, D>(var, 2, s, 4, 2, causal != 0, (*seed)++)) ++*fails;
+      }
+}
+
+// v2: check's cases with the default configs, then longer sequences (the
+// ring wraps many times), then every sweep config on a few tails.
+static int run_check2() {
+  int fails = 0, n = 0;
+  uint64_t seed = 1234;
+  const int ds[] = {64, 128, 256};
+  const int ss[] = {1, 17, 128, 200, 1024};
+  const int hkvs[] = {2, 4};
+  for (int d : ds)
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal)
+        for (int hkv : hkvs) {
+          ++n;
+          if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, seed++, true)) ++fails;
+        }
+  const int s16[] = {17, 200};
+  for (int d : ds)
+    for (int s : s16)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++n;
+        if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, seed++, true)) ++fails;
+      }
+  const int slong[] = {2000, 2048};
+  for (int d : ds)
+    for (int s : slong)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++n;
+        if (!check_d<__nv_bfloat16>(d, 1, s, 2, 1, causal != 0, seed++, true)) ++fails;
+      }
+  check2_sweep<64>(&n, &fails, &seed);
+  check2_sweep<128>(&n, &fails, &seed);
+  check2_sweep<256>(&n, &fails, &seed);
+  std::printf("check2: %d/%d passed\n", n - fails, n);
+  return fails == 0 ? 0 : 1;
 }
 
 static int run_check() {
@@ -263,13 +375,40 @@ static int run_check() {
 }
 
 // ------------------------------------------------------------------- bench
+// Median of 20 timed launches (after 5 warm-ups); < 0 on a launch error.
+static double time_launch(const FwdLaunch& L) {
+  for (int i = 0; i < 5; ++i)
+    if (fusedattn::hopper::fwd_sm90_launch(L) != cudaSuccess) return -1.0;
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 20; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(fusedattn::hopper::fwd_sm90_launch(L));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t = 0.f;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return 0.5 * (ms[9] + ms[10]);
+}
+
+// vars[0] is the reference for HDIFF (v1 when present). Line tag: HBENCH for
+// v1, HBENCH2 for v2 configs (with cfg= unless only_default).
 template <int D>
-static bool bench_point(int s, bool causal) {
+static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bool show_cfg) {
   using T = __nv_bfloat16;
   const int tokens = 16384;
   const int b = std::max(1, tokens / s);
   const int h = 2048 / D, h_kv = h;
   const size_t n = static_cast<size_t>(b) * s * h * D;
+  const size_t nl = static_cast<size_t>(b) * h * s;
   Rng rng(42 + s + D);
   T* q = upload_random<T>(n, rng, -2.f, 2.f);
   T* k = upload_random<T>(n, rng, -2.f, 2.f);
@@ -277,46 +416,67 @@ static bool bench_point(int s, bool causal) {
   T* o = nullptr;
   float* lse = nullptr;
   CK(cudaMalloc(&o, n * sizeof(T)));
-  CK(cudaMalloc(&lse, static_cast<size_t>(b) * h * s * sizeof(float)));
+  CK(cudaMalloc(&lse, nl * sizeof(float)));
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const double flops = 4.0 * b * h * static_cast<double>(s) * s * D / (causal ? 2.0 : 1.0);
   bool ok = true;
-  fusedattn::hopper::FwdLaunch L;
-  cudaError_t pe = fusedattn::hopper::fwd_sm90_prepare<T, D>(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale,
-                                                                                causal));
-  if (pe != cudaSuccess) {
-    std::printf("HBENCH d=%d s=%d causal=%d prepare error: %s\n", D, s, causal ? 1 : 0, cudaGetErrorString(pe));
-    ok = false;
-  }
-  for (int i = 0; ok && i < 5; ++i) {
-    cudaError_t e = fusedattn::hopper::fwd_sm90_launch(L);
-    if (e != cudaSuccess) {
-      std::printf("HBENCH d=%d s=%d causal=%d launch error: %s\n", D, s, causal ? 1 : 0, cudaGetErrorString(e));
+  std::vector<T> ref_o, cur_o;
+  std::vector<float> ref_l, cur_l;
+  for (size_t vi = 0; vi < vars.size(); ++vi) {
+    const Variant& var = vars[vi];
+    const bool is_v1 = var.name == "v1";
+    const char* tag = is_v1 ? "HBENCH" : "HBENCH2";
+    std::string cfg = (show_cfg && !is_v1) ? " cfg=" + var.name : "";
+    CK(cudaMemset(o, 0xFF, n * sizeof(T)));
+    CK(cudaMemset(lse, 0xFF, nl * sizeof(float)));
+    FwdLaunch L;
+    cudaError_t pe = var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal));
+    if (pe != cudaSuccess) {
+      std::printf("%s d=%d s=%d causal=%d%s prepare error: %s\n", tag, D, s, causal ? 1 : 0, cfg.c_str(),
+                  cudaGetErrorString(pe));
       ok = false;
-      break;
+      continue;
     }
-  }
-  if (ok) {
-    CK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      CK(cudaEventRecord(e0));
-      CK(fusedattn::hopper::fwd_sm90_launch(L));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float t = 0.f;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
+    const double med = time_launch(L);
+    if (med < 0.0) {
+      std::printf("%s d=%d s=%d causal=%d%s launch error: %s\n", tag, D, s, causal ? 1 : 0, cfg.c_str(),
+                  cudaGetErrorString(cudaGetLastError()));
+      ok = false;
+      continue;
     }
-    std::sort(ms.begin(), ms.end());
-    const double med = 0.5 * (ms[9] + ms[10]);
-    const double flops = 4.0 * b * h * static_cast<double>(s) * s * D / (causal ? 2.0 : 1.0);
-    std::printf("HBENCH d=%d s=%d causal=%d fwd %.3f ms %.1f TF/s\n", D, s, causal ? 1 : 0, med,
-                flops / (med * 1e-3) / 1e12);
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    std::printf("%s d=%d s=%d causal=%d fwd %.3f ms %.1f TF/s%s\n", tag, D, s, causal ? 1 : 0, med,
+                flops / (med * 1e-3) / 1e12, cfg.c_str());
+    // Outputs of this variant (all launches wrote the same values) vs vars[0].
+    std::vector<T>& dst_o = vi == 0 ? ref_o : cur_o;
+    std::vector<float>& dst_l = vi == 0 ? ref_l : cur_l;
+    dst_o.resize(n);
+    dst_l.resize(nl);
+    CK(cudaMemcpy(dst_o.data(), o, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(dst_l.data(), lse, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    if (vi > 0 && !ref_o.empty()) {
+      double max_o = 0.0, max_l = 0.0;
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const float a = Conv<T>::to_f(cur_o[i]), r = Conv<T>::to_f(ref_o[i]);
+        if (!std::isfinite(a) || !std::isfinite(r)) {
+          ++bad;
+          continue;
+        }
+        max_o = std::max(max_o, static_cast<double>(std::fabs(a - r)));
+      }
+      for (size_t i = 0; i < nl; ++i) {
+        if (!std::isfinite(cur_l[i]) || !std::isfinite(ref_l[i])) {
+          ++bad;
+          continue;
+        }
+        max_l = std::max(max_l, static_cast<double>(std::fabs(cur_l[i] - ref_l[i])));
+      }
+      // bf16 outputs in [-1, 1]: a few ulps (~1e-2) are rounding-order noise.
+      const bool same = bad == 0 && max_o < 3e-2 && max_l < 1e-3;
+      std::printf("HDIFF d=%d s=%d causal=%d %s vs %s: %s max_abs_o=%.3e max_abs_lse=%.3e nonfinite=%zu\n", D, s,
+                  causal ? 1 : 0, var.name.c_str(), vars[0].name.c_str(), same ? "OK" : "MISMATCH", max_o, max_l, bad);
+      if (!same) ok = false;
+    }
   }
   CK(cudaFree(q));
   CK(cudaFree(k));
@@ -326,23 +486,45 @@ static bool bench_point(int s, bool causal) {
   return ok;
 }
 
-static bool bench_d(int d, int s, bool causal) {
+// which: 0 = v1, 1 = v2 default, 2 = v1 + v2 default, 3 = v1 + every v2 sweep config.
+template <int D>
+static std::vector<Variant> bench_variants(int which) {
+  using T = __nv_bfloat16;
+  std::vector<Variant> vars;
+  if (which != 1) vars.push_back(v1_variant<T, D>());
+  if (which == 1 || which == 2) vars.push_back(v2_variant<T, D>());
+  if (which == 3)
+    for (const Variant& v : v2_sweep_variants<D>()) vars.push_back(v);
+  return vars;
+}
+
+static bool bench_d(int d, int s, bool causal, int which = 0) {
   switch (d) {
-    case 64: return bench_point<64>(s, causal);
-    case 128: return bench_point<128>(s, causal);
-    case 256: return bench_point<256>(s, causal);
+    case 64: return bench_point<64>(s, causal, bench_variants<64>(which), which == 3);
+    case 128: return bench_point<128>(s, causal, bench_variants<128>(which), which == 3);
+    case 256: return bench_point<256>(s, causal, bench_variants<256>(which), which == 3);
   }
   std::printf("unsupported d=%d\n", d);
   return false;
 }
 
-static int run_bench() {
+static int run_bench(int which) {
   bool ok = true;
   const int ds[] = {64, 128, 256};
   const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
   for (int d : ds)
     for (int s : ss)
-      for (int causal = 0; causal < 2; ++causal) ok = bench_d(d, s, causal != 0) && ok;
+      for (int causal = 0; causal < 2; ++causal) ok = bench_d(d, s, causal != 0, which) && ok;
+  return ok ? 0 : 1;
+}
+
+static int run_sweep2() {
+  bool ok = true;
+  const int ds[] = {64, 128, 256};
+  const int ss[] = {2048, 16384};
+  for (int d : ds)
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal) ok = bench_d(d, s, causal != 0, 3) && ok;
   return ok ? 0 : 1;
 }
 
@@ -358,14 +540,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (mode == "check") return run_check();
-  if (mode == "bench") return run_bench();
-  if (mode == "one") {
+  if (mode == "check2") return run_check2();
+  if (mode == "bench") return run_bench(0);
+  if (mode == "bench2") return run_bench(2);
+  if (mode == "sweep2") return run_sweep2();
+  if (mode == "one" || mode == "one2") {
     if (argc < 5) {
-      std::fprintf(stderr, "usage: %s one D S CAUSAL\n", argv[0]);
+      std::fprintf(stderr, "usage: %s %s D S CAUSAL\n", argv[0], mode.c_str());
       return 2;
     }
-    return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
+    return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0, mode == "one" ? 0 : 1) ? 0 : 1;
   }
-  std::fprintf(stderr, "usage: %s check | bench | one D S CAUSAL\n", argv[0]);
+  std::fprintf(stderr, "usage: %s check | check2 | bench | bench2 | sweep2 | one D S CAUSAL | one2 D S CAUSAL\n",
+               argv[0]);
   return 2;
 }

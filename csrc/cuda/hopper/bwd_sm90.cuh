@@ -1,0 +1,608 @@
+// Hopper (sm_90a) FlashAttention backward prototype (FlashAttention-3-like):
+// TMA + mbarrier ring from a producer warpgroup, two wgmma consumer warpgroups.
+// Not wired into the library yet; checked and timed by
+// tests/gpu/hopper/bwd_harness.cu.
+//
+//   q, dO, o [b, s_q, h, d]; k, v [b, s_kv, h_kv, d]; lse fp32 [b, h, s_q]
+//   (natural log); dq like q; dk, dv like k. All bshd CONTIGUOUS, bf16/fp16,
+//   d in {64, 128}. GQA: h % h_kv == 0 (a CTA walks all the query heads of its
+//   group, so dK/dV need no cross-CTA reduction). Causal = top-left diagonal
+//   (key j visible to query i iff j <= i).
+//
+// Three kernels:
+//  (1) bwd_pre_kernel: per query row, Dsum = rowsum(dO * O) (fp32), lse2 =
+//      lse * log2(e) (+inf for rows with lse = -inf and for the padding rows up
+//      to s_pad = roundup(s_q, 128), so P = 0 there), zeroes the fp32 dQ
+//      accumulator [b, s_q, h, d].
+//  (2) bwd_sm90_kernel: one CTA per (key tile of BN = 128 keys, kv head, batch),
+//      384 threads:
+//      WG0 producer (setmaxnreg.dec 24): one thread TMA-loads K, V once, then
+//          streams (Q tile, dO tile, lse2 row slice, Dsum row slice) through a
+//          STAGES-deep ring (full barrier with complete_tx, empty barrier with
+//          8 consumer-warp arrivals); the row slices come by cp.async.bulk.
+//      WG1, WG2 consumers (setmaxnreg.inc 240); consumer cw owns keys
+//          [64cw, 64cw+64) of the tile. Per query tile (BM rows):
+//            S^T  = K_cw Q^T       wgmma SS  m64nBMk16 (both K-major)
+//            dP^T = V_cw dO^T      wgmma SS
+//            P^T  = exp2(S^T*scale*log2e - lse2[q]), causal mask -> 0
+//            dS^T = P^T (dP^T - Dsum[q])
+//            P^T, dS^T -> 16-bit A fragments in registers (as the forward's P)
+//            dS^T -> shared memory, [key][query] with the 128B swizzle
+//                    (query-contiguous = M-major A for dQ), fence.proxy.async,
+//                    named barrier over both consumer WGs (double-buffered by
+//                    iteration parity, so one barrier per iteration suffices)
+//            dQ_part = dS K        wgmma SS with trans-a = trans-b = 1
+//                    (d=128, BM=64 : WG cw computes dQ[:, 64cw..64cw+63] over
+//                                    all 128 keys)
+//                    (d=64, BM=128 : WG cw computes dQ[64cw..64cw+63, :] over
+//                                    all 128 keys)
+//            dV  += P^T dO         wgmma RS (dO MN-major via trans-b)
+//            dK  += dS^T Q         wgmma RS
+//            dQ_part -> fp32 atomicAdd(float2) into the dQ accumulator
+//                    (overlapped with the dV/dK wgmmas: wait_group 1).
+//          Epilogue: dK * scale, dV -> 16-bit, plain stores.
+//  (3) bwd_post_kernel: dq = dQ_acc * scale -> 16-bit.
+//
+// Tiles: d=128: BM=64, BN=128; d=64: BM=128, BN=128; STAGES = 2.
+// Registers per consumer thread (fp32 accumulators): d=128: dK 64 + dV 64 +
+// S^T 32 + dP^T 32 (then P/dS fragments 16 + 16 and dQ 32); d=64: dK 32 +
+// dV 32 + S^T 64 + dP^T 64 (then 32 + 32 fragments and dQ 32).
+// Shared memory: d=128: K 32K + V 32K + 2 x (Q 16K + dO 16K) + 2 x dS 16K
+// + 2 x 512 B rows ~ 162 KB; d=64: 16K + 16K + 2 x 32K + 2 x dS 32K + 2 KB ~ 162 KB.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "fwd_sm90.cuh"  // detail::make_map, pack2 (and ptx_sm90.cuh, wgmma.cuh)
+
+namespace fusedattn {
+namespace hopper {
+
+template <int D>
+struct BwdTile;
+template <>
+struct BwdTile<64> {
+  static constexpr int BM = 128, BN = 128, STAGES = 2;
+};
+template <>
+struct BwdTile<128> {
+  static constexpr int BM = 64, BN = 128, STAGES = 2;
+};
+
+constexpr int kBwdRowPad = 128;  // s_pad = roundup(s_q, kBwdRowPad) for lse2/Dsum rows (>= every BM)
+
+template <int D>
+struct BwdSmem {
+  using Tile = BwdTile<D>;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
+  static constexpr int kKVBytes = BN * D * 2;  // one of K, V
+  static constexpr int kQBytes = BM * D * 2;   // one of Q, dO (per stage)
+  static constexpr int kDSBytes = BM * BN * 2;  // one dS^T buffer
+  static constexpr int kRowBytes = BM * 4;      // one lse2 / Dsum slice
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKVBytes;
+  static constexpr int kQ = kV + kKVBytes;
+  static constexpr int kdO = kQ + STAGES * kQBytes;
+  static constexpr int kdS = kdO + STAGES * kQBytes;
+  static constexpr int kL = kdS + 2 * kDSBytes;
+  static constexpr int kDs = kL + STAGES * kRowBytes;
+  static constexpr int kBar = kDs + STAGES * kRowBytes;
+  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
+  static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
+  static_assert(kQ % 1024 == 0 && kdO % 1024 == 0 && kdS % 1024 == 0 && kL % 16 == 0, "swizzle atoms 1024-aligned");
+  static_assert(kTotal <= 227 * 1024, "shared memory");
+};
+
+struct BwdParams {
+  float* dq_acc;       // [b, s_q, h, D] fp32, zeroed by the preprocess kernel
+  const float* lse2;   // [b, h, s_pad] (log2 domain, +inf padding)
+  const float* dsum;   // [b, h, s_pad] (0 padding)
+  void* dk;            // [b, s_kv, h_kv, D]
+  void* dv;            // [b, s_kv, h_kv, D]
+  int b, s_q, s_kv, h, h_kv, s_pad;
+  float scale_log2;  // softmax scale * log2(e)
+  float scale;       // softmax scale
+};
+
+constexpr int kBwdThreads = 384;
+constexpr int kBwdConsumerWarps = 8;
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// ------------------------------------------------------------- preprocess
+// One warp per (b, h, row < s_pad).
+template <typename T, int D>
+__global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void* dout_, const float* lse, float* lse2,
+                                                      float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+  const T* o = static_cast<const T*>(o_);
+  const T* dout = static_cast<const T*>(dout_);
+  const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const long long total = static_cast<long long>(b) * h * s_pad;
+  if (warp >= total) return;
+  const int i = static_cast<int>(warp % s_pad);
+  const long long bh = warp / s_pad;
+  const int hh = static_cast<int>(bh % h);
+  const int bb = static_cast<int>(bh / h);
+  if (i < s) {
+    constexpr int PER = D / 32;  // 2 or 4 elements per lane, contiguous
+    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + lane * PER;
+    float acc = 0.f;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+      float ov, dv;
+      if constexpr (std::is_same<T, __half>::value) {
+        ov = __half2float(o[base + e]);
+        dv = __half2float(dout[base + e]);
+      } else {
+        ov = __bfloat162float(o[base + e]);
+        dv = __bfloat162float(dout[base + e]);
+      }
+      acc = fmaf(ov, dv, acc);
+      dq_acc[base + e] = 0.f;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+      dsum[warp] = acc;
+      const float l = lse[bh * s + i];
+      lse2[warp] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+    }
+  } else if (lane == 0) {
+    dsum[warp] = 0.f;
+    lse2[warp] = INFINITY;
+  }
+}
+
+// ------------------------------------------------------------ postprocess
+template <typename T>
+__global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void* dq_, long long n4, float scale) {
+  T* dq = static_cast<T*>(dq_);
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(dq_acc)[i];
+    uint2 w;
+    if constexpr (std::is_same<T, __half>::value) {
+      w.x = pack2<true>(v.x * scale, v.y * scale);
+      w.y = pack2<true>(v.z * scale, v.w * scale);
+    } else {
+      w.x = pack2<false>(v.x * scale, v.y * scale);
+      w.y = pack2<false>(v.z * scale, v.w * scale);
+    }
+    reinterpret_cast<uint2*>(dq)[i] = w;
+  }
+}
+
+// ------------------------------------------------------------ main kernel
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                    const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                    const BwdParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  constexpr bool F16 = std::is_same<T, __half>::value;
+  using Smem = BwdSmem<D>;
+  constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
+  constexpr int DCH = D / 64;
+  constexpr bool SPLIT_M = (BM == 128);      // dQ work split over the two consumers by rows (else by d columns)
+  constexpr int NDQ = SPLIT_M ? D : D / 2;  // dQ columns per consumer
+  static_assert(BN == 128, "two consumer warpgroups x 64 keys");
+  static_assert(BM == 64 || BM == 128, "query tile");
+  static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u;
+  uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
+  const uint32_t sK = sbase + Smem::kK;
+  const uint32_t sV = sbase + Smem::kV;
+  const uint32_t sQ0 = sbase + Smem::kQ;
+  const uint32_t sdO0 = sbase + Smem::kdO;
+  const uint32_t sdS0 = sbase + Smem::kdS;
+  const uint32_t sL0 = sbase + Smem::kL;
+  const uint32_t sDs0 = sbase + Smem::kDs;
+  const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
+  const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
+  const uint32_t bar0 = sbase + Smem::kBar;
+  const uint32_t bar_kv = bar0;
+  auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int n_blk = blockIdx.x;
+  const int hk = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int G = p.h / p.h_kv;
+  const int n_m = (p.s_q + BM - 1) / BM;
+  const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
+
+  if (tid == 0) {
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), kBwdConsumerWarps);
+    }
+    mbar_fence_init();
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+    tma_prefetch_desc(&tmdO);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<24>();
+    if (tid == 0) {
+      // Tensor-map dims are (d, heads, seq, batch).
+      mbar_arrive_expect_tx(bar_kv, 2 * Smem::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c) tma_load_4d(sK + c * BN * 128, &tmK, bar_kv, c * 64, hk, n_blk * BN, batch);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c) tma_load_4d(sV + c * BN * 128, &tmV, bar_kv, c * 64, hk, n_blk * BN, batch);
+      int it = 0;
+      for (int g = 0; g < G; ++g) {
+        const int head = hk * G + g;
+        for (int m = m_start; m < n_m; ++m, ++it) {
+          const int s = it % STAGES;
+          const uint32_t use = it / STAGES;
+          mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
+          mbar_arrive_expect_tx(bar_full(s), 2 * Smem::kQBytes + 2 * Smem::kRowBytes);
+#pragma unroll
+          for (int c = 0; c < DCH; ++c)
+            tma_load_4d(sQ0 + s * Smem::kQBytes + c * BM * 128, &tmQ, bar_full(s), c * 64, head, m * BM, batch);
+#pragma unroll
+          for (int c = 0; c < DCH; ++c)
+            tma_load_4d(sdO0 + s * Smem::kQBytes + c * BM * 128, &tmdO, bar_full(s), c * 64, head, m * BM, batch);
+          const size_t row_off = (static_cast<size_t>(batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
+          bulk_g2s(sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
+          bulk_g2s(sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
+        }
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1;  // keys [64cw, 64cw+64) of the tile
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  const int qd = lane & 3;
+  const int r0 = lane >> 2;
+  // This thread's key rows (accumulator fragment rows) inside the tile: key_l, key_l + 8.
+  const int key_l = cw * 64 + warp * 16 + r0;
+  const int key_g = n_blk * BN + key_l;
+  const float sl2 = p.scale_log2;
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    dk[i] = 0.f;
+    dv[i] = 0.f;
+  }
+
+  // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
+  bool timed_out = !mbar_wait<false>(bar_kv, 0);
+  __syncwarp();
+
+  int it = 0;
+  for (int g = 0; g < G; ++g) {
+    const int head = hk * G + g;
+    for (int m = m_start; m < n_m; ++m, ++it) {
+      const int s = it % STAGES;
+      const uint32_t ph = (it / STAGES) & 1u;
+      const uint32_t sQ = sQ0 + s * Smem::kQBytes;
+      const uint32_t sdO = sdO0 + s * Smem::kQBytes;
+      const uint32_t sdS = sdS0 + (it & 1) * Smem::kDSBytes;
+
+      // ---------------- S^T = K Q^T, dP^T = V dO^T (64 keys x BM queries per WG)
+      float sacc[BM / 2], pacc[BM / 2];
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) {
+        sacc[i] = 0.f;
+        pacc[i] = 0.f;
+      }
+      timed_out |= !mbar_wait<false>(bar_full(s), ph);
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) {
+        reg_fence(sacc[i]);
+        reg_fence(pacc[i]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        const uint32_t a_addr = sK + (k / 4) * (BN * 128) + cw * (64 * 128) + (k % 4) * 32;
+        const uint32_t b_addr = sQ + (k / 4) * (BM * 128) + (k % 4) * 32;
+        Wgmma<BM, F16>::ss(sacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+      }
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        const uint32_t a_addr = sV + (k / 4) * (BN * 128) + cw * (64 * 128) + (k % 4) * 32;
+        const uint32_t b_addr = sdO + (k / 4) * (BM * 128) + (k % 4) * 32;
+        Wgmma<BM, F16>::ss(pacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) {
+        reg_fence(sacc[i]);
+        reg_fence(pacc[i]);
+      }
+
+      // ---------------- P^T, dS^T (fragment: rows key_l (+8 hf), cols 8j + 2qd + e),
+      // packed into 16-bit A fragments step by step (k-step t = queries 16t..16t+15,
+      // same mapping as the forward's P) so the fp32 S/dP registers die early.
+      const float* Ls = gL0 + s * BM;
+      const float* Dss = gDs0 + s * BM;
+      const bool diag = CAUSAL && (n_blk * BN + BN - 1 > m * BM);
+      // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
+      // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
+      const bool ktail = (n_blk + 1) * BN > p.s_kv;
+      uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+      for (int t = 0; t < BM / 16; ++t) {
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int j = 2 * t + jj;
+          const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
+          const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int idx = 4 * j + 2 * hf + e;
+              float sv = sacc[idx];
+              if (diag) {
+                const int q = m * BM + 8 * j + 2 * qd + e;
+                if (key_g + 8 * hf > q) sv = -INFINITY;
+              }
+              if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
+              const float pv = fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
+              sacc[idx] = pv;
+              pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
+          da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
+        }
+        // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
+        // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
+          const int kl = key_l + 8 * (i & 1);
+          const int cc = c & 63;
+          const uint32_t addr =
+              sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
+          st_shared_b32(addr, da[t][i]);
+        }
+      }
+      fence_proxy_async_smem();
+      named_bar_sync(1, 256);  // both consumers' halves of dS^T are in smem
+
+      // ---------------- dQ_part = dS K ; dV += P^T dO ; dK += dS^T Q
+      float dq[NDQ / 2];
+#pragma unroll
+      for (int i = 0; i < NDQ / 2; ++i) dq[i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) {
+        reg_fence(dk[i]);
+        reg_fence(dv[i]);
+      }
+#pragma unroll
+      for (int t = 0; t < BM / 16; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          reg_fence(pa[t][i]);
+          reg_fence(da[t][i]);
+        }
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < BN / 16; ++t) {
+        // A = dS (M = queries, M-major): one 64-query chunk; B = K (N = d, N-major).
+        const uint32_t a_addr = sdS + (SPLIT_M ? cw * (BN * 128) : 0) + t * (16 * 128);
+        const uint32_t b_addr = sK + (SPLIT_M ? 0 : cw * (NDQ / 64) * (BN * 128)) + t * (16 * 128);
+        WgmmaTT<NDQ, F16>::ss(dq, make_smem_desc(a_addr, BN * 128, 1024), make_smem_desc(b_addr, BN * 128, 1024),
+                              t > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int t = 0; t < BM / 16; ++t) {
+        const uint32_t b_addr = sdO + t * (16 * 128);
+        Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
+      }
+#pragma unroll
+      for (int t = 0; t < BM / 16; ++t) {
+        const uint32_t b_addr = sQ + t * (16 * 128);
+        Wgmma<D, F16>::rs(dk, da[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ group done
+#pragma unroll
+      for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
+
+      // dQ partial -> fp32 accumulator (rows: queries; cols: d).
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int qrow = m * BM + (SPLIT_M ? cw * 64 : 0) + warp * 16 + r0 + 8 * hf;
+        if (qrow < p.s_q) {
+          float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + qrow) * p.h + head) * D +
+                       (SPLIT_M ? 0 : cw * NDQ) + 2 * qd;
+#pragma unroll
+          for (int j = 0; j < NDQ / 8; ++j)
+            atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]));
+        }
+      }
+
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) {
+        reg_fence(dk[i]);
+        reg_fence(dv[i]);
+      }
+      // All wgmma reading stage s (Q, dO) have completed in this warp.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty(s));
+    }
+  }
+
+  // ---------------------------------------------------------------- epilogue
+  T* dkp = reinterpret_cast<T*>(p.dk);
+  T* dvp = reinterpret_cast<T*>(p.dv);
+  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_g + 8 * hf;
+    if (key < p.s_kv) {
+      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
+            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
+        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+      }
+    }
+  }
+#endif
+}
+
+// =================================================================== host
+
+// Contiguous bshd tensors; lse fp32 [b, h, s_q]. ws: workspace of
+// bwd_sm90_workspace_bytes() bytes, 16-byte aligned.
+struct BwdArgs {
+  const void *q, *k, *v, *o, *dout;
+  const float* lse;
+  void *dq, *dk, *dv;
+  void* ws;
+  int b, s_q, s_kv, h, h_kv;
+  float scale;
+  bool causal;
+};
+
+inline int bwd_sm90_s_pad(int s_q) { return (s_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
+
+inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
+  const size_t nacc = static_cast<size_t>(b) * s_q * h * d;
+  const size_t nrow = static_cast<size_t>(b) * h * bwd_sm90_s_pad(s_q);
+  return (nacc + 2 * nrow) * sizeof(float) + 256;
+}
+
+struct BwdLaunch {
+  CUtensorMap tq, tk, tv, tdo;
+  BwdParams p;
+  const void *o, *dout;
+  const float* lse;
+  void* dq;
+  dim3 grid;
+  int smem;
+  int pre_blocks, post_blocks;
+  long long n4;
+  void (*pre)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int);
+  void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdParams);
+  void (*post)(const float*, void*, long long, float);
+};
+
+template <typename T, int D>
+inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const BwdArgs& a) {
+  static_assert(D == 64 || D == 128, "head dim");
+  using Tile = BwdTile<D>;
+  if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
+      a.b > 65535)
+    return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v) |
+       reinterpret_cast<uintptr_t>(a.dout) | reinterpret_cast<uintptr_t>(a.ws) | reinterpret_cast<uintptr_t>(a.dq)) &
+      15)
+    return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.dk) | reinterpret_cast<uintptr_t>(a.dv)) & 3) return cudaErrorInvalidValue;
+  const int s_pad = bwd_sm90_s_pad(a.s_q);
+  detail::MapDesc mq{a.q, a.b, a.s_q, a.h, D, int64_t{a.s_q} * a.h * D, int64_t{a.h} * D, D};
+  detail::MapDesc mdo{a.dout, a.b, a.s_q, a.h, D, int64_t{a.s_q} * a.h * D, int64_t{a.h} * D, D};
+  detail::MapDesc mk{a.k, a.b, a.s_kv, a.h_kv, D, int64_t{a.s_kv} * a.h_kv * D, int64_t{a.h_kv} * D, D};
+  detail::MapDesc mv{a.v, a.b, a.s_kv, a.h_kv, D, int64_t{a.s_kv} * a.h_kv * D, int64_t{a.h_kv} * D, D};
+  if (!detail::make_map<T>(&L->tq, mq, Tile::BM) || !detail::make_map<T>(&L->tdo, mdo, Tile::BM) ||
+      !detail::make_map<T>(&L->tk, mk, Tile::BN) || !detail::make_map<T>(&L->tv, mv, Tile::BN))
+    return cudaErrorInvalidValue;
+  float* ws = static_cast<float*>(a.ws);
+  const size_t nacc = static_cast<size_t>(a.b) * a.s_q * a.h * D;
+  const size_t nrow = static_cast<size_t>(a.b) * a.h * s_pad;
+  BwdParams& p = L->p;
+  p.dq_acc = ws;
+  p.lse2 = ws + nacc;
+  p.dsum = ws + nacc + nrow;
+  p.dk = a.dk;
+  p.dv = a.dv;
+  p.b = a.b;
+  p.s_q = a.s_q;
+  p.s_kv = a.s_kv;
+  p.h = a.h;
+  p.h_kv = a.h_kv;
+  p.s_pad = s_pad;
+  p.scale = a.scale;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  L->o = a.o;
+  L->dout = a.dout;
+  L->lse = a.lse;
+  L->dq = a.dq;
+  L->grid = dim3((a.s_kv + Tile::BN - 1) / Tile::BN, a.h_kv, a.b);
+  L->smem = BwdSmem<D>::kTotal;
+  const long long rows = static_cast<long long>(a.b) * a.h * s_pad;  // one warp each, 8 per block
+  L->pre_blocks = static_cast<int>((rows + 7) / 8);
+  L->n4 = static_cast<long long>(nacc / 4);
+  L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
+  L->pre = bwd_pre_kernel<T, D>;
+  L->post = bwd_post_kernel<T>;
+  L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
+  static bool attr_set[2] = {false, false};  // per instantiation of this function
+  if (!attr_set[a.causal ? 1 : 0]) {
+    cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
+    if (e != cudaSuccess) return e;
+    attr_set[a.causal ? 1 : 0] = true;
+  }
+  return cudaSuccess;
+}
+
+// preprocess + main + postprocess on one stream.
+inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) {
+  const BwdParams& p = L.p;
+  L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
+                                          const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  L.kern<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (L.n4 > 0) L.post<<<L.post_blocks, 256, 0, stream>>>(p.dq_acc, L.dq, L.n4, p.scale);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+inline cudaError_t bwd_sm90(const BwdArgs& a, cudaStream_t stream = 0) {
+  BwdLaunch L;
+  cudaError_t e = bwd_sm90_prepare<T, D>(&L, a);
+  if (e != cudaSuccess) return e;
+  return bwd_sm90_launch(L, stream);
+}
+
+}  // namespace hopper
+}  // namespace fusedattn

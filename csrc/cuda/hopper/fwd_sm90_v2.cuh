@@ -1,0 +1,509 @@
+// Hopper (sm_90a) FlashAttention forward, variant 2 ("v2"): the v1 kernel of
+// fwd_sm90.cuh (same inputs, outputs, numerics, launch shape and host
+// plumbing: KParams, Sm90Args, FwdLaunch, fwd_sm90_launch) with the
+// FlashAttention-3 overlaps added. UNMEASURED at the time of writing: the
+// harness (tests/gpu/hopper/harness.cu check2 / bench2 / sweep2) A/Bs it
+// against v1. The library takes v2 only when built with
+// -DFUSEDATTN_HOPPER_FWD_V2 (see fwd_sm90<T, D> in fwd_sm90.cuh).
+//
+// CTA = 3 warpgroups (384 threads), one CTA per (128-row query tile, head, batch):
+//   WG0  producer (setmaxnreg.dec 24), one thread: Q and K_0, then per kv
+//        tile n: K_{n+1}, V_n into a STAGES-deep ring. K and V have SEPARATE
+//        full and empty barriers (kf/vf: complete_tx; ke/ve: 8 consumer-warp
+//        arrivals), so a K slot is refilled once its S GEMM is done in both
+//        consumers, while the V of the same tile may still be read.
+//   WG1, WG2 consumers (setmaxnreg.inc 240), 64 query rows each.
+//
+// (1) Intra-warpgroup pipelining. Per consumer, with P_{n-1} already in
+//     registers (16-bit A fragments) and corr_{n-1} its rescale factor:
+//        [turn]  issue S_n = Q K_n^T (SS)            commit  -> group A
+//                O *= corr_{n-1}      (O is idle: PV_{n-2} was waited)
+//                issue O += P_{n-1} V_{n-1} (RS)     commit  -> group B
+//        [pass]  wait_group 1  -> S_n done (B may still run); release K_n
+//                mask + online softmax of S_n (fp32, in place) -> corr_n
+//                wait_group 0  -> PV_{n-1} done; release V_{n-1}
+//                P_n = pack(S_n)  (only now: P_{n-1} was an operand of B)
+//     so the softmax of tile n runs on the CUDA cores while the tensor cores
+//     do PV_{n-1}. Prologue: S_0 alone; epilogue: PV_{last} alone. Registers
+//     live at the peak: O (D/2) + S (BN/2) + P (BN/4) per thread.
+// (2) Ping-pong (PP): [turn] / [pass] above are named barriers, ids 1 and 2
+//     (0 is __syncthreads): consumer c waits on bar 1+c (bar.sync, 256
+//     threads) before issuing its GEMMs and arrives on the other consumer's
+//     bar (bar.arrive, 256) after committing them, so the two warpgroups
+//     issue strictly alternately and one's softmax runs under the other's
+//     GEMMs. Consumer 1 arrives on bar 1 once at the start (consumer 0 goes
+//     first) and skips its very last arrive, so both barriers end balanced:
+//     each consumer has n_blocks + 1 turns.
+// (3) STAGES (ring depth) and BN are template parameters; FwdV2Default<D>
+//     picks the defaults (d=64: 128/4, d=128: 128/3, d=256: 80/2 without PP,
+//     FA3's choice there); the harness sweep times the alternatives.
+// Bounded mbarrier waits as in v1 (producer traps, consumers give up and
+// report NaN lse), so a pipeline bug cannot hang the GPU; a consumer warp
+// that gave up once skips its later waits. The named barriers are not
+// bounded: they rely on both consumers taking exactly n_blocks + 1 turns,
+// which holds whatever the data (no early exits).
+#pragma once
+
+#include "fwd_sm90.cuh"
+#include "wgmma.cuh"
+
+namespace fusedattn {
+namespace hopper {
+
+// -------------------------------------------------------------- named barriers
+// bar.sync / bar.arrive with an explicit thread count (multiple of 32). All
+// threads of each participating warp must execute them (aligned). Immediate
+// ids, so that ptxas knows which barriers the kernel uses (a register id
+// makes it reserve all 16).
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void v2_bar_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
+}
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void v2_bar_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
+}
+// Ping-pong ids: consumer 0 waits on 1, consumer 1 on 2 (0 is __syncthreads).
+constexpr int kV2PingPongBar = 1;
+// cw is uniform per warpgroup, so each branch is taken by whole warps.
+__device__ __forceinline__ void v2_pp_wait_turn(int cw) {
+  if (cw == 0)
+    v2_bar_sync<kV2PingPongBar + 0, 256>();
+  else
+    v2_bar_sync<kV2PingPongBar + 1, 256>();
+}
+__device__ __forceinline__ void v2_pp_pass_turn(int cw) {
+  if (cw == 0)
+    v2_bar_arrive<kV2PingPongBar + 1, 256>();
+  else
+    v2_bar_arrive<kV2PingPongBar + 0, 256>();
+}
+
+// ------------------------------------------------------------------ config
+template <int D, int BN_, int STAGES_, bool PP_>
+struct FwdV2Cfg {
+  static constexpr int BM = 128, BN = BN_, STAGES = STAGES_;
+  static constexpr bool PP = PP_;
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kKVBytes = BN * D * 2;
+  static constexpr int kBarOffset = kQBytes + 2 * STAGES * kKVBytes;
+  static constexpr int kBarBytes = 8 * (1 + 4 * STAGES);  // q, kf[], vf[], ke[], ve[]
+  // + 1024 slack for aligning the dynamic smem base to the swizzle atom.
+  static constexpr int kTotal = kBarOffset + ((kBarBytes + 127) / 128) * 128 + 1024;
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N / PV k-steps");
+  // Every [BN][64] chunk must start on a 1024-byte swizzle atom.
+  static_assert((BN * 128) % 1024 == 0, "BN multiple of 8");
+  static_assert(STAGES >= 2, "ring depth");  // one slot would expose every load's latency
+  static_assert(kTotal <= 232448, "dynamic shared memory (227 KB)");
+};
+
+template <int D>
+struct FwdV2Default;
+template <>
+struct FwdV2Default<64> {
+  static constexpr int BN = 128, STAGES = 4;
+  static constexpr bool PP = true;
+};
+template <>
+struct FwdV2Default<128> {
+  static constexpr int BN = 128, STAGES = 3;
+  static constexpr bool PP = true;
+};
+template <>
+struct FwdV2Default<256> {
+  static constexpr int BN = 80, STAGES = 2;
+  static constexpr bool PP = false;
+};
+
+// ------------------------------------------------------------ consumer pieces
+// S = Q K^T for this warpgroup's 64 rows: D/16 k-steps, K-major A and B.
+template <int D, int BN, bool F16>
+__device__ __forceinline__ void v2_issue_s(float (&sacc)[BN / 2], uint32_t sQ, uint32_t sK, int cw) {
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    const uint32_t a_addr = sQ + (k / 4) * (128 * 128) + cw * (64 * 128) + (k % 4) * 32;
+    const uint32_t b_addr = sK + (k / 4) * (BN * 128) + (k % 4) * 32;
+    Wgmma<BN, F16>::ss(sacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+  }
+}
+
+// O += P V: BN/16 k-steps (16 kv rows each), V MN-major (d chunks BN*128 B apart).
+template <int D, int BN, bool F16>
+__device__ __forceinline__ void v2_issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
+#pragma unroll
+  for (int t = 0; t < BN / 16; ++t) {
+    const uint32_t b_addr = sV + t * (16 * 128);
+    Wgmma<D, F16>::rs(o, pa[t], make_smem_desc(b_addr, BN * 128, 1024), 1);
+  }
+}
+
+// kv tail and causal diagonal (top-left: key j visible to query i iff j <= i).
+template <int BN, bool CAUSAL>
+__device__ __forceinline__ void v2_mask(float (&sacc)[BN / 2], int n, int s_kv, int row_base, int wg_row0, int qd) {
+  const bool tail = (n + 1) * BN > s_kv;
+  const bool diag = CAUSAL && ((n + 1) * BN - 1 > wg_row0);
+  if (tail || diag) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n * BN + 8 * j + 2 * qd + e;
+          const int row = row_base + 8 * hf;
+          bool masked = col >= s_kv;
+          if (CAUSAL) masked = masked || (col > row);
+          if (masked) sacc[4 * j + 2 * hf + e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// Online softmax of one S tile in place (S -> unnormalised P, fp32), rows r
+// and r+8 of this thread (4 threads per row). Same arithmetic as v1.
+template <int BN>
+__device__ __forceinline__ void v2_softmax(float (&sacc)[BN / 2], float (&row_m)[2], float (&row_l)[2],
+                                           float (&corr)[2], float sl2) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      mx = fmaxf(mx, sacc[4 * j + 2 * hf]);
+      mx = fmaxf(mx, sacc[4 * j + 2 * hf + 1]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(row_m[hf], mx * sl2);
+    const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+    corr[hf] = fast_exp2(row_m[hf] - m_use);  // exp2(-inf) = 0 on the first tile
+    row_m[hf] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = fast_exp2(fmaf(sacc[4 * j + 2 * hf + e], sl2, -m_use));
+        sacc[4 * j + 2 * hf + e] = pv;
+        sum += pv;
+      }
+    }
+    row_l[hf] = row_l[hf] * corr[hf] + sum;
+  }
+}
+
+// P (fp32 S accumulator layout) -> 16-bit A fragments of the PV wgmma:
+// k-step t (keys 16t..16t+15) = {S[8t+0,1], S[8t+2,3], S[8t+4,5], S[8t+6,7]}.
+template <int BN, bool F16>
+__device__ __forceinline__ void v2_pack_p(uint32_t (&pa)[BN / 16][4], const float (&sacc)[BN / 2]) {
+#pragma unroll
+  for (int t = 0; t < BN / 16; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void v2_rescale_o(float (&o)[D / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o[4 * j + 0] *= corr[0];
+    o[4 * j + 1] *= corr[0];
+    o[4 * j + 2] *= corr[1];
+    o[4 * j + 3] *= corr[1];
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void v2_fence_f(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+}
+template <int N>
+__device__ __forceinline__ void v2_fence_p(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) reg_fence(r[t][i]);
+  }
+}
+
+// ------------------------------------------------------------------- kernel
+template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_sm90_v2_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                       const __grid_constant__ CUtensorMap tmV, const KParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  constexpr bool F16 = std::is_same<T, __half>::value;
+  using Cfg = FwdV2Cfg<D, BN_, STAGES_, PP_>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
+  constexpr bool PP = Cfg::PP;
+  constexpr int DCH = D / 64;  // 128-byte chunks per row
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sQ = (sraw + 1023u) & ~1023u;
+  const uint32_t sK0 = sQ + Cfg::kQBytes;
+  const uint32_t sV0 = sK0 + STAGES * Cfg::kKVBytes;
+  const uint32_t bar0 = sQ + Cfg::kBarOffset;
+  const uint32_t bar_q = bar0;
+  auto bar_kf = [&](int s) { return bar0 + 8u * (1 + s); };               // K slot full (tx)
+  auto bar_vf = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };      // V slot full (tx)
+  auto bar_ke = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };  // K slot empty (8 warps)
+  auto bar_ve = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };  // V slot empty (8 warps)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  // Causal: heaviest query tiles first.
+  const int m_blk = CAUSAL ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int head_kv = head / (p.h / p.h_kv);
+  // Per CTA (not per warpgroup): both consumers run the same number of
+  // iterations, which the ping-pong barrier counts rely on. Always >= 1.
+  int n_blocks = (p.s_kv + BN - 1) / BN;
+  if (CAUSAL) n_blocks = min(n_blocks, ((m_blk + 1) * BM + BN - 1) / BN);
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_kf(s), 1);
+      mbar_init(bar_vf(s), 1);
+      mbar_init(bar_ke(s), kConsumerWarps);
+      mbar_init(bar_ve(s), kConsumerWarps);
+    }
+    mbar_fence_init();
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    // Order K_0, then per n: K_{n+1}, V_n (FA3's order). K_j waits for its
+    // slot's previous tile j-STAGES to be released by both consumers' S
+    // GEMMs (mid consumer iteration j-STAGES), V_j for PV_{j-STAGES} (end of
+    // iteration j-STAGES+1). Consumer iteration n needs K_n and V_{n-1}, both
+    // earlier in this order, and its releases never wait on a later load:
+    // no cycle (checked in a protocol model for STAGES 2..4, n_blocks 1..13).
+    setmaxnreg_dec<24>();
+    if (tid == 0) {
+      auto load_k = [&](int n) {
+        const int s = n % STAGES;
+        mbar_wait<true>(bar_ke(s), ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
+        mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < DCH; ++c)
+          tma_load_4d(sK0 + s * Cfg::kKVBytes + c * BN * 128, &tmK, bar_kf(s), c * 64, head_kv, n * BN, batch);
+      };
+      auto load_v = [&](int n) {
+        const int s = n % STAGES;
+        mbar_wait<true>(bar_ve(s), ((n / STAGES) & 1u) ^ 1u);
+        mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < DCH; ++c)
+          tma_load_4d(sV0 + s * Cfg::kKVBytes + c * BN * 128, &tmV, bar_vf(s), c * 64, head_kv, n * BN, batch);
+      };
+      // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
+      mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c) tma_load_4d(sQ + c * BM * 128, &tmQ, bar_q, c * 64, head, m_blk * BM, batch);
+      load_k(0);
+      for (int n = 0; n < n_blocks; ++n) {
+        if (n + 1 < n_blocks) load_k(n + 1);
+        load_v(n);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1;  // consumer warpgroup: query rows [64*cw, 64*cw+64) of the tile
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  const int qd = lane & 3;
+  // This thread's two rows (accumulator fragment: row = 16*warp + lane/4 + 8*hf).
+  const int row_base = m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
+  const int wg_row0 = m_blk * BM + cw * 64;
+  const float sl2 = p.scale_log2;
+
+  // Ping-pong: consumer 0 takes the first turn.
+  if (PP && cw == 1) v2_pp_pass_turn(cw);
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  // Zeroed once: the first k-step of every S GEMM ignores the old value
+  // (scale-d = 0); later tiles pass the dead P floats back in.
+  float sacc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
+  uint32_t pa[BN / 16][4];
+  float row_m[2] = {-INFINITY, -INFINITY};  // running max, log2-scaled domain
+  float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
+  float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
+
+  // Watchdog give-ups (see mbar_wait) are reported as NaN lse for the rows.
+  // After the first give-up a warp skips every later wait (garbage, but the
+  // CTA ends in ~1 watchdog period instead of one per tile).
+  bool timed_out = !mbar_wait<false>(bar_q, 0);
+  auto wait_full = [&](uint32_t bar, uint32_t parity) {
+    if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
+  };
+
+  // ------------------------------------------------ prologue: S_0 alone
+  wait_full(bar_kf(0), 0);
+  __syncwarp();  // reconverge after the spins before the .aligned ops
+  if (PP) v2_pp_wait_turn(cw);
+  v2_fence_f(sacc);
+  wgmma_fence();
+  v2_issue_s<D, BN, F16>(sacc, sQ, sK0, cw);
+  wgmma_commit();
+  if (PP) v2_pp_pass_turn(cw);
+  wgmma_wait<0>();
+  v2_fence_f(sacc);
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar_ke(0));
+  v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
+  v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
+  v2_pack_p<BN, F16>(pa, sacc);
+
+  // ------------------------------------------------ steady state
+  for (int n = 1; n < n_blocks; ++n) {
+    const int s = n % STAGES;
+    const uint32_t ph = (n / STAGES) & 1u;
+    const int sp = (n - 1) % STAGES;  // slot of tile n-1 (its V)
+    const uint32_t php = ((n - 1) / STAGES) & 1u;
+
+    wait_full(bar_kf(s), ph);
+    __syncwarp();
+    if (PP) v2_pp_wait_turn(cw);
+    // group A: S_n
+    v2_fence_f(sacc);
+    wgmma_fence();
+    v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
+    wgmma_commit();
+    // O is not an operand of any wgmma in flight: rescale it for tile n-1.
+    v2_rescale_o<D>(o, corr);
+    wait_full(bar_vf(sp), php);
+    __syncwarp();
+    // group B: O += P_{n-1} V_{n-1}
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    wgmma_fence();
+    v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
+    wgmma_commit();
+    if (PP) v2_pp_pass_turn(cw);
+
+    wgmma_wait<1>();  // group A (S_n) complete; B may still run
+    v2_fence_f(sacc);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ke(s));
+    v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
+    v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
+    // Pin the softmax before the wait (else the compiler may sink it past
+    // wait_group 0 and the overlap with PV_{n-1} is lost).
+    v2_fence_f(sacc);
+    reg_fence(row_l[0]);
+    reg_fence(row_l[1]);
+
+    wgmma_wait<0>();  // group B complete: O final for tile n-1, P_{n-1} free
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ve(sp));
+    v2_pack_p<BN, F16>(pa, sacc);
+  }
+
+  // ------------------------------------------------ epilogue: PV_{last} alone
+  {
+    const int last = n_blocks - 1;
+    const int s = last % STAGES;
+    const uint32_t ph = (last / STAGES) & 1u;
+    wait_full(bar_vf(s), ph);
+    __syncwarp();
+    if (PP) v2_pp_wait_turn(cw);
+    v2_rescale_o<D>(o, corr);
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    wgmma_fence();
+    v2_issue_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
+    wgmma_commit();
+    // Consumer 1's last turn passes nothing: consumer 0 has no turn left.
+    if (PP && cw == 0) v2_pp_pass_turn(cw);
+    wgmma_wait<0>();
+    v2_fence_f(o);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ve(s));  // no producer waits on it; kept for symmetry
+  }
+
+  // ---------------------------------------------------------------- epilogue
+  T* out = reinterpret_cast<T*>(p.o);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = row_l[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = (l > 0.f) ? 1.f / l : 0.f;
+    const int row = row_base + 8 * hf;
+    if (row < p.s_q) {
+      T* orow = out + batch * p.o_sb + row * p.o_ss + head * p.o_sh;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t v = pack2<F16>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * qd) = v;
+      }
+      if (qd == 0) {
+        float lse = (l > 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
+        if (timed_out) lse = __int_as_float(0x7fffffff);
+        p.lse[batch * p.lse_sb + head * p.lse_sh + row * p.lse_ss] = lse;
+      }
+    }
+  }
+#endif
+}
+
+// =================================================================== host
+// Same contract as fwd_sm90_prepare (fwd_sm90.cuh); launch with fwd_sm90_launch.
+template <typename T, int D, int BN, int STAGES, bool PP>
+inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
+  using Cfg = FwdV2Cfg<D, BN, STAGES, PP>;
+  const KParams& p = a.out;
+  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || p.h > 65535 ||
+      p.b > 65535 || a.q.d != D || a.k.d != D || a.v.d != D)
+    return cudaErrorInvalidValue;
+  // TMA needs 16-byte aligned base addresses; the epilogue stores 4-byte pairs.
+  if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
+       reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
+    return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
+  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
+      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
+    return cudaErrorInvalidValue;
+  L->p = p;
+  L->smem = Cfg::kTotal;
+  L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
+  L->causal = a.causal;
+  L->kern = a.causal ? fwd_sm90_v2_kernel<T, D, true, BN, STAGES, PP> : fwd_sm90_v2_kernel<T, D, false, BN, STAGES, PP>;
+  static bool attr_set[2] = {false, false};  // per instantiation of this function
+  if (!attr_set[a.causal ? 1 : 0]) {
+    cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
+    if (e != cudaSuccess) return e;
+    attr_set[a.causal ? 1 : 0] = true;
+  }
+  return cudaSuccess;
+}
+
+template <typename T, int D>
+inline cudaError_t fwd_sm90_v2_prepare(FwdLaunch* L, const Sm90Args& a) {
+  using C = FwdV2Default<D>;
+  return fwd_sm90_v2_prepare_cfg<T, D, C::BN, C::STAGES, C::PP>(L, a);
+}
+
+}  // namespace hopper
+}  // namespace fusedattn

@@ -1,0 +1,484 @@
+// Standalone check + timer for the Hopper (sm_90a) backward prototype in
+// csrc/cuda/hopper/bwd_sm90.cuh. No torch, no library build.
+//   bwd_harness check            gradients vs. a naive fp32 GPU reference
+//   bwd_harness bench            TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
+//   bwd_harness one D S CAUSAL   one bench point (for ncu / nsys)
+// Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../../../csrc/cuda/hopper/bwd_sm90.cuh"
+
+namespace hp = fusedattn::hopper;
+
+#define CK(...)                                                                              \
+  do {                                                                                       \
+    cudaError_t e_ = (__VA_ARGS__);                                                          \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
+                   __LINE__, #__VA_ARGS__);                                                  \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+template <typename T>
+struct Cv;
+template <>
+struct Cv<__nv_bfloat16> {
+  static __host__ __device__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __host__ __device__ __nv_bfloat16 t(float x) { return __float2bfloat16(x); }
+  static const char* name() { return "bf16"; }
+};
+template <>
+struct Cv<__half> {
+  static __host__ __device__ float f(__half x) { return __half2float(x); }
+  static __host__ __device__ __half t(float x) { return __float2half(x); }
+  static const char* name() { return "fp16"; }
+};
+
+struct Rand {  // splitmix64
+  uint64_t s;
+  explicit Rand(uint64_t seed) : s(seed) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uni(float lo, float hi) { return lo + (hi - lo) * static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); }
+};
+
+template <typename T>
+static T* dev_random(size_t n, Rand& r, float lo, float hi) {
+  std::vector<T> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = Cv<T>::t(r.uni(lo, hi));
+  T* d = nullptr;
+  CK(cudaMalloc(&d, n * sizeof(T)));
+  CK(cudaMemcpy(d, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// ------------------------------------------------------------ references
+// All bshd contiguous; lse [b, h, s]. One thread per output row.
+__device__ __forceinline__ size_t bshd(int bb, int i, int hh, int s, int h, int d) {
+  return ((static_cast<size_t>(bb) * s + i) * h + hh) * d;
+}
+
+// Forward: O (written as T, the backward's `out` input) and lse (natural log).
+template <typename T, int D>
+__global__ void ref_fwd(const T* q, const T* k, const T* v, T* o, float* lse, int b, int s, int h, int h_kv,
+                        float scale, int causal) {
+  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<long long>(b) * h * s) return;
+  const int i = static_cast<int>(idx % s), hh = static_cast<int>((idx / s) % h), bb = static_cast<int>(idx / s / h);
+  const int hk = hh / (h / h_kv);
+  float qr[D], acc[D];
+  for (int x = 0; x < D; ++x) {
+    qr[x] = Cv<T>::f(q[bshd(bb, i, hh, s, h, D) + x]);
+    acc[x] = 0.f;
+  }
+  const int kend = causal ? min(s, i + 1) : s;
+  float mx = -INFINITY;
+  for (int j = 0; j < kend; ++j) {
+    const T* kp = k + bshd(bb, j, hk, s, h_kv, D);
+    float dot = 0.f;
+    for (int x = 0; x < D; ++x) dot += qr[x] * Cv<T>::f(kp[x]);
+    mx = fmaxf(mx, dot * scale);
+  }
+  float l = 0.f;
+  for (int j = 0; j < kend; ++j) {
+    const T* kp = k + bshd(bb, j, hk, s, h_kv, D);
+    const T* vp = v + bshd(bb, j, hk, s, h_kv, D);
+    float dot = 0.f;
+    for (int x = 0; x < D; ++x) dot += qr[x] * Cv<T>::f(kp[x]);
+    const float pr = expf(dot * scale - mx);
+    l += pr;
+    for (int x = 0; x < D; ++x) acc[x] += pr * Cv<T>::f(vp[x]);
+  }
+  for (int x = 0; x < D; ++x) o[bshd(bb, i, hh, s, h, D) + x] = Cv<T>::t(l > 0.f ? acc[x] / l : 0.f);
+  lse[(static_cast<size_t>(bb) * h + hh) * s + i] = l > 0.f ? mx + logf(l) : -INFINITY;
+}
+
+// Dsum = rowsum(dO * O) from the 16-bit O and dO.
+template <typename T, int D>
+__global__ void ref_dsum(const T* o, const T* dout, float* dsum, int b, int s, int h) {
+  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<long long>(b) * h * s) return;
+  const int i = static_cast<int>(idx % s), hh = static_cast<int>((idx / s) % h), bb = static_cast<int>(idx / s / h);
+  float a = 0.f;
+  for (int x = 0; x < D; ++x) a += Cv<T>::f(o[bshd(bb, i, hh, s, h, D) + x]) * Cv<T>::f(dout[bshd(bb, i, hh, s, h, D) + x]);
+  dsum[(static_cast<size_t>(bb) * h + hh) * s + i] = a;
+}
+
+// dq[i] = scale * sum_j dS_ij k_j ; P_ij = exp(scale q_i.k_j - lse_i), dS = P (dO_i.v_j - Dsum_i).
+template <typename T, int D>
+__global__ void ref_dq(const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dsum,
+                       float* dq, int b, int s, int h, int h_kv, float scale, int causal) {
+  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<long long>(b) * h * s) return;
+  const int i = static_cast<int>(idx % s), hh = static_cast<int>((idx / s) % h), bb = static_cast<int>(idx / s / h);
+  const int hk = hh / (h / h_kv);
+  float qr[D], dr[D], acc[D];
+  for (int x = 0; x < D; ++x) {
+    qr[x] = Cv<T>::f(q[bshd(bb, i, hh, s, h, D) + x]);
+    dr[x] = Cv<T>::f(dout[bshd(bb, i, hh, s, h, D) + x]);
+    acc[x] = 0.f;
+  }
+  const size_t r = (static_cast<size_t>(bb) * h + hh) * s + i;
+  const float L = lse[r], Dd = dsum[r];
+  const int kend = causal ? min(s, i + 1) : s;
+  for (int j = 0; j < kend; ++j) {
+    const T* kp = k + bshd(bb, j, hk, s, h_kv, D);
+    const T* vp = v + bshd(bb, j, hk, s, h_kv, D);
+    float sc = 0.f, dp = 0.f;
+    for (int x = 0; x < D; ++x) {
+      sc += qr[x] * Cv<T>::f(kp[x]);
+      dp += dr[x] * Cv<T>::f(vp[x]);
+    }
+    const float p = expf(sc * scale - L);
+    const float ds = p * (dp - Dd);
+    for (int x = 0; x < D; ++x) acc[x] += ds * Cv<T>::f(kp[x]);
+  }
+  for (int x = 0; x < D; ++x) dq[bshd(bb, i, hh, s, h, D) + x] = scale * acc[x];
+}
+
+// dk[j] = scale * sum_{g,i} dS_ij q_i ; dv[j] = sum_{g,i} P_ij dO_i (sum over the GQA group's heads g).
+template <typename T, int D>
+__global__ void ref_dkdv(const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* dsum,
+                         float* dk, float* dv, int b, int s, int h, int h_kv, float scale, int causal) {
+  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<long long>(b) * h_kv * s) return;
+  const int j = static_cast<int>(idx % s), hk = static_cast<int>((idx / s) % h_kv),
+            bb = static_cast<int>(idx / s / h_kv);
+  const int G = h / h_kv;
+  float kr[D], vr[D], ak[D], av[D];
+  for (int x = 0; x < D; ++x) {
+    kr[x] = Cv<T>::f(k[bshd(bb, j, hk, s, h_kv, D) + x]);
+    vr[x] = Cv<T>::f(v[bshd(bb, j, hk, s, h_kv, D) + x]);
+    ak[x] = 0.f;
+    av[x] = 0.f;
+  }
+  for (int g = 0; g < G; ++g) {
+    const int hh = hk * G + g;
+    for (int i = causal ? j : 0; i < s; ++i) {
+      const T* qp = q + bshd(bb, i, hh, s, h, D);
+      const T* dp_ = dout + bshd(bb, i, hh, s, h, D);
+      float sc = 0.f, dp = 0.f;
+      for (int x = 0; x < D; ++x) {
+        sc += Cv<T>::f(qp[x]) * kr[x];
+        dp += Cv<T>::f(dp_[x]) * vr[x];
+      }
+      const size_t r = (static_cast<size_t>(bb) * h + hh) * s + i;
+      const float p = expf(sc * scale - lse[r]);
+      const float ds = p * (dp - dsum[r]);
+      for (int x = 0; x < D; ++x) {
+        av[x] += p * Cv<T>::f(dp_[x]);
+        ak[x] += ds * Cv<T>::f(qp[x]);
+      }
+    }
+  }
+  for (int x = 0; x < D; ++x) {
+    dk[bshd(bb, j, hk, s, h_kv, D) + x] = scale * ak[x];
+    dv[bshd(bb, j, hk, s, h_kv, D) + x] = av[x];
+  }
+}
+
+static unsigned nblk(long long n, int t) { return static_cast<unsigned>((n + t - 1) / t); }
+
+struct Err {
+  double rel = 0, max_abs = 0;
+  size_t bad = 0;
+};
+
+template <typename T>
+static Err compare(const T* dev, const float* ref, size_t n) {
+  std::vector<T> a(n);
+  std::vector<float> r(n);
+  CK(cudaMemcpy(a.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(r.data(), ref, n * sizeof(float), cudaMemcpyDeviceToHost));
+  Err e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = Cv<T>::f(a[i]);
+    if (!std::isfinite(x)) {
+      ++e.bad;
+      continue;
+    }
+    const double d = x - r[i];
+    num += d * d;
+    den += static_cast<double>(r[i]) * r[i];
+    e.max_abs = std::max(e.max_abs, std::fabs(d));
+  }
+  e.rel = std::sqrt(num / std::max(den, 1e-30));
+  return e;
+}
+
+template <typename T, int D>
+static hp::BwdArgs make_args(const T* q, const T* k, const T* v, const T* o, const T* dout, const float* lse, T* dq,
+                             T* dk, T* dv, void* ws, int b, int s, int h, int h_kv, float scale, bool causal) {
+  hp::BwdArgs a{};
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.o = o;
+  a.dout = dout;
+  a.lse = lse;
+  a.dq = dq;
+  a.dk = dk;
+  a.dv = dv;
+  a.ws = ws;
+  a.b = b;
+  a.s_q = s;
+  a.s_kv = s;
+  a.h = h;
+  a.h_kv = h_kv;
+  a.scale = scale;
+  a.causal = causal;
+  return a;
+}
+
+// ------------------------------------------------------------------- check
+template <typename T, int D>
+static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+  Rand rng(seed);
+  const size_t nq = static_cast<size_t>(b) * s * h * D, nkv = static_cast<size_t>(b) * s * h_kv * D;
+  const size_t nl = static_cast<size_t>(b) * h * s;
+  T* q = dev_random<T>(nq, rng, -2.f, 2.f);
+  T* k = dev_random<T>(nkv, rng, -2.f, 2.f);
+  T* v = dev_random<T>(nkv, rng, -1.f, 1.f);
+  T* dout = dev_random<T>(nq, rng, -1.f, 1.f);
+  T *o, *dq, *dk, *dv;
+  float *lse, *dsum, *rdq, *rdk, *rdv;
+  CK(cudaMalloc(&o, nq * sizeof(T)));
+  CK(cudaMalloc(&dq, nq * sizeof(T)));
+  CK(cudaMalloc(&dk, nkv * sizeof(T)));
+  CK(cudaMalloc(&dv, nkv * sizeof(T)));
+  CK(cudaMalloc(&lse, nl * sizeof(float)));
+  CK(cudaMalloc(&dsum, nl * sizeof(float)));
+  CK(cudaMalloc(&rdq, nq * sizeof(float)));
+  CK(cudaMalloc(&rdk, nkv * sizeof(float)));
+  CK(cudaMalloc(&rdv, nkv * sizeof(float)));
+  const size_t wsb = hp::bwd_sm90_workspace_bytes(b, s, h, D);
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, wsb));
+  CK(cudaMemset(ws, 0xFF, wsb));
+  // Poison the outputs: 0xFF.. is NaN in bf16 / fp16.
+  CK(cudaMemset(dq, 0xFF, nq * sizeof(T)));
+  CK(cudaMemset(dk, 0xFF, nkv * sizeof(T)));
+  CK(cudaMemset(dv, 0xFF, nkv * sizeof(T)));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int c = causal ? 1 : 0;
+
+  ref_fwd<T, D><<<nblk(nl, 128), 128>>>(q, k, v, o, lse, b, s, h, h_kv, scale, c);
+  CK(cudaGetLastError());
+  ref_dsum<T, D><<<nblk(nl, 128), 128>>>(o, dout, dsum, b, s, h);
+  ref_dq<T, D><<<nblk(nl, 128), 128>>>(q, k, v, dout, lse, dsum, rdq, b, s, h, h_kv, scale, c);
+  ref_dkdv<T, D><<<nblk(static_cast<long long>(b) * h_kv * s, 128), 128>>>(q, k, v, dout, lse, dsum, rdk, rdv, b, s,
+                                                                             h, h_kv, scale, c);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+
+  bool ok = true;
+  cudaError_t le = hp::bwd_sm90<T, D>(make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale,
+                                                      causal));
+  if (le != cudaSuccess) {
+    std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Cv<T>::name(), D, s, c, h, h_kv,
+                cudaGetErrorString(le));
+    ok = false;
+  } else {
+    const cudaError_t se = cudaDeviceSynchronize();
+    if (se != cudaSuccess) {  // a watchdog trap lands here; the context is gone
+      std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", Cv<T>::name(), D, s, c, h, h_kv,
+                  cudaGetErrorString(se));
+      std::exit(1);
+    }
+    const Err eq = compare(dq, rdq, nq), ek = compare(dk, rdk, nkv), ev = compare(dv, rdv, nkv);
+    const size_t bad = eq.bad + ek.bad + ev.bad;
+    ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2;
+    std::printf(
+        "%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e (max %.2e)  dv %.3e (max %.2e)  "
+        "nonfinite dq/dk/dv=%zu/%zu/%zu\n",
+        ok ? "PASS" : "FAIL", Cv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ek.max_abs, ev.rel,
+        ev.max_abs, eq.bad, ek.bad, ev.bad);
+  }
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                  static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                  static_cast<void*>(lse), static_cast<void*>(dsum), static_cast<void*>(rdq),
+                  static_cast<void*>(rdk), static_cast<void*>(rdv), ws})
+    CK(cudaFree(p));
+  return ok;
+}
+
+template <typename T>
+static bool check_d(int d, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+  return d == 64 ? check_case<T, 64>(b, s, h, h_kv, causal, seed) : check_case<T, 128>(b, s, h, h_kv, causal, seed);
+}
+
+static int run_check() {
+  int fails = 0, n = 0;
+  uint64_t seed = 4321;
+  const int ds[] = {64, 128};
+  const int ss[] = {1, 17, 128, 200, 1024};
+  const int hkvs[] = {4, 2};
+  for (int d : ds)
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal)
+        for (int hkv : hkvs) {
+          ++n;
+          if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, seed++)) ++fails;
+        }
+  const int s16[] = {17, 200};
+  for (int d : ds)
+    for (int s : s16)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++n;
+        if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, seed++)) ++fails;
+      }
+  std::printf("check: %d/%d passed\n", n - fails, n);
+  return fails == 0 ? 0 : 1;
+}
+
+// ------------------------------------------------------------------- bench
+template <int D>
+static bool bench_point(int s, bool causal) {
+  using T = __nv_bfloat16;
+  const int b = std::max(1, 16384 / s), h = 2048 / D, h_kv = h;
+  const size_t n = static_cast<size_t>(b) * s * h * D;
+  Rand rng(77 + s + D);
+  T* q = dev_random<T>(n, rng, -2.f, 2.f);
+  T* k = dev_random<T>(n, rng, -2.f, 2.f);
+  T* v = dev_random<T>(n, rng, -1.f, 1.f);
+  T* dout = dev_random<T>(n, rng, -1.f, 1.f);
+  T *o, *dq, *dk, *dv;
+  float* lse;
+  CK(cudaMalloc(&o, n * sizeof(T)));
+  CK(cudaMalloc(&dq, n * sizeof(T)));
+  CK(cudaMalloc(&dk, n * sizeof(T)));
+  CK(cudaMalloc(&dv, n * sizeof(T)));
+  CK(cudaMalloc(&lse, static_cast<size_t>(b) * h * s * sizeof(float)));
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, hp::bwd_sm90_workspace_bytes(b, s, h, D)));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int c = causal ? 1 : 0;
+  // out / lse from the Hopper forward (realistic values; the reference forward is too slow here).
+  hp::Sm90Args fa{};
+  fa.q = {q, b, s, h, D, int64_t{s} * h * D, int64_t{h} * D, D};
+  fa.k = {k, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
+  fa.v = {v, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
+  fa.out.o = o;
+  fa.out.o_sb = int64_t{s} * h * D;
+  fa.out.o_ss = int64_t{h} * D;
+  fa.out.o_sh = D;
+  fa.out.lse = lse;
+  fa.out.lse_sb = int64_t{h} * s;
+  fa.out.lse_sh = s;
+  fa.out.lse_ss = 1;
+  fa.out.b = b;
+  fa.out.s_q = s;
+  fa.out.s_kv = s;
+  fa.out.h = h;
+  fa.out.h_kv = h_kv;
+  fa.out.scale_log2 = scale * 1.4426950408889634f;
+  fa.causal = causal;
+  bool ok = true;
+  cudaError_t fe = hp::fwd_sm90<T, D>(fa);
+  if (fe == cudaSuccess) fe = cudaDeviceSynchronize();
+  if (fe != cudaSuccess) {
+    std::printf("HBWD d=%d s=%d causal=%d forward (for out/lse) error: %s\n", D, s, c, cudaGetErrorString(fe));
+    ok = false;
+  }
+  hp::BwdLaunch L;
+  if (ok) {
+    const cudaError_t pe =
+        hp::bwd_sm90_prepare<T, D>(&L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale,
+                                                       causal));
+    if (pe != cudaSuccess) {
+      std::printf("HBWD d=%d s=%d causal=%d prepare error: %s\n", D, s, c, cudaGetErrorString(pe));
+      ok = false;
+    }
+  }
+  for (int i = 0; ok && i < 5; ++i) {
+    const cudaError_t e = hp::bwd_sm90_launch(L);
+    if (e != cudaSuccess) {
+      std::printf("HBWD d=%d s=%d causal=%d launch error: %s\n", D, s, c, cudaGetErrorString(e));
+      ok = false;
+    }
+  }
+  if (ok) {
+    CK(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int i = 0; i < 20; ++i) {
+      CK(cudaEventRecord(e0));
+      CK(hp::bwd_sm90_launch(L));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float t = 0.f;
+      CK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = 0.5 * (ms[9] + ms[10]);
+    const double flops = 2.5 * 4.0 * b * h * static_cast<double>(s) * s * D / (causal ? 2.0 : 1.0);
+    std::printf("HBWD d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s\n", D, s, c, med, flops / (med * 1e-3) / 1e12);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+  }
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                  static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                  static_cast<void*>(lse), ws})
+    CK(cudaFree(p));
+  return ok;
+}
+
+static bool bench_d(int d, int s, bool causal) {
+  if (d == 64) return bench_point<64>(s, causal);
+  if (d == 128) return bench_point<128>(s, causal);
+  std::printf("unsupported d=%d\n", d);
+  return false;
+}
+
+static int run_bench() {
+  bool ok = true;
+  const int ds[] = {64, 128};
+  const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
+  for (int d : ds)
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal) ok = bench_d(d, s, causal != 0) && ok;
+  return ok ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  if (prop.major != 9 || prop.minor != 0) {
+    std::printf("this harness needs an sm_90 (Hopper) GPU; built for sm_90a only\n");
+    return 1;
+  }
+  if (mode == "check") return run_check();
+  if (mode == "bench") return run_bench();
+  if (mode == "one") {
+    if (argc < 5) {
+      std::fprintf(stderr, "usage: %s one D S CAUSAL\n", argv[0]);
+      return 2;
+    }
+    return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
+  }
+  std::fprintf(stderr, "usage: %s check | bench | one D S CAUSAL\n", argv[0]);
+  return 2;
+}
