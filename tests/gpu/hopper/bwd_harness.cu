@@ -17,55 +17,12 @@
 #include <vector>
 
 #include "../../../csrc/cuda/hopper/bwd_sm90.cuh"
+#include "harness_common.h"
 
 namespace hp = fusedattn::hopper;
 
-#define CK(...)                                                                              \
-  do {                                                                                       \
-    cudaError_t e_ = (__VA_ARGS__);                                                          \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
-                   __LINE__, #__VA_ARGS__);                                                  \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
-template <typename T>
-struct Cv;
-template <>
-struct Cv<__nv_bfloat16> {
-  static __host__ __device__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __host__ __device__ __nv_bfloat16 t(float x) { return __float2bfloat16(x); }
-  static const char* name() { return "bf16"; }
-};
-template <>
-struct Cv<__half> {
-  static __host__ __device__ float f(__half x) { return __half2float(x); }
-  static __host__ __device__ __half t(float x) { return __float2half(x); }
-  static const char* name() { return "fp16"; }
-};
 
-struct Rand {  // splitmix64
-  uint64_t s;
-  explicit Rand(uint64_t seed) : s(seed) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uni(float lo, float hi) { return lo + (hi - lo) * static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); }
-};
-
-template <typename T>
-static T* dev_random(size_t n, Rand& r, float lo, float hi) {
-  std::vector<T> h(n);
-  for (size_t i = 0; i < n; ++i) h[i] = Cv<T>::t(r.uni(lo, hi));
-  T* d = nullptr;
-  CK(cudaMalloc(&d, n * sizeof(T)));
-  CK(cudaMemcpy(d, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 // ------------------------------------------------------------ references
 // All bshd contiguous; lse [b, h, s]. One thread per output row.
@@ -83,7 +40,7 @@ __global__ void ref_fwd(const T* q, const T* k, const T* v, T* o, float* lse, in
   const int hk = hh / (h / h_kv);
   float qr[D], acc[D];
   for (int x = 0; x < D; ++x) {
-    qr[x] = Cv<T>::f(q[bshd(bb, i, hh, s, h, D) + x]);
+    qr[x] = Conv<T>::to_f(q[bshd(bb, i, hh, s, h, D) + x]);
     acc[x] = 0.f;
   }
   const int kend = causal ? min(s, i + 1) : s;
@@ -91,7 +48,7 @@ __global__ void ref_fwd(const T* q, const T* k, const T* v, T* o, float* lse, in
   for (int j = 0; j < kend; ++j) {
     const T* kp = k + bshd(bb, j, hk, s, h_kv, D);
     float dot = 0.f;
-    for (int x = 0; x < D; ++x) dot += qr[x] * Cv<T>::f(kp[x]);
+    for (int x = 0; x < D; ++x) dot += qr[x] * Conv<T>::to_f(kp[x]);
     mx = fmaxf(mx, dot * scale);
   }
   float l = 0.f;
@@ -99,12 +56,12 @@ __global__ void ref_fwd(const T* q, const T* k, const T* v, T* o, float* lse, in
     const T* kp = k + bshd(bb, j, hk, s, h_kv, D);
     const T* vp = v + bshd(bb, j, hk, s, h_kv, D);
     float dot = 0.f;
-    for (int x = 0; x < D; ++x) dot += qr[x] * Cv<T>::f(kp[x]);
+    for (int x = 0; x < D; ++x) dot += qr[x] * Conv<T>::to_f(kp[x]);
     const float pr = expf(dot * scale - mx);
     l += pr;
-    for (int x = 0; x < D; ++x) acc[x] += pr * Cv<T>::f(vp[x]);
+    for (int x = 0; x < D; ++x) acc[x] += pr * Conv<T>::to_f(vp[x]);
   }
-  for (int x = 0; x < D; ++x) o[bshd(bb, i, hh, s, h, D) + x] = Cv<T>::t(l > 0.f ? acc[x] / l : 0.f);
+  for (int x = 0; x < D; ++x) o[bshd(bb, i, hh, s, h, D) + x] = Conv<T>::from_f(l > 0.f ? acc[x] / l : 0.f);
   lse[(static_cast<size_t>(bb) * h + hh) * s + i] = l > 0.f ? mx + logf(l) : -INFINITY;
 }
 
@@ -115,7 +72,7 @@ __global__ void ref_dsum(const T* o, const T* dout, float* dsum, int b, int s, i
   if (idx >= static_cast<long long>(b) * h * s) return;
   const int i = static_cast<int>(idx % s), hh = static_cast<int>((idx / s) % h), bb = static_cast<int>(idx / s / h);
   float a = 0.f;
-  for (int x = 0; x < D; ++x) a += Cv<T>::f(o[bshd(bb, i, hh, s, h, D) + x]) * Cv<T>::f(dout[bshd(bb, i, hh, s, h, D) + x]);
+  for (int x = 0; x < D; ++x) a += Conv<T>::to_f(o[bshd(bb, i, hh, s, h, D) + x]) * Conv<T>::to_f(dout[bshd(bb, i, hh, s, h, D) + x]);
   dsum[(static_cast<size_t>(bb) * h + hh) * s + i] = a;
 }
 
@@ -129,8 +86,8 @@ __global__ void ref_dq(const T* q, const T* k, const T* v, const T* dout, const 
   const int hk = hh / (h / h_kv);
   float qr[D], dr[D], acc[D];
   for (int x = 0; x < D; ++x) {
-    qr[x] = Cv<T>::f(q[bshd(bb, i, hh, s, h, D) + x]);
-    dr[x] = Cv<T>::f(dout[bshd(bb, i, hh, s, h, D) + x]);
+    qr[x] = Conv<T>::to_f(q[bshd(bb, i, hh, s, h, D) + x]);
+    dr[x] = Conv<T>::to_f(dout[bshd(bb, i, hh, s, h, D) + x]);
     acc[x] = 0.f;
   }
   const size_t r = (static_cast<size_t>(bb) * h + hh) * s + i;
@@ -141,12 +98,12 @@ __global__ void ref_dq(const T* q, const T* k, const T* v, const T* dout, const 
     const T* vp = v + bshd(bb, j, hk, s, h_kv, D);
     float sc = 0.f, dp = 0.f;
     for (int x = 0; x < D; ++x) {
-      sc += qr[x] * Cv<T>::f(kp[x]);
-      dp += dr[x] * Cv<T>::f(vp[x]);
+      sc += qr[x] * Conv<T>::to_f(kp[x]);
+      dp += dr[x] * Conv<T>::to_f(vp[x]);
     }
     const float p = expf(sc * scale - L);
     const float ds = p * (dp - Dd);
-    for (int x = 0; x < D; ++x) acc[x] += ds * Cv<T>::f(kp[x]);
+    for (int x = 0; x < D; ++x) acc[x] += ds * Conv<T>::to_f(kp[x]);
   }
   for (int x = 0; x < D; ++x) dq[bshd(bb, i, hh, s, h, D) + x] = scale * acc[x];
 }
@@ -162,8 +119,8 @@ __global__ void ref_dkdv(const T* q, const T* k, const T* v, const T* dout, cons
   const int G = h / h_kv;
   float kr[D], vr[D], ak[D], av[D];
   for (int x = 0; x < D; ++x) {
-    kr[x] = Cv<T>::f(k[bshd(bb, j, hk, s, h_kv, D) + x]);
-    vr[x] = Cv<T>::f(v[bshd(bb, j, hk, s, h_kv, D) + x]);
+    kr[x] = Conv<T>::to_f(k[bshd(bb, j, hk, s, h_kv, D) + x]);
+    vr[x] = Conv<T>::to_f(v[bshd(bb, j, hk, s, h_kv, D) + x]);
     ak[x] = 0.f;
     av[x] = 0.f;
   }
@@ -174,15 +131,15 @@ __global__ void ref_dkdv(const T* q, const T* k, const T* v, const T* dout, cons
       const T* dp_ = dout + bshd(bb, i, hh, s, h, D);
       float sc = 0.f, dp = 0.f;
       for (int x = 0; x < D; ++x) {
-        sc += Cv<T>::f(qp[x]) * kr[x];
-        dp += Cv<T>::f(dp_[x]) * vr[x];
+        sc += Conv<T>::to_f(qp[x]) * kr[x];
+        dp += Conv<T>::to_f(dp_[x]) * vr[x];
       }
       const size_t r = (static_cast<size_t>(bb) * h + hh) * s + i;
       const float p = expf(sc * scale - lse[r]);
       const float ds = p * (dp - dsum[r]);
       for (int x = 0; x < D; ++x) {
-        av[x] += p * Cv<T>::f(dp_[x]);
-        ak[x] += ds * Cv<T>::f(qp[x]);
+        av[x] += p * Conv<T>::to_f(dp_[x]);
+        ak[x] += ds * Conv<T>::to_f(qp[x]);
       }
     }
   }
@@ -208,7 +165,7 @@ static Err compare(const T* dev, const float* ref, size_t n) {
   Err e;
   double num = 0, den = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double x = Cv<T>::f(a[i]);
+    const double x = Conv<T>::to_f(a[i]);
     if (!std::isfinite(x)) {
       ++e.bad;
       continue;
@@ -249,13 +206,13 @@ static hp::BwdArgs make_args(const T* q, const T* k, const T* v, const T* o, con
 // ------------------------------------------------------------------- check
 template <typename T, int D>
 static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  Rand rng(seed);
+  Rng rng(seed);
   const size_t nq = static_cast<size_t>(b) * s * h * D, nkv = static_cast<size_t>(b) * s * h_kv * D;
   const size_t nl = static_cast<size_t>(b) * h * s;
-  T* q = dev_random<T>(nq, rng, -2.f, 2.f);
-  T* k = dev_random<T>(nkv, rng, -2.f, 2.f);
-  T* v = dev_random<T>(nkv, rng, -1.f, 1.f);
-  T* dout = dev_random<T>(nq, rng, -1.f, 1.f);
+  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
+  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
+  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
+  T* dout = upload_random<T>(nq, rng, -1.f, 1.f);
   T *o, *dq, *dk, *dv;
   float *lse, *dsum, *rdq, *rdk, *rdv;
   CK(cudaMalloc(&o, nq * sizeof(T)));
@@ -291,13 +248,13 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
   cudaError_t le = hp::bwd_sm90<T, D>(make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale,
                                                       causal));
   if (le != cudaSuccess) {
-    std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Cv<T>::name(), D, s, c, h, h_kv,
+    std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
                 cudaGetErrorString(le));
     ok = false;
   } else {
     const cudaError_t se = cudaDeviceSynchronize();
     if (se != cudaSuccess) {  // a watchdog trap lands here; the context is gone
-      std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", Cv<T>::name(), D, s, c, h, h_kv,
+      std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
                   cudaGetErrorString(se));
       std::exit(1);
     }
@@ -307,7 +264,7 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
     std::printf(
         "%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e (max %.2e)  dv %.3e (max %.2e)  "
         "nonfinite dq/dk/dv=%zu/%zu/%zu\n",
-        ok ? "PASS" : "FAIL", Cv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ek.max_abs, ev.rel,
+        ok ? "PASS" : "FAIL", Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ek.max_abs, ev.rel,
         ev.max_abs, eq.bad, ek.bad, ev.bad);
   }
   for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
@@ -353,11 +310,11 @@ static bool bench_point(int s, bool causal) {
   using T = __nv_bfloat16;
   const int b = std::max(1, 16384 / s), h = 2048 / D, h_kv = h;
   const size_t n = static_cast<size_t>(b) * s * h * D;
-  Rand rng(77 + s + D);
-  T* q = dev_random<T>(n, rng, -2.f, 2.f);
-  T* k = dev_random<T>(n, rng, -2.f, 2.f);
-  T* v = dev_random<T>(n, rng, -1.f, 1.f);
-  T* dout = dev_random<T>(n, rng, -1.f, 1.f);
+  Rng rng(77 + s + D);
+  T* q = upload_random<T>(n, rng, -2.f, 2.f);
+  T* k = upload_random<T>(n, rng, -2.f, 2.f);
+  T* v = upload_random<T>(n, rng, -1.f, 1.f);
+  T* dout = upload_random<T>(n, rng, -1.f, 1.f);
   T *o, *dq, *dk, *dv;
   float* lse;
   CK(cudaMalloc(&o, n * sizeof(T)));

@@ -28,6 +28,7 @@
 
 #include "../../../csrc/cuda/hopper/fwd_sm90.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
+#include "harness_common.h"
 
 using fusedattn::hopper::FwdLaunch;
 using fusedattn::hopper::Sm90Args;
@@ -75,43 +76,8 @@ std::vector<Variant> v2_sweep_variants<256>() {
           v2_cfg_variant<T, 256, 64, 2, true>()};
 }
 
-#define CK(...)                                                                              \
-  do {                                                                                       \
-    cudaError_t e_ = (__VA_ARGS__);                                                          \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
-                   __LINE__, #__VA_ARGS__);                                                  \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 // ------------------------------------------------------------------ helpers
-template <typename T>
-struct Conv;
-template <>
-struct Conv<__nv_bfloat16> {
-  static __host__ __device__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __host__ __device__ __nv_bfloat16 from_f(float x) { return __float2bfloat16(x); }
-  static const char* name() { return "bf16"; }
-};
-template <>
-struct Conv<__half> {
-  static __host__ __device__ float to_f(__half x) { return __half2float(x); }
-  static __host__ __device__ __half from_f(float x) { return __float2half(x); }
-  static const char* name() { return "fp16"; }
-};
-
-struct Rng {  // splitmix64, deterministic
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); }
-};
 
 // Naive reference: one thread per (b, h, query row); two passes over keys.
 // Reads the same 16-bit inputs; accumulates in fp32. O fp32 [b,s,h,d], lse [b,h,s].
@@ -159,19 +125,6 @@ __global__ void ref_attn_kernel(const T* q, const T* k, const T* v, float* o, fl
   lse[(static_cast<size_t>(bb) * h + hh) * s_q + row] = (l > 0.f) ? mx + logf(l) : -INFINITY;
 }
 
-template <typename T>
-static T* upload_random(size_t n, Rng& rng, float lo, float hi) {
-  std::vector<T> hbuf(n);
-  for (size_t i = 0; i < n; ++i) {
-    float x = rng.uniform(lo, hi);
-    if (x == 0.f) x = 0.015625f;  // never exactly zero
-    hbuf[i] = Conv<T>::from_f(x);
-  }
-  T* d = nullptr;
-  CK(cudaMalloc(&d, n * sizeof(T)));
-  CK(cudaMemcpy(d, hbuf.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 // Contiguous bshd tensors (the library passes its own strides).
 template <int D>
@@ -313,11 +266,9 @@ static void check2_sweep(int* n, int* fails, uint64_t* seed) {
       }
 }
 
-// v2: check's cases with the default configs, then longer sequences (the
-// ring wraps many times), then every sweep config on a few tails.
-static int run_check2() {
-  int fails = 0, n = 0;
-  uint64_t seed = 1234;
+// The basic case grid (d, s, causal, h_kv; bf16, plus a few fp16 cases) for
+// v1 (check) or v2's default configs (check2).
+static void check_grid(bool v2, int* n, int* fails, uint64_t* seed) {
   const int ds[] = {64, 128, 256};
   const int ss[] = {1, 17, 128, 200, 1024};
   const int hkvs[] = {2, 4};
@@ -325,16 +276,25 @@ static int run_check2() {
     for (int s : ss)
       for (int causal = 0; causal < 2; ++causal)
         for (int hkv : hkvs) {
-          ++n;
-          if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, seed++, true)) ++fails;
+          ++*n;
+          if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, (*seed)++, v2)) ++*fails;
         }
   const int s16[] = {17, 200};
   for (int d : ds)
     for (int s : s16)
       for (int causal = 0; causal < 2; ++causal) {
-        ++n;
-        if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, seed++, true)) ++fails;
+        ++*n;
+        if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, (*seed)++, v2)) ++*fails;
       }
+}
+
+// v2: the basic grid, then longer sequences (the ring wraps many times), then
+// every sweep config on a few tails.
+static int run_check2() {
+  int fails = 0, n = 0;
+  uint64_t seed = 1234;
+  check_grid(true, &n, &fails, &seed);
+  const int ds[] = {64, 128, 256};
   const int slong[] = {2000, 2048};
   for (int d : ds)
     for (int s : slong)
@@ -352,24 +312,7 @@ static int run_check2() {
 static int run_check() {
   int fails = 0, n = 0;
   uint64_t seed = 1234;
-  const int ds[] = {64, 128, 256};
-  const int ss[] = {1, 17, 128, 200, 1024};
-  const int hkvs[] = {2, 4};
-  for (int d : ds)
-    for (int s : ss)
-      for (int causal = 0; causal < 2; ++causal)
-        for (int hkv : hkvs) {
-          ++n;
-          if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, seed++)) ++fails;
-        }
-  // fp16 instantiation: a few cases.
-  const int s16[] = {17, 200};
-  for (int d : ds)
-    for (int s : s16)
-      for (int causal = 0; causal < 2; ++causal) {
-        ++n;
-        if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, seed++)) ++fails;
-      }
+  check_grid(false, &n, &fails, &seed);
   std::printf("check: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
