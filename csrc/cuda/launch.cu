@@ -40,8 +40,9 @@ size_t fwd_workspace_bytes(const FwdParams& params) {
 }
 
 size_t bwd_workspace_bytes(const BwdParams& params) {
+  const size_t hopper_bytes = hopper_enabled() ? hopper::bwd_workspace_bytes(params) : 0;
   const size_t tc_bytes = tc_enabled() ? tc::bwd_workspace_bytes(params) : 0;
-  return std::max(tc_bytes, simt::bwd_workspace_bytes(params));
+  return std::max({hopper_bytes, tc_bytes, simt::bwd_workspace_bytes(params)});
 }
 
 // The tensor-core backward always needs scratch (its dQ accumulator), and its
@@ -70,6 +71,8 @@ Status run_bwd_cuda(const BwdParams& params, const CudaLaunch& launch) {
     return Status::Invalid("run_bwd_cuda: tensors are not on a CUDA device");
   }
   bool handled = false;
+  if (hopper_enabled()) FUSEDATTN_RETURN_IF_ERROR(hopper::try_run_bwd(params, launch, &handled));
+  if (handled) return Status::Ok();
   if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(tc::try_run_bwd(params, launch, &handled));
   if (handled) return Status::Ok();
   return simt::run_bwd(params, launch);

@@ -27,11 +27,18 @@ __attribute__((weak)) size_t bwd_workspace_bytes(const BwdParams&) { return 0; }
 
 namespace hopper {
 
-// Replaced by csrc/cuda/hopper/fwd_sm90.cu when the build includes sm_90a.
+// Replaced by csrc/cuda/hopper/sm90.cu when the build includes sm_90a.
 __attribute__((weak)) Status try_run_fwd(const FwdParams&, const CudaLaunch&, bool* handled) {
   *handled = false;
   return Status::Ok();
 }
+
+__attribute__((weak)) Status try_run_bwd(const BwdParams&, const CudaLaunch&, bool* handled) {
+  *handled = false;
+  return Status::Ok();
+}
+
+__attribute__((weak)) size_t bwd_workspace_bytes(const BwdParams&) { return 0; }
 
 }  // namespace hopper
 }  // namespace fusedattn

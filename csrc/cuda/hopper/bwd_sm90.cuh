@@ -101,7 +101,7 @@ struct BwdSmem {
   static_assert(kTotal <= 227 * 1024, "shared memory");
 };
 
-struct BwdParams {
+struct BwdKParams {
   float* dq_acc;       // [b, s_q, h, D] fp32, zeroed by the preprocess kernel
   const float* lse2;   // [b, h, s_pad] (log2 domain, +inf padding)
   const float* dsum;   // [b, h, s_pad] (0 padding)
@@ -188,7 +188,7 @@ template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                    const BwdParams p) {
+                    const BwdKParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
   using Smem = BwdSmem<D>;
@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
 // Contiguous bshd tensors; lse fp32 [b, h, s_q]. ws: workspace of
 // bwd_sm90_workspace_bytes() bytes, 16-byte aligned.
-struct BwdArgs {
+struct Sm90BwdArgs {
   const void *q, *k, *v, *o, *dout;
   const float* lse;
   void *dq, *dk, *dv;
@@ -510,7 +510,7 @@ inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
 
 struct BwdLaunch {
   CUtensorMap tq, tk, tv, tdo;
-  BwdParams p;
+  BwdKParams p;
   const void *o, *dout;
   const float* lse;
   void* dq;
@@ -519,12 +519,12 @@ struct BwdLaunch {
   int pre_blocks, post_blocks;
   long long n4;
   void (*pre)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int);
-  void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdParams);
+  void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams);
   void (*post)(const float*, void*, long long, float);
 };
 
 template <typename T, int D>
-inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const BwdArgs& a) {
+inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128, "head dim");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
@@ -546,7 +546,7 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const BwdArgs& a) {
   float* ws = static_cast<float*>(a.ws);
   const size_t nacc = static_cast<size_t>(a.b) * a.s_q * a.h * D;
   const size_t nrow = static_cast<size_t>(a.b) * a.h * s_pad;
-  BwdParams& p = L->p;
+  BwdKParams& p = L->p;
   p.dq_acc = ws;
   p.lse2 = ws + nacc;
   p.dsum = ws + nacc + nrow;
@@ -584,7 +584,7 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const BwdArgs& a) {
 
 // preprocess + main + postprocess on one stream.
 inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) {
-  const BwdParams& p = L.p;
+  const BwdKParams& p = L.p;
   L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
                                           const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
   cudaError_t e = cudaGetLastError();
@@ -597,7 +597,7 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
 }
 
 template <typename T, int D>
-inline cudaError_t bwd_sm90(const BwdArgs& a, cudaStream_t stream = 0) {
+inline cudaError_t bwd_sm90(const Sm90BwdArgs& a, cudaStream_t stream = 0) {
   BwdLaunch L;
   cudaError_t e = bwd_sm90_prepare<T, D>(&L, a);
   if (e != cudaSuccess) return e;

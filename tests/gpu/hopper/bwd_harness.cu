@@ -180,9 +180,9 @@ static Err compare(const T* dev, const float* ref, size_t n) {
 }
 
 template <typename T, int D>
-static hp::BwdArgs make_args(const T* q, const T* k, const T* v, const T* o, const T* dout, const float* lse, T* dq,
+static hp::Sm90BwdArgs make_args(const T* q, const T* k, const T* v, const T* o, const T* dout, const float* lse, T* dq,
                              T* dk, T* dv, void* ws, int b, int s, int h, int h_kv, float scale, bool causal) {
-  hp::BwdArgs a{};
+  hp::Sm90BwdArgs a{};
   a.q = q;
   a.k = k;
   a.v = v;

@@ -56,11 +56,13 @@ size_t fwd_workspace_bytes(const FwdParams& params);
 size_t bwd_workspace_bytes(const BwdParams& params);
 }  // namespace tc
 
-// Hook of the Hopper forward path (csrc/cuda/hopper, built for sm_90a only):
-// asked before the tensor-core hook, same contract. Weak default in
+// Hooks of the Hopper path (csrc/cuda/hopper, built for sm_90a only): asked
+// before the tensor-core hooks, same contract. Weak defaults in
 // csrc/cuda/tc_default.cu.
 namespace hopper {
 Status try_run_fwd(const FwdParams& params, const CudaLaunch& launch, bool* handled);
+Status try_run_bwd(const BwdParams& params, const CudaLaunch& launch, bool* handled);
+size_t bwd_workspace_bytes(const BwdParams& params);
 }  // namespace hopper
 
 }  // namespace fusedattn

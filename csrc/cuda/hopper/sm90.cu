@@ -1,20 +1,30 @@
-// The Hopper forward path's entry points (hooks declared in fusedattn/cuda_api.h):
-// which calls it takes, and the launch. Built only for sm_90a (cmake/cuda.cmake
+// The Hopper path's entry points (hooks declared in fusedattn/cuda_api.h):
+// which calls it takes, and the launches. Built only for sm_90a (cmake/cuda.cmake
 // compiles this directory on its own, for that target alone); without it the
 // weak defaults in csrc/cuda/tc_default.cu take no call.
 //
+// Forward (fwd_sm90.cuh), on by default:
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too
 // when s_q = s_kv, where the diagonals coincide), vanilla softmax, no bias,
 // ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
+//
+// Backward (bwd_sm90.cuh), opt-in with FUSEDATTN_HOPPER_BWD=1 until it has
+// been checked and measured on a GPU: the forward's calls restricted to
+// d = 64 or 128, s_q = s_kv, contiguous bshd tensors (q, k, v, out, dout and
+// the gradients), no dbias and no deterministic mode (dQ is added with
+// atomics); everything else, and every call without the opt-in, goes to the
+// sm80-class backward.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "fusedattn/cat.h"
 #include "fusedattn/cuda_api.h"
+#include "hopper/bwd_sm90.cuh"
 #include "hopper/fwd_sm90.cuh"
 
 namespace fusedattn {
@@ -124,7 +134,94 @@ std::string fwd_support(const FwdParams& p) {
   return "";
 }
 
+bool bwd_opted_in() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD");
+    return e != nullptr && std::atoi(e) != 0;
+  }();
+  return on;
+}
+
+bool contiguous_bshd(const SeqTensor& t, const Problem& pr, int64_t s, int64_t h, int64_t d) {
+  return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d &&
+         pr.b > 0;
+}
+
+std::string bwd_support(const BwdParams& p) {
+  if (!bwd_opted_in()) return "the Hopper backward is opt-in (FUSEDATTN_HOPPER_BWD=1) until it is measured";
+  const FwdParams& f = p.fwd;
+  std::string r = fwd_support(f);
+  if (!r.empty()) return r;
+  const Problem& pr = f.prob;
+  if (pr.d_qk != 64 && pr.d_qk != 128) return cat("head dim ", pr.d_qk, " (the Hopper backward takes 64 and 128)");
+  if (pr.s_q != pr.s_kv) return "s_q != s_kv";
+  if (p.deterministic) return "deterministic mode (the Hopper backward adds dQ with atomics)";
+  if (p.dbias.data != nullptr) return "dbias";
+  if (f.q_format != Format::kBSHD || f.kv_format != Format::kBSHD) return "not bshd";
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.q, "q"}, {&f.out, "out"},
+                                {&p.dout, "dout"}, {&p.dq, "dq"}}) {
+    if (!contiguous_bshd(*t, pr, pr.s_q, pr.h_q, pr.d_qk)) return cat(name, " is not contiguous bshd");
+  }
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.k, "k"}, {&f.v, "v"}, {&p.dk, "dk"},
+                                {&p.dv, "dv"}}) {
+    if (!contiguous_bshd(*t, pr, pr.s_kv, pr.h_kv, pr.d_qk)) return cat(name, " is not contiguous bshd");
+  }
+  if (f.lse_stride_s != 1 || f.lse_stride_h != pr.s_q || f.lse_stride_b != pr.h_q * pr.s_q) {
+    return "softmax_lse is not contiguous [b, h, s_q]";
+  }
+  return "";
+}
+
+template <typename T, int D>
+Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
+  const FwdParams& f = p.fwd;
+  const Problem& pr = f.prob;
+  Sm90BwdArgs a{};
+  a.q = f.q.data;
+  a.k = f.k.data;
+  a.v = f.v.data;
+  a.o = f.out.data;
+  a.dout = p.dout.data;
+  a.lse = f.lse;
+  a.dq = p.dq.data;
+  a.dk = p.dk.data;
+  a.dv = p.dv.data;
+  a.ws = ws;
+  a.b = static_cast<int>(pr.b);
+  a.s_q = static_cast<int>(pr.s_q);
+  a.s_kv = static_cast<int>(pr.s_kv);
+  a.h = static_cast<int>(pr.h_q);
+  a.h_kv = static_cast<int>(pr.h_kv);
+  a.scale = f.scale;
+  a.causal = f.mask.window_right == 0;
+  const cudaError_t e = bwd_sm90<T, D>(a, st);
+  if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
+  return Status::Ok();
+}
+
 }  // namespace
+
+size_t bwd_workspace_bytes(const BwdParams& p) {
+  if (!bwd_support(p).empty()) return 0;
+  const Problem& pr = p.fwd.prob;
+  return bwd_sm90_workspace_bytes(static_cast<int>(pr.b), static_cast<int>(pr.s_q), static_cast<int>(pr.h_q),
+                                  static_cast<int>(pr.d_qk));
+}
+
+Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) {
+  *handled = false;
+  const size_t need = hopper::bwd_workspace_bytes(p);  // qualified: ADL also finds fusedattn::bwd_workspace_bytes
+  if (need == 0 || launch.workspace == nullptr || launch.workspace_bytes < need) return Status::Ok();
+  *handled = true;
+  auto st = static_cast<cudaStream_t>(launch.stream);
+  const bool f16 = p.fwd.prob.dtype == DType::kFloat16;
+  if (p.fwd.prob.d_qk == 64) {
+    return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, st)
+               : run_bwd_kernels<__nv_bfloat16, 64>(p, launch.workspace, st);
+  }
+  return f16 ? run_bwd_kernels<__half, 128>(p, launch.workspace, st)
+             : run_bwd_kernels<__nv_bfloat16, 128>(p, launch.workspace, st);
+}
 
 Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
   *handled = false;
