@@ -120,7 +120,10 @@ def test_hopper_backward_matches_reference(s, d, causal, dtype, h_kv):
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert torch.isfinite(g).all(), f"{name} has non-finite values"
         # Relative Frobenius error; the CPU engine gets ~2e-3 (bf16) with the same rounded P and dS.
-        err = ((g.double() - w).norm() / w.norm().clamp_min(1e-30)).item()
+        # The floor (rms 1e-3) covers s = 1, where the reference dq and dk are exactly 0 (one
+        # visible key: dS = dP - D = 0) and any kernel leaves rounding noise of its summation order.
+        floor = 1e-3 * math.sqrt(w.numel())
+        err = ((g.double() - w).norm() / w.norm().clamp_min(floor)).item()
         assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), f"{name}: relative error {err:.2e}"
 
 

@@ -175,7 +175,11 @@ static Err compare(const T* dev, const float* ref, size_t n) {
     den += static_cast<double>(r[i]) * r[i];
     e.max_abs = std::max(e.max_abs, std::fabs(d));
   }
-  e.rel = std::sqrt(num / std::max(den, 1e-30));
+  // Floor on the reference's mean square: with s = 1 the single visible key
+  // gives dS = dP - D = 0 exactly in the reference, while any kernel's dP and
+  // D differ by an ulp of their summation order; an rms error up to ~2e-5 on
+  // such a zero gradient is rounding, not a bug (real cases have den/n >= ~1e-4).
+  e.rel = std::sqrt(num / std::max(den, 1e-6 * static_cast<double>(n)));
   return e;
 }
 
