@@ -431,25 +431,25 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   // ---- FUSED: the last block of the row chunk to arrive merges the splits ----
   if constexpr (FUSED) {
     if (split_mode) {
-      __shared__ int last_s;
       // Release: every thread's partial stores are ordered before the arrival
       // (the threadFenceReduction pattern of the CUDA samples).
       __threadfence();
       __syncthreads();
+      bool last = false;
       if (tid == 0) {
         unsigned int* cnt = a.counters + (int64_t(b) * gridDim.y + blockIdx.y);
         const unsigned int prev = atomicAdd(cnt, 1u);
-        const bool last = prev == static_cast<unsigned int>(a.splits - 1);
+        last = prev == static_cast<unsigned int>(a.splits - 1);
         if (last) {
           // Every split of the chunk has arrived: nothing else touches the
           // counter in this launch; leave it zero (run.cu zeroes it anyway).
           atomicExch(cnt, 0u);
           __threadfence();  // acquire: the other blocks' partials are read after this
         }
-        last_s = last;
       }
-      __syncthreads();
-      if (last_s) {
+      // The barrier carries thread 0's verdict: no static shared flag, which
+      // would push the d=256, 64-row variant past sm_80's 163 KB per block.
+      if (__syncthreads_or(last)) {
         // One warp per row of the block (rows r < rows; padded ones too, as
         // the combine kernel does), partials read at L2.
         const CombineShape<T> cs(p, a);
