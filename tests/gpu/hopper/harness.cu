@@ -229,7 +229,9 @@ static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool c
       lse_err = std::max(lse_err, static_cast<double>(std::fabs(hl[i] - hlr[i])));
     }
     const double rel = std::sqrt(num / std::max(den, 1e-30));
-    ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2;
+    // max_abs too: |O| <= 1 (v in [-1, 1]) and its rounding is ~4e-3, while a bug confined to a
+    // few tiles of a large case (a stale V slot, one wrong rescale) can stay under rel 1e-2.
+    ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2 && max_abs < 5e-2;
     std::printf("%s %s%s%s d=%d s=%d causal=%d h=%d/%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu\n",
                 ok ? "PASS" : "FAIL", var.name == "v1" ? "" : var.name.c_str(), var.name == "v1" ? "" : " ",
                 Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, rel, max_abs, lse_err, nan_count);
