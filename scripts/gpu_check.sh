@@ -100,7 +100,9 @@ if [ -n "$hopper_steps" ]; then
     [ -x "$h" ] || continue
     for r in $runs; do
       t0=$(now)
-      timeout 300 "$h" "$r" > "$OUT/hopper_${step}_${r}.log" 2>&1
+      # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
+      case "$r" in check) lim=120 ;; check2) lim=180 ;; *) lim=240 ;; esac
+      timeout "$lim" "$h" "$r" > "$OUT/hopper_${step}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && status=1
       note "hopper $step $r" "rc=$rc $(grep -E "passed|FAIL" "$OUT/hopper_${step}_${r}.log" | tail -1) ($(( $(now) - t0 )) s)"
