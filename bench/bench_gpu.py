@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,9 @@ def main():
                     f"{r['cudnn_fb']:.0f} | {r['fusedattn_fb'] / r['fa2_fb']:.2f} | "
                     f"{r['fusedattn_fb'] / r['cudnn_fb']:.2f} |")
                 print(lines[-1], flush=True)
-    head = (f"## GPU attention, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}\n\n"
+    switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
+    head = (f"## GPU attention, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+            f"{', ' + switches if switches else ''}\n\n"
             "bf16, b*s = 16384 tokens, h*d = 2048, TFLOP/s (FlashAttention's count: fwd 4bhs^2d, /2 causal; "
             "fwd+bwd 3.5x fwd), medians of triton do_bench; ratios > 1 mean fusedattn is faster.\n\n")
     table = head + "\n".join(lines) + "\n"
