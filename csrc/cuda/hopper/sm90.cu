@@ -19,6 +19,7 @@
 // sm80-class backward.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -31,15 +32,22 @@ namespace fusedattn {
 namespace hopper {
 namespace {
 
-bool device_is_sm90(int* dev_out) {
-  int dev = 0, major = 0, minor = 0;
+// Whether the current device has compute capability 9.0; asked on every call,
+// so the answer is kept per device index.
+bool device_is_sm90() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    return false;
+  if (dev >= 0 && dev < kMaxDevices && cached[dev].load(std::memory_order_relaxed) != 0) {
+    return cached[dev].load(std::memory_order_relaxed) == 1;
   }
-  *dev_out = dev;
-  return major == 9 && minor == 0;
+  int major = 0, minor = 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                  major == 9 && minor == 0;
+  if (dev >= 0 && dev < kMaxDevices) cached[dev].store(ok ? 1 : 2, std::memory_order_relaxed);
+  return ok;
 }
 
 std::string check_rows(const SeqTensor& t, const char* name) {
@@ -128,8 +136,7 @@ std::string fwd_support(const FwdParams& p) {
     return "out needs a unit head-dim stride";
   }
   if (p.lse == nullptr) return "softmax_lse is null";
-  int dev = 0;
-  if (!device_is_sm90(&dev)) return "not a compute-capability 9.0 device";
+  if (!device_is_sm90()) return "not a compute-capability 9.0 device";
   if (!kernels_loadable()) return "this build has no sm_90a code (build with TORCH_CUDA_ARCH_LIST=9.0a)";
   return "";
 }
@@ -142,9 +149,8 @@ bool bwd_opted_in() {
   return on;
 }
 
-bool contiguous_bshd(const SeqTensor& t, const Problem& pr, int64_t s, int64_t h, int64_t d) {
-  return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d &&
-         pr.b > 0;
+bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
+  return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
 
 std::string bwd_support(const BwdParams& p) {
@@ -160,11 +166,11 @@ std::string bwd_support(const BwdParams& p) {
   if (f.q_format != Format::kBSHD || f.kv_format != Format::kBSHD) return "not bshd";
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.q, "q"}, {&f.out, "out"},
                                 {&p.dout, "dout"}, {&p.dq, "dq"}}) {
-    if (!contiguous_bshd(*t, pr, pr.s_q, pr.h_q, pr.d_qk)) return cat(name, " is not contiguous bshd");
+    if (!contiguous_bshd(*t, pr.s_q, pr.h_q, pr.d_qk)) return cat(name, " is not contiguous bshd");
   }
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.k, "k"}, {&f.v, "v"}, {&p.dk, "dk"},
                                 {&p.dv, "dv"}}) {
-    if (!contiguous_bshd(*t, pr, pr.s_kv, pr.h_kv, pr.d_qk)) return cat(name, " is not contiguous bshd");
+    if (!contiguous_bshd(*t, pr.s_kv, pr.h_kv, pr.d_qk)) return cat(name, " is not contiguous bshd");
   }
   if (f.lse_stride_s != 1 || f.lse_stride_h != pr.s_q || f.lse_stride_b != pr.h_q * pr.s_q) {
     return "softmax_lse is not contiguous [b, h, s_q]";

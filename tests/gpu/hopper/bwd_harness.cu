@@ -331,25 +331,7 @@ static bool bench_point(int s, bool causal) {
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int c = causal ? 1 : 0;
   // out / lse from the Hopper forward (realistic values; the reference forward is too slow here).
-  hp::Sm90Args fa{};
-  fa.q = {q, b, s, h, D, int64_t{s} * h * D, int64_t{h} * D, D};
-  fa.k = {k, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
-  fa.v = {v, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
-  fa.out.o = o;
-  fa.out.o_sb = int64_t{s} * h * D;
-  fa.out.o_ss = int64_t{h} * D;
-  fa.out.o_sh = D;
-  fa.out.lse = lse;
-  fa.out.lse_sb = int64_t{h} * s;
-  fa.out.lse_sh = s;
-  fa.out.lse_ss = 1;
-  fa.out.b = b;
-  fa.out.s_q = s;
-  fa.out.s_kv = s;
-  fa.out.h = h;
-  fa.out.h_kv = h_kv;
-  fa.out.scale_log2 = scale * 1.4426950408889634f;
-  fa.causal = causal;
+  const hp::Sm90Args fa = bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal);
   bool ok = true;
   cudaError_t fe = hp::fwd_sm90<T, D>(fa);
   if (fe == cudaSuccess) fe = cudaDeviceSynchronize();

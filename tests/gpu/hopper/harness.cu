@@ -126,32 +126,6 @@ __global__ void ref_attn_kernel(const T* q, const T* k, const T* v, float* o, fl
 }
 
 
-// Contiguous bshd tensors (the library passes its own strides).
-template <int D>
-static fusedattn::hopper::Sm90Args bshd_args(const void* q, const void* k, const void* v, void* o, float* lse, int b,
-                                             int s, int h, int h_kv, float scale, bool causal) {
-  fusedattn::hopper::Sm90Args a{};
-  a.q = {q, b, s, h, D, int64_t{s} * h * D, int64_t{h} * D, D};
-  a.k = {k, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
-  a.v = {v, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
-  a.out.o = o;
-  a.out.o_sb = int64_t{s} * h * D;
-  a.out.o_ss = int64_t{h} * D;
-  a.out.o_sh = D;
-  a.out.lse = lse;
-  a.out.lse_sb = int64_t{h} * s;
-  a.out.lse_sh = s;
-  a.out.lse_ss = 1;
-  a.out.b = b;
-  a.out.s_q = s;
-  a.out.s_kv = s;
-  a.out.h = h;
-  a.out.h_kv = h_kv;
-  a.out.scale_log2 = scale * 1.4426950408889634f;
-  a.causal = causal;
-  return a;
-}
-
 template <typename T, int D>
 static cudaError_t launch_fast(const Variant& var, const T* q, const T* k, const T* v, T* o, float* lse, int b, int s,
                                int h, int h_kv, float scale, bool causal) {

@@ -1,5 +1,6 @@
 // Shared by the Hopper harnesses (harness.cu, bwd_harness.cu): error checks, 16-bit
-// conversions, a deterministic host RNG and random (never zero) device inputs.
+// conversions, a deterministic host RNG, random (never zero) device inputs and
+// the forward's arguments for contiguous bshd tensors.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "../../../csrc/cuda/hopper/fwd_sm90.cuh"
 
 #define CK(...)                                                                              \
   do {                                                                                       \
@@ -60,4 +63,30 @@ static T* upload_random(size_t n, Rng& rng, float lo, float hi) {
   CK(cudaMalloc(&d, n * sizeof(T)));
   CK(cudaMemcpy(d, hbuf.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   return d;
+}
+
+// Contiguous bshd tensors (the library passes its own strides).
+template <int D>
+static fusedattn::hopper::Sm90Args bshd_args(const void* q, const void* k, const void* v, void* o, float* lse, int b,
+                                             int s, int h, int h_kv, float scale, bool causal) {
+  fusedattn::hopper::Sm90Args a{};
+  a.q = {q, b, s, h, D, int64_t{s} * h * D, int64_t{h} * D, D};
+  a.k = {k, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
+  a.v = {v, b, s, h_kv, D, int64_t{s} * h_kv * D, int64_t{h_kv} * D, D};
+  a.out.o = o;
+  a.out.o_sb = int64_t{s} * h * D;
+  a.out.o_ss = int64_t{h} * D;
+  a.out.o_sh = D;
+  a.out.lse = lse;
+  a.out.lse_sb = int64_t{h} * s;
+  a.out.lse_sh = s;
+  a.out.lse_ss = 1;
+  a.out.b = b;
+  a.out.s_q = s;
+  a.out.s_kv = s;
+  a.out.h = h;
+  a.out.h_kv = h_kv;
+  a.out.scale_log2 = scale * 1.4426950408889634f;
+  a.causal = causal;
+  return a;
 }
