@@ -20,6 +20,8 @@
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings
 #   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "fwd v2 bwd"; "" skips)
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the opt-in Hopper backward
+#   GPU_CHECK_SUITES       which test suites run (default "gpu decode suite": tests/gpu, the
+#                          decode tests, the main suite on CUDA; "" runs none of them)
 #   GPU_CHECK_STEP_TIMEOUT seconds per pytest run (default 400); a run that dies on a
 #                          signal is re-run from its last test under cuda-gdb for a native backtrace
 set -uo pipefail
@@ -129,8 +131,10 @@ run_pytest() {
   fi
   return $rc
 }
+SUITES=" ${GPU_CHECK_SUITES-gpu decode suite} "
 pytest_counts() { grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|(passed|failed|error)(,| in )" "$1" | tail -1 | sed 's/=//g'; }
 for engine in ${GPU_CHECK_ENGINES:-default simt}; do
+  [[ "$SUITES" == *" gpu "* ]] || break
   log="$OUT/test_gpu_${engine}.log"
   t0=$(now)
   if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
@@ -154,6 +158,7 @@ fi
 # Attention over a KV cache (page_table): the decode engine (default) and the
 # SIMT engine's paged reads (simt), plus copy_to_kv_cache on CUDA.
 for engine in ${GPU_CHECK_ENGINES:-default simt}; do
+  [[ "$SUITES" == *" decode "* ]] || break
   log="$OUT/test_decode_${engine}.log"
   t0=$(now)
   if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
@@ -166,7 +171,9 @@ for engine in ${GPU_CHECK_ENGINES:-default simt}; do
 done
 unset FUSEDATTN_CUDA_ENGINE
 # The main suite on the GPU, once its conftest honours FUSEDATTN_TEST_DEVICE.
-if grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
+if [[ "$SUITES" != *" suite "* ]]; then
+  :
+elif grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
   t0=$(now)
   # shellcheck disable=SC2086
   FUSEDATTN_TEST_DEVICE=cuda run_pytest "$OUT/test_suite_cuda.log" -m "not slow" tests \
