@@ -23,6 +23,12 @@ per process): --fused-combine both runs the cases twice, in child processes
 with the switch off and on (on / off alone: one child):
 
     python bench/bench_decode.py --cases 1x8192,64x16384 --fused-combine both
+
+Where the time of a call goes: --profile prints, per case, each CUDA kernel of
+a contiguous-cache call with its mean duration (torch.profiler, eager calls)
+instead of the table:
+
+    python bench/bench_decode.py --cases 1x8192 --profile
 """
 
 from __future__ import annotations
@@ -105,6 +111,40 @@ def time_eager(calls):
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(e) * 1e3 / len(calls))
     return statistics.median(ts)
+
+
+def profile_case(b, ctx, gen):
+    """Mean CUDA duration of each kernel of a contiguous-cache call (eager, 50 calls)."""
+    dev = "cuda"
+    args = FwdArgs(scale=1.0 / math.sqrt(D), q_format="bshd", kv_format="bshd",
+                   mask_type="padding_causal_bottom_right")
+    q = torch.randn(b, 1, H_Q, D, device=dev, dtype=DTYPE, generator=gen)
+    cu_kv = torch.arange(b + 1, device=dev, dtype=torch.int32) * ctx
+    k, v = (torch.randn(b, ctx, H_KV, D, device=dev, dtype=DTYPE, generator=gen) for _ in range(2))
+    table = torch.arange(b, device=dev, dtype=torch.int32).view(b, 1)
+    flush = torch.empty(256 << 20, device=dev, dtype=torch.int8)
+
+    def call():
+        return torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, cu_kv, None, None, None,
+                                       *args.op_args(), False, table)
+
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    n = 50
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            flush.add_(1)  # evict the cache from L2 between calls
+            call()
+        torch.cuda.synchronize()
+    total = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name:
+            total.setdefault(e.name, []).append(e.device_time)
+    print(f"## profile b={b} ctx={ctx} ({cache_bytes(b, ctx) / 1e6:.1f} MB of cache per call)")
+    for name, ts in sorted(total.items(), key=lambda kv: -sum(kv[1])):
+        mean = sum(ts) / len(ts)
+        print(f"  {mean:8.2f} us x {len(ts) / n:.0f}/call  {name[:110]}")
 
 
 def run_case(b, ctx, gen):
@@ -192,6 +232,7 @@ def main():
     ap.add_argument("--fused-combine", choices=["env", "off", "on", "both"], default="env",
                     help="FUSEDATTN_DECODE_FUSED_COMBINE for the run: env (as set, default), off, on, or both "
                          "(one child process each)")
+    ap.add_argument("--profile", action="store_true", help="print each kernel's mean duration instead of timing")
     opt = ap.parse_args()
     if opt.fused_combine != "env":
         modes = {"off": ["0"], "on": ["1"], "both": ["0", "1"]}[opt.fused_combine]
@@ -206,6 +247,10 @@ def main():
         return
     cases = CASES if not opt.cases else [tuple(int(x) for x in c.split("x")) for c in opt.cases.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if opt.profile:
+        for b, ctx in cases:
+            profile_case(b, ctx, gen)
+        return
 
     rows, bars = [], []
     for b, ctx in cases:

@@ -3,7 +3,7 @@
 // compiles this directory on its own, for that target alone); without it the
 // weak defaults in csrc/cuda/tc_default.cu take no call.
 //
-// Forward (fwd_sm90.cuh), on by default:
+// Forward (fwd_sm90_v2.cuh), on by default:
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too
@@ -11,12 +11,11 @@
 // ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
-// Backward (bwd_sm90.cuh), opt-in with FUSEDATTN_HOPPER_BWD=1 until it has
-// been checked and measured on a GPU: the forward's calls restricted to
-// d = 64 or 128, s_q = s_kv, contiguous bshd tensors (q, k, v, out, dout and
-// the gradients), no dbias and no deterministic mode (dQ is added with
-// atomics); everything else, and every call without the opt-in, goes to the
-// sm80-class backward.
+// Backward (bwd_sm90.cuh), on by default (FUSEDATTN_HOPPER_BWD=0 turns it
+// off): the forward's calls restricted to d = 64 or 128, s_q = s_kv,
+// contiguous bshd tensors (q, k, v, out, dout and the gradients), no dbias and
+// no deterministic mode (dQ is added with atomics); everything else goes to
+// the sm80-class backward.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -26,7 +25,7 @@
 #include "fusedattn/cat.h"
 #include "fusedattn/cuda_api.h"
 #include "hopper/bwd_sm90.cuh"
-#include "hopper/fwd_sm90.cuh"
+#include "hopper/fwd_sm90_v2.cuh"
 
 namespace fusedattn {
 namespace hopper {
@@ -98,7 +97,9 @@ Status run_kernel(const FwdParams& p, bool causal, cudaStream_t st) {
 bool kernels_loadable() {
   static const bool ok = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, fwd_sm90_kernel<__nv_bfloat16, 128, false>) == cudaSuccess;
+    using C = FwdV2Default<128>;
+    return cudaFuncGetAttributes(&attr, fwd_sm90_v2_kernel<__nv_bfloat16, 128, false, C::BN, C::STAGES, C::PP>) ==
+           cudaSuccess;
   }();
   return ok;
 }
@@ -141,10 +142,12 @@ std::string fwd_support(const FwdParams& p) {
   return "";
 }
 
-bool bwd_opted_in() {
+// FUSEDATTN_HOPPER_BWD=0 sends every backward to the sm80-class kernels (A/B
+// timing, triage); read once.
+bool bwd_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("FUSEDATTN_HOPPER_BWD");
-    return e != nullptr && std::atoi(e) != 0;
+    return e == nullptr || *e == '\0' || std::atoi(e) != 0;
   }();
   return on;
 }
@@ -154,7 +157,7 @@ bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
 }
 
 std::string bwd_support(const BwdParams& p) {
-  if (!bwd_opted_in()) return "the Hopper backward is opt-in (FUSEDATTN_HOPPER_BWD=1) until it is measured";
+  if (!bwd_enabled()) return "the Hopper backward is off (FUSEDATTN_HOPPER_BWD=0)";
   const FwdParams& f = p.fwd;
   std::string r = fwd_support(f);
   if (!r.empty()) return r;

@@ -11,7 +11,6 @@
 //   harness sweep2             v1 and every v2 config (BN/STAGES/ping-pong) on a
 //                              few points (HBENCH / HBENCH2 with cfg=)
 //   harness one2 D S CAUSAL    one v2 (default config) bench point (for ncu)
-// v1 lines are v1 even under -DFUSEDATTN_HOPPER_FWD_V2 (fwd_sm90_prepare).
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
