@@ -18,12 +18,6 @@ Bars: batch 1 at context 8192 <= 15 us per call; batch 64 at context 16384
 
     python bench/bench_decode.py [--out bench/RESULTS.md] [--cases 1x8192,64x16384]
 
-A/B of the fused split-KV combine (FUSEDATTN_DECODE_FUSED_COMBINE, read once
-per process): --fused-combine both runs the cases twice, in child processes
-with the switch off and on (on / off alone: one child):
-
-    python bench/bench_decode.py --cases 1x8192,64x16384 --fused-combine both
-
 Where the time of a call goes: --profile prints, per case, each CUDA kernel of
 a contiguous-cache call with its mean duration (torch.profiler, eager calls)
 instead of the table:
@@ -36,9 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -229,22 +221,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="append the table to this markdown file (e.g. bench/RESULTS.md)")
     ap.add_argument("--cases", help="comma-separated BxCTX list, e.g. 1x8192,64x16384")
-    ap.add_argument("--fused-combine", choices=["env", "off", "on", "both"], default="env",
-                    help="FUSEDATTN_DECODE_FUSED_COMBINE for the run: env (as set, default), off, on, or both "
-                         "(one child process each)")
     ap.add_argument("--profile", action="store_true", help="print each kernel's mean duration instead of timing")
     opt = ap.parse_args()
-    if opt.fused_combine != "env":
-        modes = {"off": ["0"], "on": ["1"], "both": ["0", "1"]}[opt.fused_combine]
-        argv = [sys.executable, str(Path(__file__).resolve())]
-        if opt.out:
-            argv += ["--out", opt.out]
-        if opt.cases:
-            argv += ["--cases", opt.cases]
-        for m in modes:
-            print(f"## FUSEDATTN_DECODE_FUSED_COMBINE={m}", flush=True)
-            subprocess.run(argv, env=dict(os.environ, FUSEDATTN_DECODE_FUSED_COMBINE=m), check=True)
-        return
     cases = CASES if not opt.cases else [tuple(int(x) for x in c.split("x")) for c in opt.cases.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     if opt.profile:
@@ -273,10 +251,9 @@ def main():
         print(rows[-1], flush=True)
 
     gpu = torch.cuda.get_device_name(0)
-    fused = os.environ.get("FUSEDATTN_DECODE_FUSED_COMBINE", "0") or "0"
     head = [
         f"### Decode (h_q={H_Q}, h_kv={H_KV}, d={D}, bf16, 1 query token) - {datetime.date.today().isoformat()}, "
-        f"{gpu}, torch {torch.__version__}, FUSEDATTN_DECODE_FUSED_COMBINE={fused}",
+        f"{gpu}, torch {torch.__version__}",
         "",
         "Per-call us from CUDA-graph replay (20 calls per graph, median of 15 replays; the cache rotates over copies "
         "so L2 does not serve the next call). Ratios: peer time / fusedattn contiguous time (> 1: fusedattn faster). "

@@ -106,7 +106,7 @@ def _reference_grads(q, k, v, dout, causal, scale):
 @needs_hopper_bwd
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("s", [1, 17, 200, 1024])
 @pytest.mark.parametrize("h_kv", [4, 2])
 def test_hopper_backward_matches_reference(s, d, causal, dtype, h_kv):
@@ -129,11 +129,12 @@ def test_hopper_backward_matches_reference(s, d, causal, dtype, h_kv):
 
 
 @needs_hopper_bwd
-def test_hopper_backward_kernel_runs():
-    q, k, v = (torch.randn(2, 256, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+@pytest.mark.parametrize("d,kernel", [(128, "bwd_sm90_kernel"), (256, "bwd_sm90_d256_kernel")])
+def test_hopper_backward_kernel_runs(d, kernel):
+    q, k, v = (torch.randn(2, 256, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     out, _ = attention(q, k, v, FwdArgs(scale=0.1, mask_type="causal"))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
         torch.cuda.synchronize()
     names = " ".join(e.name for e in prof.events())
-    assert "bwd_sm90_kernel" in names, names[:500]
+    assert kernel in names, names[:500]

@@ -8,11 +8,6 @@
 // the device from the actual cache length.
 //
 // Plan (host) -> workspace bytes -> launch (decode kernel [+ combine]).
-//
-// FUSEDATTN_DECODE_FUSED_COMBINE=1 (read once per process; off by default):
-// no combine kernel; the decode kernel's last block of each (sequence, KV
-// head, row chunk) merges the splits (arrival counters in the workspace,
-// zeroed by a cudaMemsetAsync before the decode kernel). See decode_kernel.cuh.
 #pragma once
 
 #include <cstddef>
@@ -34,9 +29,6 @@ struct KernelArgs {
   // (-inf: no visible key in that split).
   float* ws_o = nullptr;
   float* ws_lse = nullptr;
-  // Fused combine (Plan::fused): arrival counter per (b, h_kv * chunks), zero
-  // when the decode kernel starts; the last block of each leaves it zero.
-  unsigned int* counters = nullptr;
 };
 
 struct Plan {
@@ -46,9 +38,7 @@ struct Plan {
   int wm = 1;            // row warps: 16 * wm rows per block
   int chunks = 1;        // row chunks per (sequence, KV head)
   int splits = 1;
-  bool fused = false;    // splits > 1 and FUSEDATTN_DECODE_FUSED_COMBINE=1: no combine kernel
   size_t ws_o_off = 0, ws_lse_off = 0, bytes = 0;
-  size_t ws_cnt_off = 0, cnt_bytes = 0;  // fused: the arrival counters
 };
 
 // The plan for a call (sm_count <= 0: the current device's).

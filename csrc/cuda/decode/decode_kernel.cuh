@@ -11,18 +11,6 @@
 // warps' partial softmax states merge in shared memory and the block writes
 // either the final output and lse (one split) or its normalised partial O and
 // log2-lse to the workspace (several splits; decode_combine_kernel finishes).
-//
-// FUSED (FUSEDATTN_DECODE_FUSED_COMBINE=1, see run.cu; false is the default
-// kernel, whose code the flag leaves untouched):
-// - the fused combine: after writing its partials, a block counts itself in
-//   the arrival counter of its (sequence, KV head, row chunk) (KernelArgs::
-//   counters, zeroed by run.cu before the launch); the block that arrives last
-//   merges every split's partials of its rows with combine_row (the combine
-//   kernel's code), so no combine kernel is launched;
-// - a speculative page-table read: the page entries of the first tiles are
-//   loaded for the split's tiles as if the sequence had max_seqlen_kv keys,
-//   at the same time as cu_seqlens, instead of after it; a block whose actual
-//   first tile differs (a shorter sequence, a window) reads them again.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,7 +28,7 @@ namespace decode {
 
 using simt::SeqInfo;
 
-template <class T, int D, int WM, bool FUSED>
+template <class T, int D, int WM>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, const KernelArgs a) {
   using C = Tile<D, WM>;
   constexpr int M = C::M, BN = C::BN, KW = C::KW, KS = C::KS, WN = C::kWN, S = C::STAGES, CH = C::CH, OS = C::OS;
@@ -66,25 +54,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const int b = blockIdx.z;
   const int group = a.group;
   const int dqk = static_cast<int>(pr.d_qk), dv = static_cast<int>(pr.d_v);
-
-  // FUSED: the page entries (key `tid`) of tiles spec_t0 .. spec_t0 + S, where
-  // spec_t0 is the split's first tile were the sequence max_seqlen_kv long
-  // with no window. They do not depend on cu_seqlens, so the two loads are in
-  // flight together. The index is clamped into the table row; the entries are
-  // used only when the split does start at spec_t0 (first_page_of).
-  [[maybe_unused]] int spec_t0 = -1;
-  [[maybe_unused]] int32_t spec_pg[S + 1];
-  if constexpr (FUSED) {
-    if (tid < BN) {
-      const int tiles_max = static_cast<int>((pr.s_kv + BN - 1) / BN);
-      spec_t0 = split * ((tiles_max + a.splits - 1) / a.splits);
-      const int32_t* spt = p.paged.page_table + static_cast<int64_t>(b) * p.paged.stride_b;
-      const int sps = static_cast<int>(p.paged.page_size);
-      const int last_entry = static_cast<int>(simt::min64(p.paged.max_pages, int64_t(1) << 30)) - 1;
-#pragma unroll
-      for (int x = 0; x <= S; ++x) spec_pg[x] = __ldg(spt + min(((spec_t0 + x) * BN + tid) / sps, last_entry));
-    }
-  }
 
   const SeqInfo si = simt::seq_info(p, b);
 
@@ -160,19 +129,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     }
     off_s[(x % S) * BN + tid] = o;
   };
-  // page_of for the prologue's tiles x <= S: the speculative entry when the
-  // split starts where it was guessed (FUSED), else the table read.
-  const auto first_page_of = [&](int x) -> int64_t {
-    if constexpr (FUSED) {
-      if (t0 == spec_t0) {
-        const int tok = (t0 + x) * BN + tid;
-        if (tok >= si.len_kv) return -1;
-        const int64_t pg = spec_pg[x];
-        return pg < 0 ? 0 : (pg > last_page ? last_page : pg);
-      }
-    }
-    return page_of(x);
-  };
   // cp.async of tile x into stage x % S; keys past the cache and head-dim
   // chunks past d are zero-filled (no NaN from stale memory reaches P.V).
   const auto issue = [&](int x) {
@@ -195,8 +151,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   if (tid < BN) {
 #pragma unroll
     for (int x = 0; x < S; ++x)
-      if (x < n) put_offsets(x, first_page_of(x));
-    if (S < n) pid_next = first_page_of(S);
+      if (x < n) put_offsets(x, page_of(x));
+    if (S < n) pid_next = page_of(S);
   }
   __syncthreads();
   const uint32_t qb = smem_u32(q_s);
@@ -428,45 +384,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (p.max_logit != nullptr && L > 0.f) simt::atomic_max_float(p.max_logit + h, mx * kLn2);
   }
 
-  // ---- FUSED: the last block of the row chunk to arrive merges the splits ----
-  if constexpr (FUSED) {
-    if (split_mode) {
-      // Release: every thread's partial stores are ordered before the arrival
-      // (the threadFenceReduction pattern of the CUDA samples).
-      __threadfence();
-      __syncthreads();
-      bool last = false;
-      if (tid == 0) {
-        unsigned int* cnt = a.counters + (int64_t(b) * gridDim.y + blockIdx.y);
-        const unsigned int prev = atomicAdd(cnt, 1u);
-        last = prev == static_cast<unsigned int>(a.splits - 1);
-        if (last) {
-          // Every split of the chunk has arrived: nothing else touches the
-          // counter in this launch; leave it zero (run.cu zeroes it anyway).
-          atomicExch(cnt, 0u);
-          __threadfence();  // acquire: the other blocks' partials are read after this
-        }
-      }
-      // The barrier carries thread 0's verdict: no static shared flag, which
-      // would push the d=256, 64-row variant past sm_80's 163 KB per block.
-      if (__syncthreads_or(last)) {
-        // One warp per row of the block (rows r < rows; padded ones too, as
-        // the combine kernel does), partials read at L2.
-        const CombineShape<T> cs(p, a);
-        for (int r = row0 + warp; r < r_end; r += kWarps) {
-          combine_row<T, true>(p, a, cs, lane, b, r / group, hk * group + r % group);
-        }
-      }
-    }
-  }
 }
 
 // ---- launchers ------------------------------------------------------------------
 
-template <class T, int D, int WM, bool FUSED>
+template <class T, int D, int WM>
 Status launch_variant(const FwdParams& p, const Plan& plan, const KernelArgs& a, cudaStream_t stream) {
   using C = Tile<D, WM>;
-  const auto kernel = decode_kernel<T, D, WM, FUSED>;
+  const auto kernel = decode_kernel<T, D, WM>;
   static std::atomic<uint64_t> smem_ready{0};
   FUSEDATTN_RETURN_IF_ERROR(simt::prepare_smem(kernel, C::kSmemBytes, "decode", &smem_ready));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(p.prob.h_kv * plan.chunks),
@@ -478,17 +403,10 @@ Status launch_variant(const FwdParams& p, const Plan& plan, const KernelArgs& a,
 template <class T, int D>
 Status launch_decode(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (plan.fused) {
-    switch (plan.wm) {
-      case 1: return launch_variant<T, D, 1, true>(p, plan, a, st);
-      case 2: return launch_variant<T, D, 2, true>(p, plan, a, st);
-      default: return launch_variant<T, D, 4, true>(p, plan, a, st);
-    }
-  }
   switch (plan.wm) {
-    case 1: return launch_variant<T, D, 1, false>(p, plan, a, st);
-    case 2: return launch_variant<T, D, 2, false>(p, plan, a, st);
-    default: return launch_variant<T, D, 4, false>(p, plan, a, st);
+    case 1: return launch_variant<T, D, 1>(p, plan, a, st);
+    case 2: return launch_variant<T, D, 2>(p, plan, a, st);
+    default: return launch_variant<T, D, 4>(p, plan, a, st);
   }
 }
 

@@ -97,18 +97,6 @@ int forced_splits() {
   return n;
 }
 
-// FUSEDATTN_DECODE_FUSED_COMBINE=1 merges the splits in the decode kernel
-// (its last block per row chunk) instead of a combine kernel; read once per
-// process, so the workspace size still follows from the shapes alone. Off
-// (0 or unset): the default path, unchanged.
-bool fused_combine() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_FUSED_COMBINE");
-    return e != nullptr && std::atoi(e) != 0;
-  }();
-  return on;
-}
-
 Plan no(const char* why) {
   Plan p;
   p.why = why;
@@ -155,12 +143,6 @@ Plan make_plan(const FwdParams& p, int sm_count) {
     pl.ws_o_off = 0;
     pl.ws_lse_off = up(prow * pr.d_v * sizeof(float));
     pl.bytes = pl.ws_lse_off + up(prow * sizeof(float));
-    if (fused_combine()) {
-      pl.fused = true;
-      pl.ws_cnt_off = pl.bytes;
-      pl.cnt_bytes = static_cast<size_t>(pr.b * pr.h_kv * pl.chunks) * sizeof(unsigned int);
-      pl.bytes = pl.ws_cnt_off + up(pl.cnt_bytes);
-    }
   }
   pl.applies = true;
   return pl;
@@ -176,21 +158,12 @@ namespace {
 template <class T>
 Status run_typed(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream) {
   FUSEDATTN_RETURN_IF_ERROR(launch_init_outputs<T>(p, stream));
-  if (plan.fused) {
-    // The workspace is fresh memory every call (a caching allocator's block,
-    // whatever the last user left): the counters start from a memset, on the
-    // call's stream (a memset node under graph capture). The last block of a
-    // row chunk also resets its counter, so a reused buffer would already be
-    // zero, but nothing guarantees the buffer is reused.
-    FUSEDATTN_RETURN_IF_ERROR(simt::cuda_error(
-        cudaMemsetAsync(a.counters, 0, plan.cnt_bytes, static_cast<cudaStream_t>(stream)), "decode counters"));
-  }
   switch (plan.d) {
     case 64: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 64>(p, plan, a, stream))); break;
     case 128: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 128>(p, plan, a, stream))); break;
     default: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 256>(p, plan, a, stream))); break;
   }
-  if (plan.splits > 1 && !plan.fused) FUSEDATTN_RETURN_IF_ERROR(launch_combine<T>(p, a, stream));
+  if (plan.splits > 1) FUSEDATTN_RETURN_IF_ERROR(launch_combine<T>(p, a, stream));
   return Status::Ok();
 }
 
@@ -204,7 +177,6 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   if (!plan.applies) return Status::Ok();
   if (plan.splits > 1 && (launch.workspace == nullptr || launch.workspace_bytes < plan.bytes)) {
     plan.splits = 1;  // a caller that skipped the workspace query: one split needs none
-    plan.fused = false;
     plan.bytes = 0;
   }
   KernelArgs a;
@@ -217,7 +189,6 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
     a.ws_lse = reinterpret_cast<float*>(ws + plan.ws_lse_off);
-    if (plan.fused) a.counters = reinterpret_cast<unsigned int*>(ws + plan.ws_cnt_off);
   }
   *handled = true;
   if (p.prob.dtype == DType::kFloat16) return run_typed<__half>(p, plan, a, launch.stream);

@@ -9,8 +9,7 @@
 // own online softmax over its KW keys of every tile; the warps' partial
 // results meet in shared memory at the end (the split-KV combine inside the
 // block), and the blocks' partials in decode_combine_kernel (split-KV across
-// blocks; with FUSEDATTN_DECODE_FUSED_COMBINE=1 in the last block to finish
-// instead, see decode_kernel.cuh).
+// blocks).
 //
 // Why these numbers:
 // - BN = 64 keys per tile: a tile of d=128 K + V is 32 KB, a few microseconds

@@ -1,13 +1,15 @@
-// Hopper (sm_90a) FlashAttention backward prototype (FlashAttention-3-like):
-// TMA + mbarrier ring from a producer warpgroup, two wgmma consumer warpgroups.
-// Not wired into the library yet; checked and timed by
+// Hopper (sm_90a) FlashAttention backward (FlashAttention-3-like): TMA +
+// mbarrier ring from a producer warpgroup, two wgmma consumer warpgroups.
+// Called by sm90.cu for the calls it takes; checked and timed on its own by
 // tests/gpu/hopper/bwd_harness.cu.
 //
 //   q, dO, o [b, s_q, h, d]; k, v [b, s_kv, h_kv, d]; lse fp32 [b, h, s_q]
 //   (natural log); dq like q; dk, dv like k. All bshd CONTIGUOUS, bf16/fp16,
-//   d in {64, 128}. GQA: h % h_kv == 0 (a CTA walks all the query heads of its
-//   group, so dK/dV need no cross-CTA reduction). Causal = top-left diagonal
-//   (key j visible to query i iff j <= i).
+//   d in {64, 128} here and d = 256 in bwd_sm90_d256.cuh (its own main
+//   kernel; same pre/post kernels, params, workspace and host entry points).
+//   GQA: h % h_kv == 0 (a CTA walks all the query heads of its group, so
+//   dK/dV need no cross-CTA reduction). Causal = top-left diagonal (key j
+//   visible to query i iff j <= i).
 //
 // Three kernels:
 //  (1) bwd_pre_kernel: per query row, Dsum = rowsum(dO * O) (fp32), lse2 =
@@ -43,7 +45,8 @@
 //          Epilogue: dK * scale, dV -> 16-bit, plain stores.
 //  (3) bwd_post_kernel: dq = dQ_acc * scale -> 16-bit.
 //
-// Tiles: d=128: BM=64, BN=128; d=64: BM=128, BN=128; STAGES = 2.
+// Tiles: d=128: BM=64, BN=128; d=64: BM=128, BN=128; STAGES = 2
+// (d=256: BM=64, BN=64 with a different consumer split, see bwd_sm90_d256.cuh).
 // Registers per consumer thread (fp32 accumulators): d=128: dK 64 + dV 64 +
 // S^T 32 + dP^T 32 (then P/dS fragments 16 + 16 and dQ 32); d=64: dK 32 +
 // dV 32 + S^T 64 + dP^T 64 (then 32 + 32 fragments and dQ 32).
@@ -75,6 +78,10 @@ struct BwdTile<64> {
 template <>
 struct BwdTile<128> {
   static constexpr int BM = 64, BN = 128, STAGES = 2;
+};
+template <>
+struct BwdTile<256> {  // bwd_sm90_d256.cuh
+  static constexpr int BM = 64, BN = 64, STAGES = 2;
 };
 
 constexpr int kBwdRowPad = 128;  // s_pad = roundup(s_q, kBwdRowPad) for lse2/Dsum rows (>= every BM)
@@ -486,6 +493,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #endif
 }
 
+}  // namespace hopper
+}  // namespace fusedattn
+
+// d = 256 main kernel (uses the definitions above; defines BwdSmemD256 and
+// bwd_sm90_d256_kernel for the host code below).
+#include "bwd_sm90_d256.cuh"
+
+namespace fusedattn {
+namespace hopper {
+
 // =================================================================== host
 
 // Contiguous bshd tensors; lse fp32 [b, h, s_q]. ws: workspace of
@@ -525,7 +542,7 @@ struct BwdLaunch {
 
 template <typename T, int D>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
-  static_assert(D == 64 || D == 128, "head dim");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -565,14 +582,22 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->lse = a.lse;
   L->dq = a.dq;
   L->grid = dim3((a.s_kv + Tile::BN - 1) / Tile::BN, a.h_kv, a.b);
-  L->smem = BwdSmem<D>::kTotal;
+  if constexpr (D == 256) {
+    L->smem = BwdSmemD256::kTotal;
+  } else {
+    L->smem = BwdSmem<D>::kTotal;
+  }
   const long long rows = static_cast<long long>(a.b) * a.h * s_pad;  // one warp each, 8 per block
   L->pre_blocks = static_cast<int>((rows + 7) / 8);
   L->n4 = static_cast<long long>(nacc / 4);
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
   L->pre = bwd_pre_kernel<T, D>;
   L->post = bwd_post_kernel<T>;
-  L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
+  if constexpr (D == 256) {
+    L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
+  } else {
+    L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
+  }
   static bool attr_set[2] = {false, false};  // per instantiation of this function
   if (!attr_set[a.causal ? 1 : 0]) {
     cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);

@@ -5,7 +5,8 @@ Each wrapper is one inline-asm statement whose accumulator operand list has N/2 
 is why the header is generated rather than written by hand. Families:
   Wgmma<N, F16>::ss   A and B from shared memory, both K-major (S = Q K^T; the backward's S^T, dP^T)
   Wgmma<N, F16>::rs   A from registers, B from shared memory MN-major (O += P V; dV, dK)
-  WgmmaTT<N, F16>::ss A and B from shared memory, both MN-major (the backward's dQ = dS K)
+  WgmmaTT<N, F16>::ss A and B from shared memory, both MN-major (the backward's dQ = dS K; d=256 dV, dK)
+  WgmmaNT<N, F16>::ss A from shared memory K-major, B from shared memory MN-major (d=256 dQ = dS K)
 The lists of N below are the tile widths the kernels instantiate; add one here, not in the header.
 
     python csrc/cuda/hopper/gen_wgmma.py           # rewrite the header
@@ -21,6 +22,7 @@ import sys
 SS_N = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 RS_N = (64, 128, 256)
 TT_N = (64, 128)
+NT_N = (128,)
 HEADER = pathlib.Path(__file__).with_name("wgmma.cuh")
 
 
@@ -33,7 +35,8 @@ def acc_list(n_acc: int) -> str:
 
 
 def wrapper(name: str, n: int, f16: bool, form: str) -> str:
-    """One static member function; form is 'ss' (trans-a, trans-b given) or 'rs'."""
+    """One static member function; form is 'ss' / 'tt' / 'nt' (both from smem; trans-a, trans-b = 0,0 / 1,1 / 0,1)
+    or 'rs' (A from registers, trans-b = 1)."""
     t = "f16" if f16 else "bf16"
     n_acc = n // 2
     instr = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "
@@ -44,7 +47,7 @@ def wrapper(name: str, n: int, f16: bool, form: str) -> str:
         args = (f'"{{%{n_acc}, %{n_acc + 1}, %{n_acc + 2}, %{n_acc + 3}}}, %{n_acc + 4}, p, 1, 1, 1;\\n"')
         inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
     else:
-        trans = "1, 1" if form == "tt" else "0, 0"
+        trans = {"tt": "1, 1", "nt": "0, 1"}.get(form, "0, 0")
         sig = f"static void ss(float (&d)[{n_acc}], uint64_t desc_a, uint64_t desc_b, int scale_d)"
         pred = n_acc + 2
         args = f'"%{n_acc}, %{n_acc + 1}, p, 1, 1, {trans};\\n"'
@@ -71,6 +74,7 @@ def render() -> str:
         "//   Wgmma<N, F16>::ss   A, B from shared memory, both K-major (trans-a = trans-b = 0)",
         "//   Wgmma<N, F16>::rs   A from registers (4 x b32), B from shared memory MN-major (trans-b = 1)",
         "//   WgmmaTT<N, F16>::ss A, B from shared memory, both MN-major (trans-a = trans-b = 1)",
+        "//   WgmmaNT<N, F16>::ss A, B from shared memory, A K-major, B MN-major (trans-a = 0, trans-b = 1)",
         "// scale_d = 0 overwrites the accumulator, 1 adds to it.",
         "#pragma once",
         "#include <cstdint>",
@@ -84,6 +88,9 @@ def render() -> str:
         "template <int N, bool F16>",
         "struct WgmmaTT;",
         "",
+        "template <int N, bool F16>",
+        "struct WgmmaNT;",
+        "",
     ]
     for f16 in (False, True):
         for n in SS_N:
@@ -96,6 +103,10 @@ def render() -> str:
         for n in TT_N:
             out += ["template <>", f"struct WgmmaTT<{n}, {'true' if f16 else 'false'}> {{",
                     f"  static constexpr int kAcc = {n // 2};", wrapper("ss", n, f16, "tt").rstrip("\n"), "};", ""]
+    for f16 in (False, True):
+        for n in NT_N:
+            out += ["template <>", f"struct WgmmaNT<{n}, {'true' if f16 else 'false'}> {{",
+                    f"  static constexpr int kAcc = {n // 2};", wrapper("ss", n, f16, "nt").rstrip("\n"), "};", ""]
     out += ["}  // namespace hopper", "}  // namespace fusedattn", ""]
     return "\n".join(out)
 

@@ -12,7 +12,7 @@
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
 // Backward (bwd_sm90.cuh), on by default (FUSEDATTN_HOPPER_BWD=0 turns it
-// off): the forward's calls restricted to d = 64 or 128, s_q = s_kv,
+// off): the forward's calls restricted to s_q = s_kv (d = 64, 128 and 256),
 // contiguous bshd tensors (q, k, v, out, dout and the gradients), no dbias and
 // no deterministic mode (dQ is added with atomics); everything else goes to
 // the sm80-class backward.
@@ -162,7 +162,6 @@ std::string bwd_support(const BwdParams& p) {
   std::string r = fwd_support(f);
   if (!r.empty()) return r;
   const Problem& pr = f.prob;
-  if (pr.d_qk != 64 && pr.d_qk != 128) return cat("head dim ", pr.d_qk, " (the Hopper backward takes 64 and 128)");
   if (pr.s_q != pr.s_kv) return "s_q != s_kv";
   if (p.deterministic) return "deterministic mode (the Hopper backward adds dQ with atomics)";
   if (p.dbias.data != nullptr) return "dbias";
@@ -224,12 +223,17 @@ Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) 
   *handled = true;
   auto st = static_cast<cudaStream_t>(launch.stream);
   const bool f16 = p.fwd.prob.dtype == DType::kFloat16;
-  if (p.fwd.prob.d_qk == 64) {
-    return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, st)
-               : run_bwd_kernels<__nv_bfloat16, 64>(p, launch.workspace, st);
+  switch (p.fwd.prob.d_qk) {
+    case 64:
+      return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, st)
+                 : run_bwd_kernels<__nv_bfloat16, 64>(p, launch.workspace, st);
+    case 128:
+      return f16 ? run_bwd_kernels<__half, 128>(p, launch.workspace, st)
+                 : run_bwd_kernels<__nv_bfloat16, 128>(p, launch.workspace, st);
+    default:  // 256: fwd_support admits no other head dim
+      return f16 ? run_bwd_kernels<__half, 256>(p, launch.workspace, st)
+                 : run_bwd_kernels<__nv_bfloat16, 256>(p, launch.workspace, st);
   }
-  return f16 ? run_bwd_kernels<__half, 128>(p, launch.workspace, st)
-             : run_bwd_kernels<__nv_bfloat16, 128>(p, launch.workspace, st);
 }
 
 Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {

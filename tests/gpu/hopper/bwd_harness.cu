@@ -1,5 +1,6 @@
 // Standalone check + timer for the Hopper (sm_90a) backward prototype in
-// csrc/cuda/hopper/bwd_sm90.cuh. No torch, no library build.
+// csrc/cuda/hopper/bwd_sm90.cuh (d = 64, 128) and bwd_sm90_d256.cuh (d = 256).
+// No torch, no library build.
 //   bwd_harness check            gradients vs. a naive fp32 GPU reference
 //   bwd_harness bench            TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
 //   bwd_harness one D S CAUSAL   one bench point (for ncu / nsys)
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "../../../csrc/cuda/hopper/bwd_sm90.cuh"
+#include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"  // fwd_sm90<T, D> (bench: out / lse)
 #include "harness_common.h"
 
 namespace hp = fusedattn::hopper;
@@ -281,7 +283,9 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
 
 template <typename T>
 static bool check_d(int d, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  return d == 64 ? check_case<T, 64>(b, s, h, h_kv, causal, seed) : check_case<T, 128>(b, s, h, h_kv, causal, seed);
+  if (d == 64) return check_case<T, 64>(b, s, h, h_kv, causal, seed);
+  if (d == 128) return check_case<T, 128>(b, s, h, h_kv, causal, seed);
+  return check_case<T, 256>(b, s, h, h_kv, causal, seed);
 }
 
 static int run_check() {
@@ -304,6 +308,20 @@ static int run_check() {
         ++n;
         if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, seed++)) ++fails;
       }
+  // d = 256 (bwd_sm90_d256.cuh: 64 x 64 tiles, so 63 / 65 straddle one tile edge).
+  const int ss256[] = {1, 63, 65, 200, 512, 1024};
+  for (int s : ss256)
+    for (int causal = 0; causal < 2; ++causal)
+      for (int hkv : hkvs) {
+        ++n;
+        if (!check_d<__nv_bfloat16>(256, 2, s, 4, hkv, causal != 0, seed++)) ++fails;
+      }
+  const int s16_256[] = {65, 200};
+  for (int s : s16_256)
+    for (int causal = 0; causal < 2; ++causal) {
+      ++n;
+      if (!check_d<__half>(256, 2, s, 4, 2, causal != 0, seed++)) ++fails;
+    }
   std::printf("check: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
@@ -388,13 +406,14 @@ static bool bench_point(int s, bool causal) {
 static bool bench_d(int d, int s, bool causal) {
   if (d == 64) return bench_point<64>(s, causal);
   if (d == 128) return bench_point<128>(s, causal);
+  if (d == 256) return bench_point<256>(s, causal);
   std::printf("unsupported d=%d\n", d);
   return false;
 }
 
 static int run_bench() {
   bool ok = true;
-  const int ds[] = {64, 128};
+  const int ds[] = {64, 128, 256};
   const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
   for (int d : ds)
     for (int s : ss)

@@ -1,0 +1,418 @@
+// Hopper (sm_90a) FlashAttention backward, head dim 256: the main kernel only.
+// Included by bwd_sm90.cuh (do not include it directly): it reuses that
+// file's pre/post kernels, BwdKParams, workspace layout (fp32 dQ accumulator,
+// lse2, Dsum rows padded to kBwdRowPad), Sm90BwdArgs and host plumbing;
+// bwd_sm90_prepare<T, 256> picks this kernel and BwdSmemD256::kTotal.
+// Same contract as d = 64/128 (bshd contiguous, bf16/fp16, GQA, top-left
+// causal, any s >= 1).
+//
+// Why a separate kernel: at d = 256 a 64-key x 256 fp32 dK accumulator alone
+// is 128 registers per consumer thread (dV another 128), so the d = 64/128
+// partition (each consumer owns 64 keys and the full head dim) cannot fit.
+//
+// One CTA per (key tile of BN = 64 keys, kv head, batch), 384 threads; query
+// tiles of BM = 64 rows stream through a 2-stage TMA ring exactly as in
+// bwd_sm90_kernel (producer WG0, setmaxnreg.dec 24; full barrier complete_tx,
+// empty barrier 8 consumer-warp arrivals; lse2 / Dsum row slices by bulk copy).
+// The two consumer warpgroups (setmaxnreg.inc 240), cw = 0, 1, split the work
+// of one (query tile m, key tile n) iteration as follows:
+//
+//   (a) GEMM split of the two 64x64 (K = 256) score products, both computed
+//       in the natural orientation (M = 64 queries, N = 64 keys), SS wgmma
+//       m64n64k16 with K-major Q/dO (A) and K/V (B), 16 k-steps:
+//         cw 0:  S  = Q  K^T            cw 1:  dP = dO V^T
+//   (b) cw 0: P = exp2(S * scale*log2e - lse2[q]) (causal diagonal tile and
+//       keys >= s_kv masked to 0), packed to 16 bit and stored to smem sP as
+//       [query][key] (one 64 x 128 B swizzle-128B atom block).
+//       Both WGs: fence.proxy.async (writer), named barrier 1 (256 threads).
+//   (c) Both: dV[:, 128cw : 128cw+128] += P^T dO[:, half]   (WgmmaTT, SS:
+//       A = P^T, M = keys, read M-major from sP; B = dO, MN-major), issued
+//       at once so it runs under (d).
+//   (d) cw 1: dS = P (dP - Dsum[q]) with P read back (16-bit) from sP at its
+//       own fragment positions, stored to smem sdS as [query][key].
+//       Both: fence.proxy.async (writer), named barrier 2 (256 threads).
+//   (e) Both: dQ_part[:, half] = dS K[:, half]   (WgmmaNT, SS: A = dS, M =
+//       queries, K-major from sdS; B = K, MN-major), commit;
+//       dK[:, half] += dS^T Q[:, half]  (WgmmaTT: A = dS^T M-major from sdS;
+//       B = Q MN-major), commit; wait_group 1 (dV, dQ done) -> dQ_part by
+//       fp32 atomicAdd(float2) into the workspace while dK runs; wait_group 0;
+//       each warp releases the stage.
+//   Epilogue: WG cw stores dK[:, half] * scale, dV[:, half] (plain stores).
+//
+// sP and sdS are double-buffered by iteration parity, so barriers 1 and 2 are
+// the only consumer-consumer synchronisation: WG0 writes sP(i+2) only after
+// passing barrier 1 of i+1, which WG1 reaches after its wait_group 0 of
+// iteration i (its last reads of sP(i), generic and by wgmma); WG1 writes
+// sdS(i+2) only after barrier 1 of i+2, which WG0 reaches after its wait_group 0
+// of i+1. Both consumers pass barriers 1 and 2 exactly once per iteration and
+// run the same iterations (no early exits), so the barrier counts balance.
+//
+// Registers per consumer thread at the peak (e), fp32 accumulators:
+//   dK half 64 + dV half 64 + dQ half 64 = 192 (+ ~25 addresses/indices);
+//   in (a)-(d): dK 64 + dV 64 + S or dP 32 = 160. Limit 240 (setmaxnreg).
+// Shared memory (bytes): K 32768 + V 32768 + 2 stages x (Q 32768 + dO 32768)
+//   + 2 x sP 8192 + 2 x sdS 8192 + 2 x 2 x 256 rows + 128 barriers + 1024
+//   alignment slack = 231552 <= 232448 (227 KB).
+// The 256-wide rows of K, V, Q, dO are 4 chunks of [rows][64] (128 B rows,
+// 128B swizzle, chunk c at c * rows * 128), loaded by 4 TMA boxes (64, 1,
+// rows, 1); a K-major k16 step at d-offset 16k reads chunk k/4 at +32(k%4) B,
+// an MN-major N = 128 half starts at chunk 2cw with LBO = rows * 128.
+#pragma once
+
+#include <cstring>  // memcpy (16-bit pair unpacking)
+
+namespace fusedattn {
+namespace hopper {
+
+struct BwdSmemD256 {
+  using Tile = BwdTile<256>;
+  static constexpr int D = 256, BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
+  static constexpr int kKVBytes = BN * D * 2;  // one of K, V
+  static constexpr int kQBytes = BM * D * 2;   // one of Q, dO (per stage)
+  static constexpr int kPBytes = BM * BN * 2;  // one P or dS buffer
+  static constexpr int kRowBytes = BM * 4;     // one lse2 / Dsum slice
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKVBytes;
+  static constexpr int kQ = kV + kKVBytes;
+  static constexpr int kdO = kQ + STAGES * kQBytes;
+  static constexpr int kP = kdO + STAGES * kQBytes;
+  static constexpr int kdS = kP + 2 * kPBytes;
+  static constexpr int kL = kdS + 2 * kPBytes;
+  static constexpr int kDs = kL + STAGES * kRowBytes;
+  static constexpr int kBar = kDs + STAGES * kRowBytes;
+  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
+  static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
+  static_assert(BM == 64 && BN == 64, "one wgmma M tile of queries and of keys");
+  static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kP % 1024 == 0 && kdS % 1024 == 0 &&
+                    kPBytes % 1024 == 0 && kL % 16 == 0 && kBar % 8 == 0,
+                "swizzle atoms 1024-aligned");
+  static_assert(BM <= kBwdRowPad, "row slices inside the padded lse2 / Dsum rows");
+  static_assert(kTotal <= 227 * 1024, "shared memory");
+};
+
+namespace d256 {
+
+// Immediate barrier ids (a register id makes ptxas reserve all 16).
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void bar_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+template <bool F16>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  if constexpr (F16) {
+    __half2 v;
+    memcpy(&v, &w, 4);
+    return __half22float2(v);
+  } else {
+    __nv_bfloat162 v;
+    memcpy(&v, &w, 4);
+    return __bfloat1622float2(v);
+  }
+}
+
+// Byte offset, inside a [64 rows][64] 16-bit block with the 128B swizzle, of the
+// element pair (row, 8j + 2qd .. +1).
+__device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
+  return static_cast<uint32_t>(row * 128 + (((j ^ row) & 7) << 4) + 4 * qd);
+}
+
+}  // namespace d256
+
+template <typename T, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_d256_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                         const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                         const BwdKParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  constexpr bool F16 = std::is_same<T, __half>::value;
+  using Smem = BwdSmemD256;
+  constexpr int D = Smem::D, BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
+  constexpr int DCH = D / 64;  // 64-wide chunks per row
+  constexpr int DH = D / 2;    // head-dim columns of dK, dV, dQ per consumer
+  static_assert(DH == 128 && DCH == 4, "two 64-wide chunks per consumer half");
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u;
+  uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
+  const uint32_t sK = sbase + Smem::kK;
+  const uint32_t sV = sbase + Smem::kV;
+  const uint32_t sQ0 = sbase + Smem::kQ;
+  const uint32_t sdO0 = sbase + Smem::kdO;
+  const uint32_t sP0 = sbase + Smem::kP;
+  const uint32_t sdS0 = sbase + Smem::kdS;
+  const uint32_t sL0 = sbase + Smem::kL;
+  const uint32_t sDs0 = sbase + Smem::kDs;
+  const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
+  const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
+  const uint32_t bar0 = sbase + Smem::kBar;
+  const uint32_t bar_kv = bar0;
+  auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int n_blk = blockIdx.x;
+  const int hk = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int G = p.h / p.h_kv;
+  const int n_m = (p.s_q + BM - 1) / BM;
+  const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
+
+  if (tid == 0) {
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), kBwdConsumerWarps);
+    }
+    mbar_fence_init();
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+    tma_prefetch_desc(&tmdO);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<24>();
+    if (tid == 0) {
+      // Tensor-map dims are (d, heads, seq, batch).
+      mbar_arrive_expect_tx(bar_kv, 2 * Smem::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c) tma_load_4d(sK + c * BN * 128, &tmK, bar_kv, c * 64, hk, n_blk * BN, batch);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c) tma_load_4d(sV + c * BN * 128, &tmV, bar_kv, c * 64, hk, n_blk * BN, batch);
+      int it = 0;
+      for (int g = 0; g < G; ++g) {
+        const int head = hk * G + g;
+        for (int m = m_start; m < n_m; ++m, ++it) {
+          const int s = it % STAGES;
+          const uint32_t use = it / STAGES;
+          mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
+          mbar_arrive_expect_tx(bar_full(s), 2 * Smem::kQBytes + 2 * Smem::kRowBytes);
+#pragma unroll
+          for (int c = 0; c < DCH; ++c)
+            tma_load_4d(sQ0 + s * Smem::kQBytes + c * BM * 128, &tmQ, bar_full(s), c * 64, head, m * BM, batch);
+#pragma unroll
+          for (int c = 0; c < DCH; ++c)
+            tma_load_4d(sdO0 + s * Smem::kQBytes + c * BM * 128, &tmdO, bar_full(s), c * 64, head, m * BM, batch);
+          const size_t row_off = (static_cast<size_t>(batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
+          bulk_g2s(sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
+          bulk_g2s(sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
+        }
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  const int qd = lane & 3;
+  const int r0 = lane >> 2;
+  // Accumulator fragment rows of this thread: row_l, row_l + 8 (queries for
+  // S / dP / dQ, keys for dK / dV); columns 8j + 2qd (+1).
+  const int row_l = warp * 16 + r0;
+  const float sl2 = p.scale_log2;
+  // Operands of this consumer's score GEMM: S = Q K^T (cw 0), dP = dO V^T (cw 1).
+  const uint32_t sA0 = cw == 0 ? sQ0 : sdO0;
+  const uint32_t sB = cw == 0 ? sK : sV;
+
+  float dk[DH / 2], dv[DH / 2];
+#pragma unroll
+  for (int i = 0; i < DH / 2; ++i) {
+    dk[i] = 0.f;
+    dv[i] = 0.f;
+  }
+
+  // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
+  bool timed_out = !mbar_wait<false>(bar_kv, 0);
+  __syncwarp();
+
+  int it = 0;
+  for (int g = 0; g < G; ++g) {
+    const int head = hk * G + g;
+    for (int m = m_start; m < n_m; ++m, ++it) {
+      const int s = it % STAGES;
+      const uint32_t ph = (it / STAGES) & 1u;
+      const uint32_t sQ = sQ0 + s * Smem::kQBytes;
+      const uint32_t sdO = sdO0 + s * Smem::kQBytes;
+      const uint32_t sA = sA0 + s * Smem::kQBytes;
+      const uint32_t sP = sP0 + (it & 1) * Smem::kPBytes;
+      const uint32_t sdS = sdS0 + (it & 1) * Smem::kPBytes;
+
+      // ---------------- (a) S = Q K^T (cw 0) or dP = dO V^T (cw 1): 64 queries x 64 keys
+      float acc[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+      timed_out |= !mbar_wait<false>(bar_full(s), ph);
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        const uint32_t a_addr = sA + (k / 4) * (BM * 128) + (k % 4) * 32;
+        const uint32_t b_addr = sB + (k / 4) * (BN * 128) + (k % 4) * 32;
+        Wgmma<BN, F16>::ss(acc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
+
+      const float* Ls = gL0 + s * BM;
+      const float* Dss = gDs0 + s * BM;
+      // ---------------- (b) P -> sP [query][key] (cw 0)
+      if (cw == 0) {
+        const bool diag = CAUSAL && (n_blk * BN + BN - 1 > m * BM);
+        // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
+        // finite but able to overflow to inf (-> NaN): mask them.
+        const bool ktail = (n_blk + 1) * BN > p.s_kv;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int ql = row_l + 8 * hf;
+          const int q = m * BM + ql;
+          const float l2 = Ls[ql];
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int idx = 4 * j + 2 * hf + e;
+              const int key = n_blk * BN + 8 * j + 2 * qd + e;
+              float sv = acc[idx];
+              if (diag && key > q) sv = -INFINITY;
+              if (ktail && key >= p.s_kv) sv = -INFINITY;
+              acc[idx] = fast_exp2(fmaf(sv, sl2, -l2));
+            }
+            st_shared_b32(sP + d256::swz_pair(ql, j, qd), pack2<F16>(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]));
+          }
+        }
+        fence_proxy_async_smem();
+      }
+      d256::bar_sync<1, 256>();  // P in smem (cw 0 wrote it; cw 1 reads it below)
+
+      // ---------------- (c) dV[:, half] += P^T dO[:, half]
+#pragma unroll
+      for (int i = 0; i < DH / 2; ++i) reg_fence(dv[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < BM / 16; ++t) {
+        // A = P^T (M = 64 keys, K = queries 16t..16t+15), M-major: rows 16t.. of sP.
+        // B = dO (K = queries, N = d 128cw..), MN-major: chunks 2cw, 2cw+1.
+        const uint32_t a_addr = sP + t * (16 * 128);
+        const uint32_t b_addr = sdO + (2 * cw) * (BM * 128) + t * (16 * 128);
+        WgmmaTT<DH, F16>::ss(dv, make_smem_desc(a_addr, BN * 128, 1024), make_smem_desc(b_addr, BM * 128, 1024), 1);
+      }
+      wgmma_commit();
+
+      // ---------------- (d) dS = P (dP - Dsum) -> sdS [query][key] (cw 1)
+      if (cw == 1) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int ql = row_l + 8 * hf;
+          const float dd = Dss[ql];
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const uint32_t off = d256::swz_pair(ql, j, qd);
+            const float2 pv = d256::unpack2<F16>(d256::ld_shared_b32(sP + off));
+            const float d0 = pv.x * (acc[4 * j + 2 * hf] - dd);
+            const float d1 = pv.y * (acc[4 * j + 2 * hf + 1] - dd);
+            st_shared_b32(sdS + off, pack2<F16>(d0, d1));
+          }
+        }
+        fence_proxy_async_smem();
+      }
+      d256::bar_sync<2, 256>();  // dS in smem
+
+      // ---------------- (e) dQ_part = dS K[:, half] ; dK[:, half] += dS^T Q[:, half]
+      float dq[DH / 2];
+#pragma unroll
+      for (int i = 0; i < DH / 2; ++i) dq[i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < DH / 2; ++i) {
+        reg_fence(dq[i]);
+        reg_fence(dk[i]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < BN / 16; ++t) {
+        // A = dS (M = 64 queries, K = keys 16t..), K-major: +32 B per k16 step.
+        // B = K (K = keys, N = d 128cw..), MN-major: chunks 2cw, 2cw+1, rows 16t..
+        const uint32_t a_addr = sdS + t * 32;
+        const uint32_t b_addr = sK + (2 * cw) * (BN * 128) + t * (16 * 128);
+        WgmmaNT<DH, F16>::ss(dq, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, BN * 128, 1024),
+                             t > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int t = 0; t < BM / 16; ++t) {
+        // A = dS^T (M = 64 keys, K = queries 16t..), M-major: rows 16t.. of sdS.
+        // B = Q (K = queries, N = d 128cw..), MN-major.
+        const uint32_t a_addr = sdS + t * (16 * 128);
+        const uint32_t b_addr = sQ + (2 * cw) * (BM * 128) + t * (16 * 128);
+        WgmmaTT<DH, F16>::ss(dk, make_smem_desc(a_addr, BN * 128, 1024), make_smem_desc(b_addr, BM * 128, 1024), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ groups done (groups complete in order)
+#pragma unroll
+      for (int i = 0; i < DH / 2; ++i) reg_fence(dq[i]);
+
+      // dQ partial -> fp32 accumulator (rows: queries; cols: d).
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int qrow = m * BM + row_l + 8 * hf;
+        if (qrow < p.s_q) {
+          float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + qrow) * p.h + head) * D + cw * DH + 2 * qd;
+#pragma unroll
+          for (int j = 0; j < DH / 8; ++j)
+            atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]));
+        }
+      }
+
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < DH / 2; ++i) {
+        reg_fence(dk[i]);
+        reg_fence(dv[i]);
+      }
+      // All wgmma reading stage s (Q, dO) have completed in this warp, and its
+      // generic reads of the stage's lse2 / Dsum slices are done.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty(s));
+    }
+  }
+
+  // ---------------------------------------------------------------- epilogue
+  T* dkp = reinterpret_cast<T*>(p.dk);
+  T* dvp = reinterpret_cast<T*>(p.dv);
+  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = n_blk * BN + row_l + 8 * hf;
+    if (key < p.s_kv) {
+      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + cw * DH + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < DH / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
+            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
+        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace hopper
+}  // namespace fusedattn
