@@ -71,9 +71,12 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="d=128 only")
+    ap.add_argument("--dims", help="comma-separated head dims (default 64,128,256)")
     ap.add_argument("--out", help="append the table to this markdown file")
     opts = ap.parse_args()
     ds = (128,) if opts.quick else (64, 128, 256)
+    if opts.dims:
+        ds = tuple(int(x) for x in opts.dims.split(","))
     lines = ["| d | s | causal | fwd fusedattn | fwd FA2 | fwd cuDNN | fwd vs FA2 | fwd vs cuDNN "
              "| f+b fusedattn | f+b FA2 | f+b cuDNN | f+b vs FA2 | f+b vs cuDNN |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -18,7 +18,9 @@
 #                          under compute-sanitizer memcheck and racecheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings
-#   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "fwd v2 bwd"; "" skips)
+#   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "fwd v2 bwd"; bwd-check:
+#                          the backward's check alone; "" skips). A backward check that fails
+#                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the Hopper backward turned off (the
 #                          sm80-class backward on the shapes the Hopper one takes)
 #   GPU_CHECK_SUITES       which test suites run (default "gpu decode suite": tests/gpu, the
@@ -91,13 +93,23 @@ status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-fwd v2 bwd}" ;; *) hopper_steps="" ;; esac
 if [ -n "$hopper_steps" ]; then
   HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
-  tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 || { note "hopper fwd harness build" "FAILED"; status=1; }
-  tests/gpu/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 || { note "hopper bwd harness build" "FAILED"; status=1; }
+  # Only the harnesses the steps need, both at once (one nvcc each).
+  pids=()
+  if [[ " $hopper_steps " == *" fwd "* || " $hopper_steps " == *" v2 "* ]]; then
+    tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 & pids+=("$!:fwd")
+  fi
+  if [[ " $hopper_steps " == *" bwd"* ]]; then
+    tests/gpu/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 & pids+=("$!:bwd")
+  fi
+  for pj in "${pids[@]}"; do
+    wait "${pj%%:*}" || { note "hopper ${pj##*:} harness build" "FAILED"; status=1; }
+  done
   for step in $hopper_steps; do
     case "$step" in
       fwd) h="$HH"; runs="check bench" ;;
       v2) h="$HH"; runs="check2 bench2" ;;
       bwd) h="$HB"; runs="check bench" ;;
+      bwd-check) h="$HB"; runs="check" ;;
       *) note "hopper step $step" "unknown"; continue ;;
     esac
     [ -x "$h" ] || continue
@@ -105,13 +117,17 @@ if [ -n "$hopper_steps" ]; then
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
       case "$r" in check) lim=120 ;; check2) lim=180 ;; *) lim=240 ;; esac
-      timeout "$lim" "$h" "$r" > "$OUT/hopper_${step}_${r}.log" 2>&1
+      timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && status=1
-      note "hopper $step $r" "rc=$rc $(grep -E "passed|FAIL" "$OUT/hopper_${step}_${r}.log" | tail -1) ($(( $(now) - t0 )) s)"
+      note "hopper $step $r" "rc=$rc $(grep -E "passed|FAIL" "$OUT/hopper_${step%-check}_${r}.log" | tail -1) ($(( $(now) - t0 )) s)"
     done
   done
   rm -f "$HH" "$HB"
+  if grep -qE "^FAIL .* d=256 " "$OUT/hopper_bwd_check.log" 2>/dev/null; then
+    export BENCH_D256_ENV="FUSEDATTN_HOPPER_BWD=0"
+    note "hopper bwd d=256" "FAILED its check: d=256 benchmarked with FUSEDATTN_HOPPER_BWD=0"
+  fi
 fi
 
 # ---- tests ---------------------------------------------------------------------------
