@@ -198,24 +198,30 @@ def _setup_context(ctx, inputs, output):
     ctx.paged = len(inputs) > _N_FWD_TENSOR_INPUTS + _N_FWD_SETTINGS and inputs[-1] is not None
 
 
-def _backward(ctx, dout, _dlse, _drng, _dmax_logit):
+def _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs_grad):
+    """dq, dk, dv, dbias, d_softmax_offset (None where not needed) of one forward call;
+    ``needs_grad`` is needs_input_grad over (q, k, v, *OPTIONAL_INPUTS)."""
     if ctx.paged:
         raise NotImplementedError(
             "fusedattn: backward through a KV cache (page_table) is not supported: the cache is for inference")
-    q, k, v, out, lse, rng_state, *optionals = ctx.saved_tensors
     bias, softmax_offset = optionals[0], optionals[1]
     args: FwdArgs = ctx.fwd_args
-    bargs = BwdArgs(fwd=args, need_dbias=bias is not None and ctx.needs_input_grad[3])
+    need_dbias = bias is not None and needs_grad[3]
     # A gradient that reaches here broadcast (stride 0, e.g. from out.sum()) or
     # strided would send the CUDA backward to its slow SIMT engine, and eager and
     # compiled runs apart (AOTAutograd hands the backward contiguous tangents).
     if not dout.is_contiguous():
         dout = dout.contiguous()
     dq, dk, dv, dbias, d_off = torch.ops.fusedattn.bwd(
-        dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(), bargs.need_dbias
+        dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(), need_dbias
     )
-    grads = [dq, dk, dv, dbias if bargs.need_dbias else None]
-    grads.append(d_off.to(softmax_offset.dtype) if softmax_offset is not None and ctx.needs_input_grad[4] else None)
+    d_off = d_off.to(softmax_offset.dtype) if softmax_offset is not None and needs_grad[4] else None
+    return dq, dk, dv, (dbias if need_dbias else None), d_off
+
+
+def _backward(ctx, dout, _dlse, _drng, _dmax_logit):
+    q, k, v, out, lse, rng_state, *optionals = ctx.saved_tensors
+    grads = list(_grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, ctx.needs_input_grad))
     grads.extend([None] * (len(ctx.needs_input_grad) - len(grads)))
     return tuple(grads)
 
@@ -236,13 +242,45 @@ def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_ma
     per-head max logit ``[h_q]`` (fp32) when ``args.return_max_logit``, else None.
     """
     rng_state = draw_rng_state(q.device) if args.dropout_p > 0 else None
-    extra = () if page_table is None else (page_table,)
-    out, _lse, _rng, max_logit = torch.ops.fusedattn.fwd(
-        q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
-        cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, *args.op_args(), args.return_max_logit,
-        *extra,
-    )
+    optionals = (bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
+                 cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    # Eager calls that need gradients take _Attention (lower host cost); under torch.compile
+    # the operator's own autograd registration is traced (Dynamo cannot trace an
+    # autograd.Function given one tensor twice, as self-attention's q, k, v often are).
+    if (not torch.compiler.is_compiling() and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (q, k, v, *optionals))):
+        out, max_logit = _Attention.apply(args, page_table, rng_state, q, k, v, *optionals)
+    else:
+        extra = () if page_table is None else (page_table,)
+        out, _lse, _rng, max_logit = torch.ops.fusedattn.fwd(
+            q, k, v, *optionals, rng_state, *args.op_args(), args.return_max_logit, *extra)
     return out, (max_logit if args.return_max_logit else None)
+
+
+class _Attention(torch.autograd.Function):
+    """attention()'s autograd: the same forward and backward as the operator's own
+    registration (register_autograd above), without the per-call cost torch's generic
+    wrapper adds (it rebuilds the 25-argument schema's defaults on every call, about half
+    of a small call's host time). The backward's kernels wait for the host to reach them,
+    so host time per step is GPU idle time on short sequences."""
+
+    @staticmethod
+    def forward(ctx, args, page_table, rng_state, q, k, v, *optionals):
+        extra = () if page_table is None else (page_table,)
+        out, lse, rng_out, max_logit = torch.ops.fusedattn.fwd(
+            q, k, v, *optionals, rng_state, *args.op_args(), args.return_max_logit, *extra)
+        ctx.mark_non_differentiable(max_logit)
+        ctx.save_for_backward(q, k, v, out, lse, rng_out, *optionals)
+        ctx.fwd_args = args
+        ctx.paged = page_table is not None
+        return out, max_logit
+
+    @staticmethod
+    def backward(ctx, dout, _dmax_logit):
+        q, k, v, out, lse, rng_state, *optionals = ctx.saved_tensors
+        needs = ctx.needs_input_grad[3:]  # after args, page_table, rng_state
+        grads = _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs)
+        return (None, None, None, *grads, *([None] * (len(needs) - len(grads))))
 
 
 # ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "fwd_sm90.cuh"  // detail::make_map, pack2 (and ptx_sm90.cuh, wgmma.cuh)
@@ -127,7 +128,27 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 }
 
 // ------------------------------------------------------------- preprocess
-// One warp per (b, h, row < s_pad).
+// The unsigned type of a 4-, 8- or 16-byte vector access.
+template <int BYTES>
+struct BwdVec;
+template <>
+struct BwdVec<4> {
+  using type = uint32_t;
+};
+template <>
+struct BwdVec<8> {
+  using type = uint2;
+};
+template <>
+struct BwdVec<16> {
+  using type = uint4;
+};
+
+// One warp per (b, h, row < s_pad). A lane's D/32 contiguous elements of O and
+// dO come in one vector load each and its dQ accumulator slice is zeroed with
+// 8/16-byte stores: scalar accesses strided across the lanes cost d = 256 four
+// times the DRAM time (280 us where 70 suffice on the benchmark's shapes).
+// bwd_sm90_prepare checks the 16-byte alignment this needs.
 template <typename T, int D>
 __global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void* dout_, const float* lse, float* lse2,
                                                       float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
@@ -142,21 +163,28 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void
   const int hh = static_cast<int>(bh % h);
   const int bb = static_cast<int>(bh / h);
   if (i < s) {
-    constexpr int PER = D / 32;  // 2 or 4 elements per lane, contiguous
+    constexpr int PER = D / 32;  // 2, 4 or 8 elements per lane, contiguous
+    using V = typename BwdVec<PER * 2>::type;
     const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + lane * PER;
+    const V ov = *reinterpret_cast<const V*>(o + base);
+    const V dv = *reinterpret_cast<const V*>(dout + base);
+    T oe[PER], de[PER];
+    memcpy(oe, &ov, sizeof(V));
+    memcpy(de, &dv, sizeof(V));
     float acc = 0.f;
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
-      float ov, dv;
       if constexpr (std::is_same<T, __half>::value) {
-        ov = __half2float(o[base + e]);
-        dv = __half2float(dout[base + e]);
+        acc = fmaf(__half2float(oe[e]), __half2float(de[e]), acc);
       } else {
-        ov = __bfloat162float(o[base + e]);
-        dv = __bfloat162float(dout[base + e]);
+        acc = fmaf(__bfloat162float(oe[e]), __bfloat162float(de[e]), acc);
       }
-      acc = fmaf(ov, dv, acc);
-      dq_acc[base + e] = 0.f;
+    }
+    if constexpr (PER == 2) {
+      *reinterpret_cast<float2*>(dq_acc + base) = make_float2(0.f, 0.f);
+    } else {
+#pragma unroll
+      for (int e = 0; e < PER; e += 4) *reinterpret_cast<float4*>(dq_acc + base + e) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
@@ -548,7 +576,8 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       a.b > 65535)
     return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v) |
-       reinterpret_cast<uintptr_t>(a.dout) | reinterpret_cast<uintptr_t>(a.ws) | reinterpret_cast<uintptr_t>(a.dq)) &
+       reinterpret_cast<uintptr_t>(a.o) | reinterpret_cast<uintptr_t>(a.dout) | reinterpret_cast<uintptr_t>(a.ws) |
+       reinterpret_cast<uintptr_t>(a.dq)) &
       15)
     return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.dk) | reinterpret_cast<uintptr_t>(a.dv)) & 3) return cudaErrorInvalidValue;

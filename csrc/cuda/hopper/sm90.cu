@@ -174,6 +174,12 @@ std::string bwd_support(const BwdParams& p) {
                                 {&p.dv, "dv"}}) {
     if (!contiguous_bshd(*t, pr.s_kv, pr.h_kv, pr.d_qk)) return cat(name, " is not contiguous bshd");
   }
+  // TMA (q, k, v, dout) and the preprocess's vector loads (out, dout) need 16-byte aligned bases;
+  // a misaligned view goes to the sm80-class backward instead of failing the launch.
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.out, "out"}, {&p.dout, "dout"},
+                                {&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}}) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return cat(name, " is not 16-byte aligned");
+  }
   if (f.lse_stride_s != 1 || f.lse_stride_h != pr.s_q || f.lse_stride_b != pr.h_q * pr.s_q) {
     return "softmax_lse is not contiguous [b, h, s_q]";
   }
