@@ -25,6 +25,7 @@
 #                          sm80-class backward on the shapes the Hopper one takes)
 #   GPU_CHECK_SUITES       which test suites run (default "gpu decode suite": tests/gpu, the
 #                          decode tests, the main suite on CUDA; "" runs none of them)
+#   GPU_CHECK_SUITE_PATHS  what the main-suite step runs (default "tests": all of it)
 #   GPU_CHECK_STEP_TIMEOUT seconds per pytest run (default 400); a run that dies on a
 #                          signal is re-run from its last test under cuda-gdb for a native backtrace
 set -uo pipefail
@@ -194,7 +195,7 @@ if [[ "$SUITES" != *" suite "* ]]; then
 elif grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
   t0=$(now)
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$OUT/test_suite_cuda.log" -m "not slow" tests \
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$OUT/test_suite_cuda.log" -m "not slow" ${GPU_CHECK_SUITE_PATHS:-tests} \
     --ignore=tests/gpu ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
