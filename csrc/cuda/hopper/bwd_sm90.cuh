@@ -52,6 +52,12 @@
 // dV 32 + S^T 64 + dP^T 64 (then 32 + 32 fragments and dQ 32).
 // Shared memory: d=128: K 32K + V 32K + 2 x (Q 16K + dO 16K) + 2 x dS 16K
 // + 2 x 512 B rows ~ 162 KB; d=64: 16K + 16K + 2 x 32K + 2 x dS 32K + 2 KB ~ 162 KB.
+//
+// Candidate variant DQ_TMA (bwd_sm90_dqtma_kernel, bwd_sm90_prepare<T, D, true>;
+// d = 64/128, NOT yet run on a GPU): dQ_part (64 x 64 fp32 per consumer in both
+// configs) goes through a 16 KB shared staging tile per consumer (+ 32 KB:
+// d=128 195 KB, d=64 196 KB) and two TMA reduce-adds (cp.reduce.async.bulk.tensor
+// .add, fp32 map over the accumulator) instead of 32 atomicAdd(float2) per thread.
 #pragma once
 
 #include <cuda.h>
@@ -87,7 +93,9 @@ struct BwdTile<256> {  // bwd_sm90_d256.cuh
 
 constexpr int kBwdRowPad = 128;  // s_pad = roundup(s_q, kBwdRowPad) for lse2/Dsum rows (>= every BM)
 
-template <int D>
+// DQ_TMA (variant, see bwd_sm90_main): + one fp32 dQ staging tile of 64 x 64
+// per consumer (2 x 16 KB, 1024-aligned for the 128B swizzle), single-buffered.
+template <int D, bool DQ_TMA = false>
 struct BwdSmem {
   using Tile = BwdTile<D>;
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
@@ -104,9 +112,13 @@ struct BwdSmem {
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
   static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
-  static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
+  static constexpr int kStgBytes = 64 * 64 * 4;  // one consumer's dQ_part staging tile (DQ_TMA)
+  static constexpr int kStg = ((kBar + kBarBytes + 1023) / 1024) * 1024;
+  static constexpr int kTotal = DQ_TMA ? kStg + 2 * kStgBytes + 1024
+                                       : kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
   static_assert(kQ % 1024 == 0 && kdO % 1024 == 0 && kdS % 1024 == 0 && kL % 16 == 0, "swizzle atoms 1024-aligned");
   static_assert(kTotal <= 227 * 1024, "shared memory");
+  static_assert(kStg % 1024 == 0, "staging tiles 1024-aligned (128B swizzle)");
 };
 
 struct BwdKParams {
@@ -219,14 +231,24 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 }
 
 // ------------------------------------------------------------ main kernel
-template <typename T, int D, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                    const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                    const BwdKParams p) {
+// The body of both entries below. DQ_TMA = false: dQ_part goes to the fp32
+// accumulator by atomicAdd(float2) (bwd_sm90_kernel, the verified default).
+// DQ_TMA = true (candidate, bwd_sm90_dqtma_kernel): each consumer writes its
+// 64 x 64 fp32 dQ_part to its own shared staging tile, laid out as two boxes of
+// [64 rows][32 fp32] (128 B rows, 128B swizzle: the 16-byte chunk index XOR
+// row & 7), fences (generic -> async proxy), syncs its 4 warps (named barrier
+// 2 + cw) and one thread issues two TMA reduce-adds (box 32 x 1 x 64 x 1 of the
+// fp32 map tmdQ over the accumulator [b, s_q, h, D]; rows >= s_q are out of
+// bounds and not written) + commit. Single-buffered: that thread waits for the
+// bulk group's smem reads (wait_group.read 0) before the next iteration's
+// barrier 1, which every consumer thread passes before rewriting the tile.
+template <typename T, int D, bool CAUSAL, bool DQ_TMA>
+__device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
+                                              const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
+                                              const BwdKParams& p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
-  using Smem = BwdSmem<D>;
+  using Smem = BwdSmem<D, DQ_TMA>;
   constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
   constexpr int DCH = D / 64;
   constexpr bool SPLIT_M = (BM == 128);      // dQ work split over the two consumers by rows (else by d columns)
@@ -234,6 +256,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   static_assert(BN == 128, "two consumer warpgroups x 64 keys");
   static_assert(BM == 64 || BM == 128, "query tile");
   static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
+  static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -273,6 +296,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     tma_prefetch_desc(&tmK);
     tma_prefetch_desc(&tmV);
     tma_prefetch_desc(&tmdO);
+    if constexpr (DQ_TMA) tma_prefetch_desc(tmdQ);
   }
   __syncthreads();
 
@@ -430,6 +454,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
       }
       fence_proxy_async_smem();
+      if constexpr (DQ_TMA) {
+        // The previous iteration's dQ reduces have read this consumer's staging
+        // tile; the barrier below publishes that to the consumer's threads.
+        if (ltid == 0) bulk_wait_group_read<0>();
+      }
       named_bar_sync(1, 256);  // both consumers' halves of dS^T are in smem
 
       // ---------------- dQ_part = dS K ; dV += P^T dO ; dK += dS^T Q
@@ -476,16 +505,47 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
 
-      // dQ partial -> fp32 accumulator (rows: queries; cols: d).
+      if constexpr (DQ_TMA) {
+        // dQ partial -> staging tile (row = local query 16 warp + r0 + 8 hf,
+        // col = 8j + 2qd: box j / 4, 16-byte chunk 2 (j % 4) + qd / 2 ^ r0) -> TMA reduce-add.
+        const uint32_t stg = sbase + Smem::kStg + cw * Smem::kStgBytes;
+        const uint32_t trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8;
+        const int x = (qd >> 1) ^ r0;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int qrow = m * BM + (SPLIT_M ? cw * 64 : 0) + warp * 16 + r0 + 8 * hf;
-        if (qrow < p.s_q) {
-          float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + qrow) * p.h + head) * D +
-                       (SPLIT_M ? 0 : cw * NDQ) + 2 * qd;
+        for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
-          for (int j = 0; j < NDQ / 8; ++j)
-            atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]));
+          for (int j = 0; j < NDQ / 8; ++j) {
+            const uint32_t addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
+            st_shared_v2_f32(addr, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+          }
+        }
+        fence_proxy_async_smem();
+        // This consumer's 4 warps have written the tile (barrier 2 + cw; literal ids,
+        // so that ptxas counts 4 barriers rather than all 16 for a register id).
+        if (cw == 0)
+          named_bar_sync(2, 128);
+        else
+          named_bar_sync(3, 128);
+        if (ltid == 0) {
+          const int col0 = SPLIT_M ? 0 : cw * NDQ;
+          const int row0 = m * BM + (SPLIT_M ? cw * 64 : 0);
+          tma_reduce_add_4d(tmdQ, stg, col0, head, row0, batch);
+          tma_reduce_add_4d(tmdQ, stg + 64 * 128, col0 + 32, head, row0, batch);
+          bulk_commit_group();
+        }
+      } else {
+        // dQ partial -> fp32 accumulator (rows: queries; cols: d).
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int qrow = m * BM + (SPLIT_M ? cw * 64 : 0) + warp * 16 + r0 + 8 * hf;
+          if (qrow < p.s_q) {
+            float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + qrow) * p.h + head) * D +
+                         (SPLIT_M ? 0 : cw * NDQ) + 2 * qd;
+#pragma unroll
+            for (int j = 0; j < NDQ / 8; ++j)
+              atomicAdd(reinterpret_cast<float2*>(dst + 8 * j),
+                        make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]));
+          }
         }
       }
 
@@ -499,6 +559,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty(s));
     }
+  }
+
+  if constexpr (DQ_TMA) {
+    // The reduces read this CTA's shared memory: complete them before exit.
+    if (ltid == 0) bulk_wait_group<0>();
   }
 
   // ---------------------------------------------------------------- epilogue
@@ -519,6 +584,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
   }
 #endif
+}
+
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                    const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                    const BwdKParams p) {
+  bwd_sm90_main<T, D, CAUSAL, false>(tmQ, tmK, tmV, tmdO, nullptr, p);
+}
+
+// DQ_TMA candidate (unrun as of 2026-11-29): tmdQ = fp32 map over p.dq_acc, box 32 x 1 x 64 x 1, 128B swizzle.
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_dqtma_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                          const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
+  bwd_sm90_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
 }  // namespace hopper
@@ -555,6 +637,7 @@ inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
 
 struct BwdLaunch {
   CUtensorMap tq, tk, tv, tdo;
+  CUtensorMap tdq;  // DQ_TMA only: fp32 map over p.dq_acc
   BwdKParams p;
   const void *o, *dout;
   const float* lse;
@@ -565,12 +648,37 @@ struct BwdLaunch {
   long long n4;
   void (*pre)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int);
   void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams);
+  // DQ_TMA only (else null): launched instead of kern, with tdq as the last argument.
+  void (*kern_dq)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap) = nullptr;
   void (*post)(const float*, void*, long long, float);
 };
 
-template <typename T, int D>
+namespace detail {
+// fp32 map over the dQ accumulator [b, s, h, d] for the DQ_TMA reduce-adds:
+// box (32 columns = 128 B, 1 head, 64 rows, 1), 128B swizzle (matches the
+// staging tile's layout). Rows >= s are out of bounds: a reduce skips them.
+inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, int d) {
+  EncodeTiledFn enc = get_encode_fn();
+  if (!enc) return false;
+  const cuuint64_t es = 4;
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(h), static_cast<cuuint64_t>(s),
+                        static_cast<cuuint64_t>(b)};
+  cuuint64_t strides[3] = {static_cast<cuuint64_t>(d) * es, static_cast<cuuint64_t>(h) * d * es,
+                           static_cast<cuuint64_t>(s) * h * d * es};
+  cuuint32_t box[4] = {32, 1, 64, 1};
+  cuuint32_t estr[4] = {1, 1, 1, 1};
+  CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, acc, dims, strides, box, estr,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+}  // namespace detail
+
+// DQ_TMA = true: the candidate dQ-by-TMA-reduce main kernel (d = 64, 128 only).
+template <typename T, int D, bool DQ_TMA = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(!DQ_TMA || D != 256, "DQ_TMA: d = 64, 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -614,7 +722,7 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
   } else {
-    L->smem = BwdSmem<D>::kTotal;
+    L->smem = BwdSmem<D, DQ_TMA>::kTotal;
   }
   const long long rows = static_cast<long long>(a.b) * a.h * s_pad;  // one warp each, 8 per block
   L->pre_blocks = static_cast<int>((rows + 7) / 8);
@@ -622,14 +730,23 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
   L->pre = bwd_pre_kernel<T, D>;
   L->post = bwd_post_kernel<T>;
+  L->kern_dq = nullptr;
   if constexpr (D == 256) {
     L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
+  } else if constexpr (DQ_TMA) {
+    if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
+    L->kern = nullptr;
+    L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
   } else {
     L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
   }
   static bool attr_set[2] = {false, false};  // per instantiation of this function
   if (!attr_set[a.causal ? 1 : 0]) {
-    cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
+    cudaError_t e =
+        DQ_TMA ? cudaFuncSetAttribute(reinterpret_cast<const void*>(L->kern_dq),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem)
+               : cudaFuncSetAttribute(reinterpret_cast<const void*>(L->kern),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
     if (e != cudaSuccess) return e;
     attr_set[a.causal ? 1 : 0] = true;
   }
@@ -643,7 +760,10 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
                                           const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  L.kern<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p);
+  if (L.kern_dq)
+    L.kern_dq<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq);
+  else
+    L.kern<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (L.n4 > 0) L.post<<<L.post_blocks, 256, 0, stream>>>(p.dq_acc, L.dq, L.n4, p.scale);

@@ -163,5 +163,35 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t nthreads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 
+// ---- shared -> global tensor reduce (the backward's DQ_TMA variant) ----
+// Element-wise reduce-add of a shared-memory box into the global tensor of a
+// 4-D tensor map (element type from the map, e.g. f32). Box elements outside
+// the tensor bounds are not written. Completes through the bulk async-group of
+// the issuing thread: bulk_commit_group, then bulk_wait_group_read<N> before
+// the shared source is overwritten (or bulk_wait_group<N> for full completion).
+// The generic-proxy writes of the source need fence_proxy_async_smem() by the
+// writing threads and a barrier before the issue.
+__device__ __forceinline__ void tma_reduce_add_4d(const void* tmap, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(tmap)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// At most N committed bulk groups of this thread still reading shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// At most N committed bulk groups of this thread not yet complete (writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
 }  // namespace hopper
 }  // namespace fusedattn

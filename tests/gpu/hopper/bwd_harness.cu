@@ -4,6 +4,11 @@
 //   bwd_harness check            gradients vs. a naive fp32 GPU reference
 //   bwd_harness bench            TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
 //   bwd_harness one D S CAUSAL   one bench point (for ncu / nsys)
+//   bwd_harness check2           DQ_TMA variant (dQ by TMA reduce-add, d = 64/128) vs. the
+//                                reference and vs. the default kernel (dk/dv must be bitwise
+//                                equal; dq differs by fp32 summation order: max rel diff)
+//   bwd_harness bench2           per point (d = 64/128): HBWD (default) and HBWD2 (DQ_TMA)
+//   bwd_harness one2 D S CAUSAL  one bench2 point
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -14,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -326,8 +332,176 @@ static int run_check() {
   return fails == 0 ? 0 : 1;
 }
 
+// ------------------------------------------------------------------ check2
+// Bytes of two device buffers equal?
+static bool same_bytes(const void* a, const void* b, size_t bytes) {
+  std::vector<unsigned char> x(bytes), y(bytes);
+  CK(cudaMemcpy(x.data(), a, bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(y.data(), b, bytes, cudaMemcpyDeviceToHost));
+  return x == y;
+}
+
+// Element-wise |a - b| / max(|b|, 1e-3 * max|b|) over two 16-bit tensors (max), and the count of unequal elements.
+template <typename T>
+static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndiff) {
+  std::vector<T> a(n), b(n);
+  CK(cudaMemcpy(a.data(), a_dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), b_dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+  double bmax = 0;
+  for (size_t i = 0; i < n; ++i) bmax = std::max(bmax, std::fabs(static_cast<double>(Conv<T>::to_f(b[i]))));
+  const double floor_ = std::max(1e-3 * bmax, 1e-30);
+  double r = 0;
+  *ndiff = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = Conv<T>::to_f(a[i]), y = Conv<T>::to_f(b[i]);
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) ++*ndiff;
+    if (!std::isfinite(x) || !std::isfinite(y)) {
+      r = INFINITY;
+      continue;
+    }
+    r = std::max(r, std::fabs(x - y) / std::max(std::fabs(y), floor_));
+  }
+  return r;
+}
+
+template <typename T, int D>
+static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+  Rng rng(seed);
+  const size_t nq = static_cast<size_t>(b) * s * h * D, nkv = static_cast<size_t>(b) * s * h_kv * D;
+  const size_t nl = static_cast<size_t>(b) * h * s;
+  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
+  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
+  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
+  T* dout = upload_random<T>(nq, rng, -1.f, 1.f);
+  T *o, *dq, *dk, *dv, *dq0, *dk0, *dv0;
+  float *lse, *dsum, *rdq, *rdk, *rdv;
+  CK(cudaMalloc(&o, nq * sizeof(T)));
+  CK(cudaMalloc(&dq, nq * sizeof(T)));
+  CK(cudaMalloc(&dk, nkv * sizeof(T)));
+  CK(cudaMalloc(&dv, nkv * sizeof(T)));
+  CK(cudaMalloc(&dq0, nq * sizeof(T)));
+  CK(cudaMalloc(&dk0, nkv * sizeof(T)));
+  CK(cudaMalloc(&dv0, nkv * sizeof(T)));
+  CK(cudaMalloc(&lse, nl * sizeof(float)));
+  CK(cudaMalloc(&dsum, nl * sizeof(float)));
+  CK(cudaMalloc(&rdq, nq * sizeof(float)));
+  CK(cudaMalloc(&rdk, nkv * sizeof(float)));
+  CK(cudaMalloc(&rdv, nkv * sizeof(float)));
+  const size_t wsb = hp::bwd_sm90_workspace_bytes(b, s, h, D);
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, wsb));
+  CK(cudaMemset(ws, 0xFF, wsb));
+  for (T* t : {dq, dq0}) CK(cudaMemset(t, 0xFF, nq * sizeof(T)));
+  for (T* t : {dk, dv, dk0, dv0}) CK(cudaMemset(t, 0xFF, nkv * sizeof(T)));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int c = causal ? 1 : 0;
+
+  ref_fwd<T, D><<<nblk(nl, 128), 128>>>(q, k, v, o, lse, b, s, h, h_kv, scale, c);
+  CK(cudaGetLastError());
+  ref_dsum<T, D><<<nblk(nl, 128), 128>>>(o, dout, dsum, b, s, h);
+  ref_dq<T, D><<<nblk(nl, 128), 128>>>(q, k, v, dout, lse, dsum, rdq, b, s, h, h_kv, scale, c);
+  ref_dkdv<T, D><<<nblk(static_cast<long long>(b) * h_kv * s, 128), 128>>>(q, k, v, dout, lse, dsum, rdk, rdv, b, s,
+                                                                             h, h_kv, scale, c);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+
+  bool ok = true;
+  // Default kernel (dq0/dk0/dv0), then the variant (dq/dk/dv) on the same inputs.
+  cudaError_t le =
+      hp::bwd_sm90<T, D>(make_args<T, D>(q, k, v, o, dout, lse, dq0, dk0, dv0, ws, b, s, h, h_kv, scale, causal));
+  if (le == cudaSuccess) le = cudaDeviceSynchronize();
+  hp::BwdLaunch L;
+  if (le == cudaSuccess)
+    le = hp::bwd_sm90_prepare<T, D, true>(
+        &L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
+  if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
+  if (le != cudaSuccess) {
+    std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
+                cudaGetErrorString(le));
+    ok = false;
+  } else {
+    const cudaError_t se = cudaDeviceSynchronize();
+    if (se != cudaSuccess) {
+      std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
+                  cudaGetErrorString(se));
+      std::exit(1);
+    }
+    const Err eq = compare(dq, rdq, nq), ek = compare(dk, rdk, nkv), ev = compare(dv, rdv, nkv);
+    const size_t bad = eq.bad + ek.bad + ev.bad;
+    const bool kv_same = same_bytes(dk, dk0, nkv * sizeof(T)) && same_bytes(dv, dv0, nkv * sizeof(T));
+    size_t nd = 0;
+    const double rd = max_rel_diff(dq, dq0, nq, &nd);
+    ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && kv_same;
+    std::printf(
+        "%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
+        "vs default: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
+        ok ? "PASS2" : "FAIL2", Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
+        kv_same ? "bitwise equal" : "DIFFER", rd, nd, nq);
+  }
+  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                    static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                    static_cast<void*>(dq0), static_cast<void*>(dk0), static_cast<void*>(dv0),
+                    static_cast<void*>(lse), static_cast<void*>(dsum), static_cast<void*>(rdq),
+                    static_cast<void*>(rdk), static_cast<void*>(rdv), ws})
+    CK(cudaFree(ptr));
+  return ok;
+}
+
+// check's d = 64 / 128 cases, DQ_TMA variant.
+static int run_check2() {
+  int fails = 0, n = 0;
+  uint64_t seed = 4321;
+  const int ss[] = {1, 17, 128, 200, 1024};
+  const int hkvs[] = {4, 2};
+  for (int d : {64, 128})
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal)
+        for (int hkv : hkvs) {
+          ++n;
+          const bool ok = d == 64 ? check2_case<__nv_bfloat16, 64>(2, s, 4, hkv, causal != 0, seed++)
+                                  : check2_case<__nv_bfloat16, 128>(2, s, 4, hkv, causal != 0, seed++);
+          if (!ok) ++fails;
+        }
+  const int s16[] = {17, 200};
+  for (int d : {64, 128})
+    for (int s : s16)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++n;
+        const bool ok = d == 64 ? check2_case<__half, 64>(2, s, 4, 2, causal != 0, seed++)
+                                : check2_case<__half, 128>(2, s, 4, 2, causal != 0, seed++);
+        if (!ok) ++fails;
+      }
+  std::printf("check2: %d/%d passed\n", n - fails, n);
+  return fails == 0 ? 0 : 1;
+}
+
 // ------------------------------------------------------------------- bench
-template <int D>
+// Median of 20 CUDA-event-timed launches (after 5 warm-up launches), ms; < 0 on a launch error.
+static double time_bwd(const hp::BwdLaunch& L) {
+  for (int i = 0; i < 5; ++i)
+    if (hp::bwd_sm90_launch(L) != cudaSuccess) return -1.0;
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 20; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(hp::bwd_sm90_launch(L));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t = 0.f;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return 0.5 * (ms[9] + ms[10]);
+}
+
+// V2 (bench2, d = 64/128): after the default's HBWD line, an HBWD2 line for the DQ_TMA variant on the same inputs.
+template <int D, bool V2 = false>
 static bool bench_point(int s, bool causal) {
   using T = __nv_bfloat16;
   const int b = std::max(1, 16384 / s), h = 2048 / D, h_kv = h;
@@ -395,6 +569,20 @@ static bool bench_point(int s, bool causal) {
     std::printf("HBWD d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s\n", D, s, c, med, flops / (med * 1e-3) / 1e12);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+    if constexpr (V2 && D != 256) {
+      hp::BwdLaunch L2;
+      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true>(
+          &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
+      const double med2 = pe == cudaSuccess ? time_bwd(L2) : -1.0;
+      if (med2 < 0) {
+        std::printf("HBWD2 d=%d s=%d causal=%d prepare/launch error: %s\n", D, s, c,
+                    cudaGetErrorString(pe != cudaSuccess ? pe : cudaGetLastError()));
+        ok = false;
+      } else {
+        std::printf("HBWD2 d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s (%.3fx default)\n", D, s, c, med2,
+                    flops / (med2 * 1e-3) / 1e12, med / med2);
+      }
+    }
   }
   for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
                   static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
@@ -409,6 +597,22 @@ static bool bench_d(int d, int s, bool causal) {
   if (d == 256) return bench_point<256>(s, causal);
   std::printf("unsupported d=%d\n", d);
   return false;
+}
+
+static bool bench2_d(int d, int s, bool causal) {
+  if (d == 64) return bench_point<64, true>(s, causal);
+  if (d == 128) return bench_point<128, true>(s, causal);
+  std::printf("bench2: unsupported d=%d (64, 128)\n", d);
+  return false;
+}
+
+static int run_bench2() {
+  bool ok = true;
+  const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
+  for (int d : {64, 128})
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal) ok = bench2_d(d, s, causal != 0) && ok;
+  return ok ? 0 : 1;
 }
 
 static int run_bench() {
@@ -434,6 +638,15 @@ int main(int argc, char** argv) {
   }
   if (mode == "check") return run_check();
   if (mode == "bench") return run_bench();
+  if (mode == "check2") return run_check2();
+  if (mode == "bench2") return run_bench2();
+  if (mode == "one2") {
+    if (argc < 5) {
+      std::fprintf(stderr, "usage: %s one2 D S CAUSAL\n", argv[0]);
+      return 2;
+    }
+    return bench2_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
+  }
   if (mode == "one") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s one D S CAUSAL\n", argv[0]);
@@ -441,6 +654,6 @@ int main(int argc, char** argv) {
     }
     return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
   }
-  std::fprintf(stderr, "usage: %s check | bench | one D S CAUSAL\n", argv[0]);
+  std::fprintf(stderr, "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL\n", argv[0]);
   return 2;
 }

@@ -1,5 +1,6 @@
 // Standalone check + timer for the Hopper (sm_90a) forward prototype in
-// csrc/cuda/hopper/fwd_sm90.cuh (v1) and its variant fwd_sm90_v2.cuh (v2).
+// csrc/cuda/hopper/fwd_sm90.cuh (v1), its variant fwd_sm90_v2.cuh (v2, the
+// library's) and the persistent candidate fwd_sm90_v3.cuh (v3).
 // No torch, no library build.
 //   harness check              v1 correctness vs. a naive fp32 GPU reference
 //   harness bench              v1 TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
@@ -11,6 +12,13 @@
 //   harness sweep2             v1 and every v2 config (BN/STAGES/ping-pong) on a
 //                              few points (HBENCH / HBENCH2 with cfg=)
 //   harness one2 D S CAUSAL    one v2 (default config) bench point (for ncu)
+//   harness check3             v3 (default configs) on check2's basic grid and long
+//                              sequences, plus forced small grids (1..16 CTAs, so
+//                              each CTA loops over many tiles): vs the naive
+//                              reference AND bit for bit vs v2 on the same inputs
+//   harness bench3             bench's table, v2 (HBENCH2) and v3 (HBENCH3) on the
+//                              same inputs, plus HDIFF3: v3 vs v2 outputs
+//   harness one3 D S CAUSAL    one v3 (default config) bench point (for ncu)
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,6 +35,7 @@
 
 #include "../../../csrc/cuda/hopper/fwd_sm90.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
+#include "../../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
 #include "harness_common.h"
 
 using fusedattn::hopper::FwdLaunch;
@@ -52,6 +61,19 @@ template <typename T, int D>
 static Variant v2_variant() {
   using C = fusedattn::hopper::FwdV2Default<D>;
   return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP>();
+}
+// v3 takes the SM count (its grid); the harness sets it from the device
+// (check3 overrides it to force many tiles per CTA).
+static int g_v3_sms = 0;
+template <typename T, int D, int BN, int ST, bool PP>
+static cudaError_t v3_prep(FwdLaunch* L, const Sm90Args& a) {
+  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP>(L, a, g_v3_sms);
+}
+template <typename T, int D>
+static Variant v3_variant() {
+  using C = fusedattn::hopper::FwdV3Default<D>;
+  return {v3_prep<T, D, C::BN, C::STAGES, C::PP>, "v3:bn" + std::to_string(C::BN) + "/st" +
+                                                      std::to_string(C::STAGES) + (C::PP ? "/pp" : "/nopp")};
 }
 // Configurations the sweep times (bf16); the default comes first.
 template <int D>
@@ -292,6 +314,178 @@ static int run_check() {
   return fails == 0 ? 0 : 1;
 }
 
+// ------------------------------------------------------------------ check3
+// v3 (default config, grid = min(#tiles, sms)) vs the naive reference (same
+// criteria as check_case) and bit for bit vs v2 (default config) on the same
+// inputs. Line: PASS|FAIL v3:cfg dtype d s causal h sms=.. err max_abs lse_err
+// nan v2diff: bitwise=0|1 max_abs_o max_abs_lse.
+template <typename T, int D>
+static bool check3_case(int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed) {
+  const Variant v2 = v2_variant<T, D>();
+  const Variant v3 = v3_variant<T, D>();
+  Rng rng(seed);
+  const size_t nq = static_cast<size_t>(b) * s * h * D;
+  const size_t nkv = static_cast<size_t>(b) * s * h_kv * D;
+  const size_t nl = static_cast<size_t>(b) * h * s;
+  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
+  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
+  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
+  T *o2 = nullptr, *o3 = nullptr;
+  float *l2 = nullptr, *l3 = nullptr, *o_ref = nullptr, *lse_ref = nullptr;
+  CK(cudaMalloc(&o2, nq * sizeof(T)));
+  CK(cudaMalloc(&o3, nq * sizeof(T)));
+  CK(cudaMalloc(&l2, nl * sizeof(float)));
+  CK(cudaMalloc(&l3, nl * sizeof(float)));
+  CK(cudaMalloc(&o_ref, nq * sizeof(float)));
+  CK(cudaMalloc(&lse_ref, nl * sizeof(float)));
+  CK(cudaMemset(o2, 0xFF, nq * sizeof(T)));
+  CK(cudaMemset(o3, 0xFF, nq * sizeof(T)));
+  CK(cudaMemset(l2, 0xFF, nl * sizeof(float)));
+  CK(cudaMemset(l3, 0xFF, nl * sizeof(float)));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const long long total = static_cast<long long>(b) * h * s;
+  ref_attn_kernel<T, D><<<static_cast<unsigned>((total + 127) / 128), 128>>>(q, k, v, o_ref, lse_ref, b, s, s, h,
+                                                                              h_kv, scale, causal ? 1 : 0);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  const int saved_sms = g_v3_sms;
+  g_v3_sms = sms;
+  const cudaError_t e2 = launch_fast<T, D>(v2, q, k, v, o2, l2, b, s, h, h_kv, scale, causal);
+  const cudaError_t e3 = launch_fast<T, D>(v3, q, k, v, o3, l3, b, s, h, h_kv, scale, causal);
+  g_v3_sms = saved_sms;
+  bool ok = true;
+  if (e2 != cudaSuccess || e3 != cudaSuccess) {
+    std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d sms=%d launch error: v2 %s, v3 %s\n", v3.name.c_str(),
+                Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, cudaGetErrorString(e2), cudaGetErrorString(e3));
+    ok = false;
+  } else {
+    const cudaError_t se = cudaDeviceSynchronize();
+    if (se != cudaSuccess) {
+      std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d sms=%d kernel error: %s\n", v3.name.c_str(),
+                  Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, cudaGetErrorString(se));
+      std::exit(1);
+    }
+    std::vector<T> h2(nq), h3(nq);
+    std::vector<float> hor(nq), hl2(nl), hl3(nl), hlr(nl);
+    CK(cudaMemcpy(h2.data(), o2, nq * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h3.data(), o3, nq * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hor.data(), o_ref, nq * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl2.data(), l2, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl3.data(), l3, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hlr.data(), lse_ref, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    double max_abs = 0.0, num = 0.0, den = 0.0, lse_err = 0.0;
+    size_t nan_count = 0;
+    for (size_t i = 0; i < nq; ++i) {
+      const double a = Conv<T>::to_f(h3[i]);
+      const double r = hor[i];
+      if (!std::isfinite(a)) {
+        ++nan_count;
+        continue;
+      }
+      max_abs = std::max(max_abs, std::fabs(a - r));
+      num += (a - r) * (a - r);
+      den += r * r;
+    }
+    for (size_t i = 0; i < nl; ++i) {
+      if (!std::isfinite(hl3[i])) {
+        ++nan_count;
+        continue;
+      }
+      lse_err = std::max(lse_err, static_cast<double>(std::fabs(hl3[i] - hlr[i])));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    // Bit for bit vs v2 (o as 16-bit patterns, lse as 32-bit patterns), and the largest difference.
+    const bool bitwise = std::memcmp(h2.data(), h3.data(), nq * sizeof(T)) == 0 &&
+                         std::memcmp(hl2.data(), hl3.data(), nl * sizeof(float)) == 0;
+    double d_o = 0.0, d_l = 0.0;
+    for (size_t i = 0; i < nq; ++i)
+      d_o = std::max(d_o, static_cast<double>(std::fabs(Conv<T>::to_f(h3[i]) - Conv<T>::to_f(h2[i]))));
+    for (size_t i = 0; i < nl; ++i) d_l = std::max(d_l, static_cast<double>(std::fabs(hl3[i] - hl2[i])));
+    ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2 && max_abs < 5e-2 && bitwise;
+    std::printf(
+        "%s %s %s d=%d s=%d causal=%d h=%d/%d sms=%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu v2diff: bitwise=%d "
+        "max_abs_o=%.3e max_abs_lse=%.3e\n",
+        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, rel, max_abs,
+        lse_err, nan_count, bitwise ? 1 : 0, d_o, d_l);
+  }
+  CK(cudaFree(q));
+  CK(cudaFree(k));
+  CK(cudaFree(v));
+  CK(cudaFree(o2));
+  CK(cudaFree(o3));
+  CK(cudaFree(l2));
+  CK(cudaFree(l3));
+  CK(cudaFree(o_ref));
+  CK(cudaFree(lse_ref));
+  return ok;
+}
+
+template <typename T>
+static bool check3_d(int d, int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed) {
+  switch (d) {
+    case 64: return check3_case<T, 64>(b, s, h, h_kv, causal, sms, seed);
+    case 128: return check3_case<T, 128>(b, s, h, h_kv, causal, sms, seed);
+    case 256: return check3_case<T, 256>(b, s, h, h_kv, causal, sms, seed);
+  }
+  return false;
+}
+
+// check2's basic grid and long sequences with the device's SM count (most of
+// these have fewer tiles than SMs: one tile per CTA), then forced small grids
+// so that CTAs loop over many tiles (ring wrap across tiles, Q slot reuse,
+// ping-pong across tile boundaries, causal tiles of different lengths,
+// 1-kv-block tiles, uneven tile counts per CTA).
+static int run_check3() {
+  int fails = 0, n = 0;
+  uint64_t seed = 1234;
+  const int sms = g_v3_sms;
+  const int ds[] = {64, 128, 256};
+  const int ss[] = {1, 17, 128, 200, 1024};
+  const int hkvs[] = {2, 4};
+  for (int d : ds)
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal)
+        for (int hkv : hkvs) {
+          ++n;
+          if (!check3_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, sms, seed++)) ++fails;
+        }
+  const int s16[] = {17, 200};
+  for (int d : ds)
+    for (int s : s16)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++n;
+        if (!check3_d<__half>(d, 2, s, 4, 2, causal != 0, sms, seed++)) ++fails;
+      }
+  const int slong[] = {2000, 2048};
+  for (int d : ds)
+    for (int s : slong)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++n;
+        if (!check3_d<__nv_bfloat16>(d, 1, s, 2, 1, causal != 0, sms, seed++)) ++fails;
+      }
+  // Persistent loops: (b, s, h, h_kv) x forced grid sizes.
+  struct PCase {
+    int b, s, h, hkv;
+  };
+  const PCase pcs[] = {{2, 200, 4, 2}, {3, 333, 4, 4}, {2, 1024, 4, 2}, {8, 128, 2, 1}, {1, 17, 3, 3}};
+  const int grids[] = {1, 3, 7, 16};
+  for (int d : ds)
+    for (const PCase& pc : pcs)
+      for (int g : grids)
+        for (int causal = 0; causal < 2; ++causal) {
+          ++n;
+          if (!check3_d<__nv_bfloat16>(d, pc.b, pc.s, pc.h, pc.hkv, causal != 0, g, seed++)) ++fails;
+        }
+  // Short-sequence bench shape (many tiles per CTA at the real SM count).
+  for (int d : ds)
+    for (int causal = 0; causal < 2; ++causal) {
+      ++n;
+      if (!check3_d<__nv_bfloat16>(d, 32, 512, 2048 / d / 4, 2048 / d / 4, causal != 0, sms, seed++)) ++fails;
+    }
+  std::printf("check3: %d/%d passed\n", n - fails, n);
+  return fails == 0 ? 0 : 1;
+}
+
 // ------------------------------------------------------------------- bench
 // Median of 20 timed launches (after 5 warm-ups); < 0 on a launch error.
 static double time_launch(const FwdLaunch& L) {
@@ -318,7 +512,8 @@ static double time_launch(const FwdLaunch& L) {
 }
 
 // vars[0] is the reference for HDIFF (v1 when present). Line tag: HBENCH for
-// v1, HBENCH2 for v2 configs (with cfg= unless only_default).
+// v1, HBENCH2 for v2 configs (with cfg= unless only_default), HBENCH3 for v3
+// (its diff line is HDIFF3, with bitwise=0|1 against vars[0]).
 template <int D>
 static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bool show_cfg) {
   using T = __nv_bfloat16;
@@ -343,7 +538,8 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
   for (size_t vi = 0; vi < vars.size(); ++vi) {
     const Variant& var = vars[vi];
     const bool is_v1 = var.name == "v1";
-    const char* tag = is_v1 ? "HBENCH" : "HBENCH2";
+    const bool is_v3 = var.name.compare(0, 2, "v3") == 0;
+    const char* tag = is_v1 ? "HBENCH" : (is_v3 ? "HBENCH3" : "HBENCH2");
     std::string cfg = (show_cfg && !is_v1) ? " cfg=" + var.name : "";
     CK(cudaMemset(o, 0xFF, n * sizeof(T)));
     CK(cudaMemset(lse, 0xFF, nl * sizeof(float)));
@@ -391,6 +587,15 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       }
       // bf16 outputs in [-1, 1]: a few ulps (~1e-2) are rounding-order noise.
       const bool same = bad == 0 && max_o < 3e-2 && max_l < 1e-3;
+      if (is_v3) {
+        const bool bitwise = std::memcmp(cur_o.data(), ref_o.data(), n * sizeof(T)) == 0 &&
+                             std::memcmp(cur_l.data(), ref_l.data(), nl * sizeof(float)) == 0;
+        std::printf("HDIFF3 d=%d s=%d causal=%d %s vs %s: %s bitwise=%d max_abs_o=%.3e max_abs_lse=%.3e nonfinite=%zu\n",
+                    D, s, causal ? 1 : 0, var.name.c_str(), vars[0].name.c_str(), same ? "OK" : "MISMATCH",
+                    bitwise ? 1 : 0, max_o, max_l, bad);
+        if (!same) ok = false;
+        continue;
+      }
       std::printf("HDIFF d=%d s=%d causal=%d %s vs %s: %s max_abs_o=%.3e max_abs_lse=%.3e nonfinite=%zu\n", D, s,
                   causal ? 1 : 0, var.name.c_str(), vars[0].name.c_str(), same ? "OK" : "MISMATCH", max_o, max_l, bad);
       if (!same) ok = false;
@@ -404,11 +609,17 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
   return ok;
 }
 
-// which: 0 = v1, 1 = v2 default, 2 = v1 + v2 default, 3 = v1 + every v2 sweep config.
+// which: 0 = v1, 1 = v2 default, 2 = v1 + v2 default, 3 = v1 + every v2 sweep config,
+// 4 = v2 default + v3 default, 5 = v3 default.
 template <int D>
 static std::vector<Variant> bench_variants(int which) {
   using T = __nv_bfloat16;
   std::vector<Variant> vars;
+  if (which >= 4) {
+    if (which == 4) vars.push_back(v2_variant<T, D>());
+    vars.push_back(v3_variant<T, D>());
+    return vars;
+  }
   if (which != 1) vars.push_back(v1_variant<T, D>());
   if (which == 1 || which == 2) vars.push_back(v2_variant<T, D>());
   if (which == 3)
@@ -457,19 +668,25 @@ int main(int argc, char** argv) {
     std::printf("this harness needs an sm_90 (Hopper) GPU; built for sm_90a only\n");
     return 1;
   }
+  g_v3_sms = prop.multiProcessorCount;
   if (mode == "check") return run_check();
   if (mode == "check2") return run_check2();
   if (mode == "bench") return run_bench(0);
   if (mode == "bench2") return run_bench(2);
   if (mode == "sweep2") return run_sweep2();
-  if (mode == "one" || mode == "one2") {
+  if (mode == "check3") return run_check3();
+  if (mode == "bench3") return run_bench(4);
+  if (mode == "one" || mode == "one2" || mode == "one3") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s %s D S CAUSAL\n", argv[0], mode.c_str());
       return 2;
     }
-    return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0, mode == "one" ? 0 : 1) ? 0 : 1;
+    const int which = mode == "one" ? 0 : (mode == "one2" ? 1 : 5);
+    return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0, which) ? 0 : 1;
   }
-  std::fprintf(stderr, "usage: %s check | check2 | bench | bench2 | sweep2 | one D S CAUSAL | one2 D S CAUSAL\n",
+  std::fprintf(stderr,
+               "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
+               " | one3 D S CAUSAL\n",
                argv[0]);
   return 2;
 }

@@ -1,0 +1,466 @@
+// Hopper (sm_90a) FlashAttention forward, variant 3 ("v3"): v2
+// (fwd_sm90_v2.cuh) + a persistent tile scheduler. UNRUN CANDIDATE: written
+// and compiled without a GPU; tested only by the harness's check3 / bench3
+// (tests/gpu/hopper/harness.cu) once a session has an H200, and by the
+// Python protocol model tests/gpu/hopper/v3_protocol_model.py. Not included
+// by the library (sm90.cu still runs v2).
+//
+// Why: at short sequences (b*s = 16k tokens, s = 512: ~4k CTAs of 4 kv tiles
+// each) every v2 CTA pays a prologue (barrier init, tensor-map prefetch, Q
+// load, first K) and an epilogue (O normalisation, stores, lse) that overlap
+// nothing. v3 launches min(#tiles, #SMs) CTAs that loop over work tiles and
+// start the next tile's loads while the current one finishes.
+//
+// Per tile the arithmetic is v2's, operation for operation (same S / PV wgmma
+// chains, same mask, softmax, rescale, pack and epilogue code, the v2_*
+// helpers themselves), so for the same BN/STAGES the outputs are bitwise
+// equal to v2's (harness check3 compares them bit for bit).
+//
+// (1) Schedule. Work tile t in [0, n_m * h * b) (n_m = ceil(s_q / 128)); CTA
+//     i takes t = i, i + G, i + 2G, ... (G = gridDim.x = min(#tiles, #SMs)),
+//     a static round-robin, so every CTA has >= 1 tile and both consumers of
+//     a CTA see the same tile sequence. Decoding t:
+//       causal:     t = m_idx * (h*b) + hb, m_blk = n_m - 1 - m_idx: the
+//                   longest query tiles come first and each round of G tiles
+//                   has (nearly) equal lengths (an hb-major order would give
+//                   CTA i the same m_blk every round when G % n_m == 0).
+//       non-causal: t = hb * n_m + m_blk (v2's hardware order: the query
+//                   tiles of one head are adjacent, so K/V are shared in L2).
+//     hb = batch * h + head (heads of one GQA group adjacent).
+// (2) Q. QBUF (1 or 2) Q slots, each with a full (tx) and an empty (8
+//     consumer-warp arrivals) mbarrier; local tile j uses slot j % QBUF with
+//     phase (j / QBUF) & 1 -- the same ring rule as K/V. Q is read only by
+//     the S GEMMs, so a consumer warp releases the Q slot right after its
+//     LAST S GEMM of the tile has completed (wait_group: after S_0 in the
+//     prologue when the tile has one kv block, else after S_{last} in the
+//     last steady-state iteration), i.e. before that tile's last P V and
+//     epilogue. QBUF = 2 where it fits in 227 KB (d = 64): the next Q is
+//     issued right after the current tile's last V load; else 1 (d = 128 at
+//     3 stages, d = 256 at 2 stages: a second 32 / 64 KB slot does not fit):
+//     the next Q is issued once both consumers' last S GEMM of the current
+//     tile is done, and lands during its softmax, last PV and epilogue.
+//     Smem (default configs): d=64 165,120 B (2 Q slots), d=128 230,528 B,
+//     d=256 230,528 B (1 Q slot each) of 232,448.
+// (3) K/V rings continue across tiles. Producer and consumers count kv blocks
+//     over the CTA's whole life (it = kv blocks of earlier tiles + n): slot
+//     it % STAGES, phase (it / STAGES) & 1, exactly v2's rule with n
+//     replaced by it; nothing is re-initialised between tiles. The V slot of
+//     a tile's last block is released after its PV (in v2 that arrival had no
+//     waiter; here the producer's later loads wait on it).
+//     Producer order per tile: K_0, Q, then per n: K_{n+1}, V_n (v2's order
+//     with Q after K_0: K_0's slot is free as soon as S_{it-STAGES} is done,
+//     Q's only after the previous tile's last S). Every consumer wait is on
+//     a load earlier in this order than any load the producer may be blocked
+//     on while that wait is pending: the producer blocks only on slots whose
+//     release comes from GEMMs issued earlier in the consumer's program
+//     order (checked by the model for 1-6 tiles per CTA, 1-7 kv blocks per
+//     tile, STAGES 2-4, QBUF 1-2).
+// (4) Ping-pong across tiles. The turns form ONE alternating sequence over
+//     the CTA's whole loop, not one per tile: consumer c takes its turns
+//     (wait bar 1+c, issue, arrive on the other's bar) in program order; per
+//     tile each consumer takes n_blocks + 1 turns (S_0; n_blocks - 1 x
+//     {S_n, PV_{n-1}}; PV_last). Consumer 1 arrives on bar 1 once before its
+//     first tile, and skips only the arrival of its LAST turn of its LAST
+//     tile. Balance: both consumers iterate the same tiles (the schedule
+//     depends only on blockIdx / gridDim / shapes), so both take the same
+//     number of turns T = sum_tiles (n_blocks + 1). Bar 1: consumer 0 syncs
+//     T times, consumer 1 arrives 1 + (T - 1) = T times. Bar 2: consumer 1
+//     syncs T times, consumer 0 arrives T times. So both barriers end with no
+//     pending arrival. At most one arrival is outstanding on either barrier
+//     at any time: consumer 1's k-th arrival on bar 1 follows its (k-1)-th
+//     sync on bar 2, which needs consumer 0's (k-1)-th arrival on bar 2,
+//     which follows consumer 0's (k-1)-th sync on bar 1 that consumed
+//     consumer 1's (k-1)-th arrival (symmetrically for bar 2), so no
+//     generation of a hardware barrier ever mixes arrivals of two turns.
+//     Across a tile boundary consumer 1's last turn of tile j (PV_last)
+//     passes to consumer 0's first turn of tile j+1 (S_0), which consumer 0
+//     reaches after its own epilogue; a per-tile reset (v2's rule repeated
+//     every tile) would also balance but would hold consumer 0's S_0 of tile
+//     j+1 until consumer 1 finished its epilogue of tile j. The model checks
+//     the balance and seeds the per-tile-skip bug.
+// Bounded mbarrier waits as in v2: the producer traps, a consumer warp that
+// gave up reports NaN lse for its rows of this and every later tile and
+// skips its later waits (it still takes every turn and makes every arrival,
+// so the named barriers stay balanced and the CTA ends).
+#pragma once
+
+#include "fwd_sm90.cuh"
+#include "fwd_sm90_v2.cuh"
+#include "wgmma.cuh"
+
+namespace fusedattn {
+namespace hopper {
+
+// ------------------------------------------------------------------ config
+template <int D, int BN_, int STAGES_, bool PP_>
+struct FwdV3Cfg {
+  static constexpr int BM = 128, BN = BN_, STAGES = STAGES_;
+  static constexpr bool PP = PP_;
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kKVBytes = BN * D * 2;
+  static constexpr int kSmemLimit = 232448;  // 227 KB of dynamic shared memory per block
+  static constexpr int bar_bytes(int qbuf) { return 8 * (2 * qbuf + 4 * STAGES); }  // qf[], qe[], kf[], vf[], ke[], ve[]
+  // + 1024 slack for aligning the dynamic smem base to the swizzle atom.
+  static constexpr int total(int qbuf) {
+    return qbuf * kQBytes + 2 * STAGES * kKVBytes + ((bar_bytes(qbuf) + 127) / 128) * 128 + 1024;
+  }
+  // Two Q slots where they fit (the next tile's Q is issued right after the
+  // current tile's last V load, up to STAGES kv blocks before the tile's
+  // end), else one (it is issued once the current tile's last S GEMM is done
+  // in both consumers).
+  static constexpr int QBUF = total(2) <= kSmemLimit ? 2 : 1;
+  static constexpr int kKOffset = QBUF * kQBytes;
+  static constexpr int kBarOffset = kKOffset + 2 * STAGES * kKVBytes;
+  static constexpr int kBarBytes = bar_bytes(QBUF);
+  static constexpr int kTotal = total(QBUF);
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N / PV k-steps");
+  static_assert((BN * 128) % 1024 == 0, "BN multiple of 8");
+  static_assert(STAGES >= 2, "ring depth");
+  static_assert(kTotal <= kSmemLimit, "dynamic shared memory (227 KB)");
+};
+
+// Same tile shapes as v2's defaults (bitwise-equal outputs need the same BN).
+template <int D>
+using FwdV3Default = FwdV2Default<D>;
+
+// Default configs: d=64 2 Q slots, d=128 and d=256 one (a second does not fit).
+static_assert(FwdV3Cfg<64, 128, 4, true>::QBUF == 2 && FwdV3Cfg<64, 128, 4, true>::kTotal == 165120,
+              "d=64 smem: 2 x 16 KB Q + 4 x 2 x 16 KB K/V + barriers + slack");
+static_assert(FwdV3Cfg<128, 128, 3, true>::QBUF == 1 && FwdV3Cfg<128, 128, 3, true>::kTotal == 230528,
+              "d=128 smem: 32 KB Q + 3 x 2 x 32 KB K/V + barriers + slack");
+static_assert(FwdV3Cfg<256, 80, 2, false>::QBUF == 1 && FwdV3Cfg<256, 80, 2, false>::kTotal == 230528,
+              "d=256 smem: 64 KB Q + 2 x 2 x 40 KB K/V + barriers + slack");
+
+// One work tile of the static schedule (see (1) above).
+struct V3Tile {
+  int m_blk, head, batch, n_blocks;
+};
+template <bool CAUSAL, int BM, int BN>
+__device__ __forceinline__ V3Tile v3_decode(int t, int n_m, int n_hb, const KParams& p) {
+  V3Tile r;
+  int hb;
+  if (CAUSAL) {
+    const int m_idx = t / n_hb;
+    hb = t - m_idx * n_hb;
+    r.m_blk = n_m - 1 - m_idx;
+  } else {
+    hb = t / n_m;
+    r.m_blk = t - hb * n_m;
+  }
+  r.batch = hb / p.h;
+  r.head = hb - r.batch * p.h;
+  int nb = (p.s_kv + BN - 1) / BN;
+  if (CAUSAL) nb = min(nb, ((r.m_blk + 1) * BM + BN - 1) / BN);
+  r.n_blocks = nb;  // >= 1
+  return r;
+}
+
+// ------------------------------------------------------------------- kernel
+template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    fwd_sm90_v3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                       const __grid_constant__ CUtensorMap tmV, const KParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  constexpr bool F16 = std::is_same<T, __half>::value;
+  using Cfg = FwdV3Cfg<D, BN_, STAGES_, PP_>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, QBUF = Cfg::QBUF;
+  constexpr bool PP = Cfg::PP;
+  constexpr int DCH = D / 64;  // 128-byte chunks per row
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sQ0 = (sraw + 1023u) & ~1023u;
+  const uint32_t sK0 = sQ0 + Cfg::kKOffset;
+  const uint32_t sV0 = sK0 + STAGES * Cfg::kKVBytes;
+  const uint32_t bar0 = sQ0 + Cfg::kBarOffset;
+  auto bar_qf = [&](uint32_t s) { return bar0 + 8u * s; };                           // Q slot full (tx)
+  auto bar_qe = [&](uint32_t s) { return bar0 + 8u * (QBUF + s); };                  // Q slot empty (8 warps)
+  auto bar_kf = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + s); };              // K slot full (tx)
+  auto bar_vf = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + STAGES + s); };     // V slot full (tx)
+  auto bar_ke = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + 2 * STAGES + s); }; // K slot empty (8 warps)
+  auto bar_ve = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + 3 * STAGES + s); }; // V slot empty (8 warps)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int n_m = (p.s_q + BM - 1) / BM;
+  const int n_hb = p.h * p.b;
+  const int n_tiles = n_m * n_hb;  // host: fits in int, gridDim.x <= n_tiles
+  const int group = p.h / p.h_kv;
+
+  if (tid == 0) {
+    for (int s = 0; s < QBUF; ++s) {
+      mbar_init(bar_qf(s), 1);
+      mbar_init(bar_qe(s), kConsumerWarps);
+    }
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_kf(s), 1);
+      mbar_init(bar_vf(s), 1);
+      mbar_init(bar_ke(s), kConsumerWarps);
+      mbar_init(bar_ve(s), kConsumerWarps);
+    }
+    mbar_fence_init();
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<24>();
+    if (tid == 0) {
+      uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
+      uint32_t j = 0;   // local tile index (Q ring)
+      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++j) {
+        const V3Tile ti = v3_decode<CAUSAL, BM, BN>(t, n_m, n_hb, p);
+        const int head_kv = ti.head / group;
+        auto load_k = [&](int n) {
+          const uint32_t it = kv + n;
+          const uint32_t s = it % STAGES;
+          mbar_wait<true>(bar_ke(s), ((it / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
+          mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < DCH; ++c)
+            tma_load_4d(sK0 + s * Cfg::kKVBytes + c * BN * 128, &tmK, bar_kf(s), c * 64, head_kv, n * BN, ti.batch);
+        };
+        auto load_v = [&](int n) {
+          const uint32_t it = kv + n;
+          const uint32_t s = it % STAGES;
+          mbar_wait<true>(bar_ve(s), ((it / STAGES) & 1u) ^ 1u);
+          mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < DCH; ++c)
+            tma_load_4d(sV0 + s * Cfg::kKVBytes + c * BN * 128, &tmV, bar_vf(s), c * 64, head_kv, n * BN, ti.batch);
+        };
+        load_k(0);
+        {
+          const uint32_t qs = j % QBUF;
+          mbar_wait<true>(bar_qe(qs), ((j / QBUF) & 1u) ^ 1u);
+          mbar_arrive_expect_tx(bar_qf(qs), Cfg::kQBytes);
+          // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
+#pragma unroll
+          for (int c = 0; c < DCH; ++c)
+            tma_load_4d(sQ0 + qs * Cfg::kQBytes + c * BM * 128, &tmQ, bar_qf(qs), c * 64, ti.head, ti.m_blk * BM,
+                        ti.batch);
+        }
+        for (int n = 0; n < ti.n_blocks; ++n) {
+          if (n + 1 < ti.n_blocks) load_k(n + 1);
+          load_v(n);
+        }
+        kv += ti.n_blocks;
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1;  // consumer warpgroup: query rows [64*cw, 64*cw+64) of each tile
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  const int qd = lane & 3;
+  const int row_in_tile = cw * 64 + warp * 16 + (lane >> 2);
+  const float sl2 = p.scale_log2;
+  T* out = reinterpret_cast<T*>(p.o);
+
+  // Ping-pong: consumer 0 takes the first turn of the whole persistent loop.
+  if (PP && cw == 1) v2_pp_pass_turn(cw);
+
+  // Zeroed once: the first k-step of every S GEMM ignores the old value.
+  float sacc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
+  float o[D / 2];
+  uint32_t pa[BN / 16][4];
+
+  bool timed_out = false;  // sticky for the CTA's life (see the header)
+  auto wait_full = [&](uint32_t bar, uint32_t parity) {
+    if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
+  };
+
+  uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
+  uint32_t j = 0;   // local tile index (Q ring)
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++j) {
+    const V3Tile ti = v3_decode<CAUSAL, BM, BN>(t, n_m, n_hb, p);
+    const int n_blocks = ti.n_blocks;
+    const bool last_tile = t + static_cast<int>(gridDim.x) >= n_tiles;  // same in both consumers
+    const int row_base = ti.m_blk * BM + row_in_tile;
+    const int wg_row0 = ti.m_blk * BM + cw * 64;
+    const uint32_t qs = j % QBUF;
+    const uint32_t sQ = sQ0 + qs * Cfg::kQBytes;
+
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float row_m[2] = {-INFINITY, -INFINITY};  // running max, log2-scaled domain
+    float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
+    float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
+
+    wait_full(bar_qf(qs), (j / QBUF) & 1u);
+
+    // ---------------------------------------------- prologue: S_0 alone
+    {
+      const uint32_t s = kv % STAGES;
+      wait_full(bar_kf(s), (kv / STAGES) & 1u);
+      __syncwarp();  // reconverge after the spins before the .aligned ops
+      if (PP) v2_pp_wait_turn(cw);
+      v2_fence_f(sacc);
+      wgmma_fence();
+      v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
+      wgmma_commit();
+      if (PP) v2_pp_pass_turn(cw);
+      wgmma_wait<0>();
+      v2_fence_f(sacc);
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(bar_ke(s));
+        if (n_blocks == 1) mbar_arrive(bar_qe(qs));  // S_0 was this tile's last read of Q
+      }
+      v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
+      v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
+      v2_pack_p<BN, F16>(pa, sacc);
+    }
+
+    // ---------------------------------------------- steady state
+    for (int n = 1; n < n_blocks; ++n) {
+      const uint32_t it = kv + n;
+      const uint32_t s = it % STAGES;
+      const uint32_t ph = (it / STAGES) & 1u;
+      const uint32_t sp = (it - 1) % STAGES;  // slot of block n-1 (its V)
+      const uint32_t php = ((it - 1) / STAGES) & 1u;
+
+      wait_full(bar_kf(s), ph);
+      __syncwarp();
+      if (PP) v2_pp_wait_turn(cw);
+      // group A: S_n
+      v2_fence_f(sacc);
+      wgmma_fence();
+      v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
+      wgmma_commit();
+      v2_rescale_o<D>(o, corr);
+      wait_full(bar_vf(sp), php);
+      __syncwarp();
+      // group B: O += P_{n-1} V_{n-1}
+      v2_fence_f(o);
+      v2_fence_p(pa);
+      wgmma_fence();
+      v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
+      wgmma_commit();
+      if (PP) v2_pp_pass_turn(cw);
+
+      wgmma_wait<1>();  // group A (S_n) complete; B may still run
+      v2_fence_f(sacc);
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(bar_ke(s));
+        if (n == n_blocks - 1) mbar_arrive(bar_qe(qs));  // last S GEMM of the tile: Q slot free
+      }
+      v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
+      v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
+      v2_fence_f(sacc);
+      reg_fence(row_l[0]);
+      reg_fence(row_l[1]);
+
+      wgmma_wait<0>();  // group B complete: O final for block n-1, P_{n-1} free
+      v2_fence_f(o);
+      v2_fence_p(pa);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_ve(sp));
+      v2_pack_p<BN, F16>(pa, sacc);
+    }
+
+    // ---------------------------------------------- PV_{last} alone
+    {
+      const uint32_t it = kv + n_blocks - 1;
+      const uint32_t s = it % STAGES;
+      wait_full(bar_vf(s), (it / STAGES) & 1u);
+      __syncwarp();
+      if (PP) v2_pp_wait_turn(cw);
+      v2_rescale_o<D>(o, corr);
+      v2_fence_f(o);
+      v2_fence_p(pa);
+      wgmma_fence();
+      v2_issue_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
+      wgmma_commit();
+      // Only consumer 1's last turn of the whole loop passes nothing.
+      if (PP && !(cw == 1 && last_tile)) v2_pp_pass_turn(cw);
+      wgmma_wait<0>();
+      v2_fence_f(o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_ve(s));  // the producer's later loads wait on it
+    }
+    kv += n_blocks;
+
+    // ---------------------------------------------------------- epilogue
+    // Runs while the producer's next Q / K_0 loads are in flight and the
+    // other consumer issues its GEMMs.
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_l[hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = (l > 0.f) ? 1.f / l : 0.f;
+      const int row = row_base + 8 * hf;
+      if (row < p.s_q) {
+        T* orow = out + ti.batch * p.o_sb + row * p.o_ss + ti.head * p.o_sh;
+#pragma unroll
+        for (int jj = 0; jj < D / 8; ++jj) {
+          const uint32_t v = pack2<F16>(o[4 * jj + 2 * hf] * inv, o[4 * jj + 2 * hf + 1] * inv);
+          *reinterpret_cast<uint32_t*>(orow + 8 * jj + 2 * qd) = v;
+        }
+        if (qd == 0) {
+          float lse = (l > 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
+          if (timed_out) lse = __int_as_float(0x7fffffff);
+          p.lse[ti.batch * p.lse_sb + ti.head * p.lse_sh + row * p.lse_ss] = lse;
+        }
+      }
+    }
+    __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
+  }
+#endif
+}
+
+// =================================================================== host
+// Same contract as fwd_sm90_v2_prepare_cfg plus the SM count: the grid is
+// min(#work tiles, num_sms) CTAs (one per SM: 1 CTA/SM by smem and threads).
+// Launch with fwd_sm90_launch (FwdLaunch::grid holds the 1-D grid).
+template <typename T, int D, int BN, int STAGES, bool PP>
+inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int num_sms) {
+  using Cfg = FwdV3Cfg<D, BN, STAGES, PP>;
+  const KParams& p = a.out;
+  if (num_sms <= 0 || p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 ||
+      a.q.d != D || a.k.d != D || a.v.d != D)
+    return cudaErrorInvalidValue;
+  const int64_t n_tiles = static_cast<int64_t>((p.s_q + Cfg::BM - 1) / Cfg::BM) * p.h * p.b;
+  // The kernel's tile index t + gridDim.x must not overflow int.
+  if (n_tiles + num_sms > 0x7fffffffLL) return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
+       reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
+    return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
+  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
+      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
+    return cudaErrorInvalidValue;
+  L->p = p;
+  L->smem = Cfg::kTotal;
+  L->grid = dim3(static_cast<unsigned>(n_tiles < num_sms ? n_tiles : num_sms), 1, 1);
+  L->causal = a.causal;
+  L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP> : fwd_sm90_v3_kernel<T, D, false, BN, STAGES, PP>;
+  static bool attr_set[2] = {false, false};  // per instantiation of this function
+  if (!attr_set[a.causal ? 1 : 0]) {
+    cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
+    if (e != cudaSuccess) return e;
+    attr_set[a.causal ? 1 : 0] = true;
+  }
+  return cudaSuccess;
+}
+
+template <typename T, int D>
+inline cudaError_t fwd_sm90_v3_prepare(FwdLaunch* L, const Sm90Args& a, int num_sms) {
+  using C = FwdV3Default<D>;
+  return fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP>(L, a, num_sms);
+}
+
+}  // namespace hopper
+}  // namespace fusedattn
