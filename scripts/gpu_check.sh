@@ -19,8 +19,9 @@
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings
 #   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "fwd v2 bwd"; bwd-check:
-#                          the backward's check alone; v3 / bwd2: the unrun candidates, the
-#                          persistent forward and the backward's dQ by TMA reduce-add; "" skips). A backward check that fails
+#                          the backward's check alone; v3 / w3 / bwd2: the unrun candidates, the
+#                          persistent forward, d=64 with three consumer warpgroups, the
+#                          backward's dQ by TMA reduce-add; "" skips). A backward check that fails
 #                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the Hopper backward turned off (the
 #                          sm80-class backward on the shapes the Hopper one takes)
@@ -90,7 +91,7 @@ note "std:: symbols defined in _C.so" "$(grep -oE "[0-9]+$" "$OUT/link.log" | he
 # ---- Hopper harnesses (9.0 GPUs): the standalone kernels before their library use ----
 # GPU_CHECK_HOPPER lists what to run: fwd (forward v1, the harness baseline: check, bench), v2
 # (the library's forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent candidate:
-# check3, bench3 = v2 and v3), bwd (the library's backward: check, bench), bwd-check (check
+# check3, bench3 = v2 and v3), w3 (the d=64 three-consumer candidate: checkw3, benchw3), bwd (the library's backward: check, bench), bwd-check (check
 # alone), bwd2 (the dQ-by-TMA-reduce candidate: check2, bench2); "" skips them.
 status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-fwd v2 bwd}" ;; *) hopper_steps="" ;; esac
@@ -98,7 +99,8 @@ if [ -n "$hopper_steps" ]; then
   HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
   # Only the harnesses the steps need, both at once (one nvcc each).
   pids=()
-  if [[ " $hopper_steps " == *" fwd "* || " $hopper_steps " == *" v2 "* || " $hopper_steps " == *" v3 "* ]]; then
+  if [[ " $hopper_steps " == *" fwd "* || " $hopper_steps " == *" v2 "* || " $hopper_steps " == *" v3 "* ||
+        " $hopper_steps " == *" w3 "* ]]; then
     tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 & pids+=("$!:fwd")
   fi
   if [[ " $hopper_steps " == *" bwd"* ]]; then
@@ -112,6 +114,7 @@ if [ -n "$hopper_steps" ]; then
       fwd) h="$HH"; runs="check bench" ;;
       v2) h="$HH"; runs="check2 bench2" ;;
       v3) h="$HH"; runs="check3 bench3" ;;
+      w3) h="$HH"; runs="checkw3 benchw3" ;;
       bwd) h="$HB"; runs="check bench" ;;
       bwd-check) h="$HB"; runs="check" ;;
       bwd2) h="$HB"; runs="check2 bench2" ;;
@@ -121,7 +124,7 @@ if [ -n "$hopper_steps" ]; then
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && status=1

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Build the standalone Hopper (sm_90a) forward-kernel harness (v1, v2, v3).
+# Build the standalone Hopper (sm_90a) forward-kernel harness (v1, v2, v3, w3).
 #   tests/gpu/hopper/build.sh [OUT_BINARY]   (default /tmp/hopper_harness)
 # Then: OUT check | OUT bench | OUT one D S CAUSAL            (v1, fwd_sm90.cuh)
 #       OUT check2 | OUT bench2 | OUT sweep2 | OUT one2 D S CAUSAL
 #                                          (v2, fwd_sm90_v2.cuh; bench2/sweep2 time v1 too)
 #       OUT check3 | OUT bench3 | OUT one3 D S CAUSAL
 #                                          (v3, fwd_sm90_v3.cuh, unrun candidate; vs v2)
+#       OUT checkw3 | OUT benchw3 | OUT onew3 S CAUSAL
+#                                          (w3, fwd_sm90_v2w3.cuh, d=64 BM=192, unrun candidate; vs v2)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 OUT="${1:-/tmp/hopper_harness}"

@@ -19,6 +19,14 @@
 //   harness bench3             bench's table, v2 (HBENCH2) and v3 (HBENCH3) on the
 //                              same inputs, plus HDIFF3: v3 vs v2 outputs
 //   harness one3 D S CAUSAL    one v3 (default config) bench point (for ncu)
+//   harness checkw3            w3 (fwd_sm90_v2w3.cuh, d=64, 3 consumer warpgroups,
+//                              BM=192; default config and the no-rotation config)
+//                              on check2's d=64 cases plus longer sequences: vs the
+//                              naive reference AND bit for bit vs v2 (same BN=128)
+//   harness benchw3            bench's d=64 rows: v2 (HBENCH2) and w3 (HBENCHW3,
+//                              rotation and no-rotation configs) on the same
+//                              inputs, plus HDIFFW3: w3 vs v2 outputs
+//   harness onew3 S CAUSAL     one w3 (default config) d=64 bench point (for ncu)
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,16 +44,20 @@
 #include "../../../csrc/cuda/hopper/fwd_sm90.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
+#include "../../../csrc/cuda/hopper/fwd_sm90_v2w3.cuh"
 #include "harness_common.h"
 
 using fusedattn::hopper::FwdLaunch;
 using fusedattn::hopper::Sm90Args;
 typedef cudaError_t (*PrepFn)(FwdLaunch*, const Sm90Args&);
+typedef cudaError_t (*LaunchFn)(const FwdLaunch&, cudaStream_t);
 
-// A kernel variant under test: its prepare function and a label.
+// A kernel variant under test: its prepare function, a label and its launch
+// (block size): 384 threads for v1/v2/v3, 512 for w3.
 struct Variant {
   PrepFn prep;
   std::string name;
+  LaunchFn launch = fusedattn::hopper::fwd_sm90_launch;
 };
 
 template <typename T, int D>
@@ -74,6 +86,18 @@ static Variant v3_variant() {
   using C = fusedattn::hopper::FwdV3Default<D>;
   return {v3_prep<T, D, C::BN, C::STAGES, C::PP>, "v3:bn" + std::to_string(C::BN) + "/st" +
                                                       std::to_string(C::STAGES) + (C::PP ? "/pp" : "/nopp")};
+}
+// w3 (d = 64 only): BN/STAGES and rotation (pp) or none (nopp).
+template <typename T, int BN, int ST, bool PP>
+static Variant w3_cfg_variant() {
+  return {fusedattn::hopper::fwd_sm90_v2w3_prepare_cfg<T, BN, ST, PP>,
+          "w3:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp"),
+          fusedattn::hopper::fwd_sm90_v2w3_launch};
+}
+template <typename T>
+static Variant w3_variant() {
+  using C = fusedattn::hopper::FwdV2W3Default;
+  return w3_cfg_variant<T, C::BN, C::STAGES, C::PP>();
 }
 // Configurations the sweep times (bf16); the default comes first.
 template <int D>
@@ -153,7 +177,7 @@ static cudaError_t launch_fast(const Variant& var, const T* q, const T* k, const
   FwdLaunch L;
   cudaError_t e = var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal));
   if (e != cudaSuccess) return e;
-  return fusedattn::hopper::fwd_sm90_launch(L, 0);
+  return var.launch(L, 0);
 }
 
 // ------------------------------------------------------------------- check
@@ -486,11 +510,156 @@ static int run_check3() {
   return fails == 0 ? 0 : 1;
 }
 
+// ----------------------------------------------------------------- checkw3
+// w3 (d = 64, fwd_sm90_v2w3.cuh) vs the naive reference (check_case's
+// criteria) and bit for bit vs v2's default config (same BN = 128) on the same
+// inputs. Line: PASS|FAIL w3:cfg dtype d s causal h err max_abs lse_err nan
+// v2diff: bitwise=0|1 max_abs_o max_abs_lse (v3/o3 below name the w3 side).
+template <typename T>
+static bool checkw3_case(const Variant& v3, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+  constexpr int D = 64;
+  const Variant v2 = v2_variant<T, D>();
+  Rng rng(seed);
+  const size_t nq = static_cast<size_t>(b) * s * h * D;
+  const size_t nkv = static_cast<size_t>(b) * s * h_kv * D;
+  const size_t nl = static_cast<size_t>(b) * h * s;
+  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
+  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
+  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
+  T *o2 = nullptr, *o3 = nullptr;
+  float *l2 = nullptr, *l3 = nullptr, *o_ref = nullptr, *lse_ref = nullptr;
+  CK(cudaMalloc(&o2, nq * sizeof(T)));
+  CK(cudaMalloc(&o3, nq * sizeof(T)));
+  CK(cudaMalloc(&l2, nl * sizeof(float)));
+  CK(cudaMalloc(&l3, nl * sizeof(float)));
+  CK(cudaMalloc(&o_ref, nq * sizeof(float)));
+  CK(cudaMalloc(&lse_ref, nl * sizeof(float)));
+  CK(cudaMemset(o2, 0xFF, nq * sizeof(T)));
+  CK(cudaMemset(o3, 0xFF, nq * sizeof(T)));
+  CK(cudaMemset(l2, 0xFF, nl * sizeof(float)));
+  CK(cudaMemset(l3, 0xFF, nl * sizeof(float)));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const long long total = static_cast<long long>(b) * h * s;
+  ref_attn_kernel<T, D><<<static_cast<unsigned>((total + 127) / 128), 128>>>(q, k, v, o_ref, lse_ref, b, s, s, h,
+                                                                              h_kv, scale, causal ? 1 : 0);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  const cudaError_t e2 = launch_fast<T, D>(v2, q, k, v, o2, l2, b, s, h, h_kv, scale, causal);
+  const cudaError_t e3 = launch_fast<T, D>(v3, q, k, v, o3, l3, b, s, h, h_kv, scale, causal);
+  bool ok = true;
+  if (e2 != cudaSuccess || e3 != cudaSuccess) {
+    std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d launch error: v2 %s, w3 %s\n", v3.name.c_str(),
+                Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, cudaGetErrorString(e2), cudaGetErrorString(e3));
+    ok = false;
+  } else {
+    const cudaError_t se = cudaDeviceSynchronize();
+    if (se != cudaSuccess) {
+      std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", v3.name.c_str(),
+                  Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, cudaGetErrorString(se));
+      std::exit(1);
+    }
+    std::vector<T> h2(nq), h3(nq);
+    std::vector<float> hor(nq), hl2(nl), hl3(nl), hlr(nl);
+    CK(cudaMemcpy(h2.data(), o2, nq * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h3.data(), o3, nq * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hor.data(), o_ref, nq * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl2.data(), l2, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl3.data(), l3, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hlr.data(), lse_ref, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    double max_abs = 0.0, num = 0.0, den = 0.0, lse_err = 0.0;
+    size_t nan_count = 0;
+    for (size_t i = 0; i < nq; ++i) {
+      const double a = Conv<T>::to_f(h3[i]);
+      const double r = hor[i];
+      if (!std::isfinite(a)) {
+        ++nan_count;
+        continue;
+      }
+      max_abs = std::max(max_abs, std::fabs(a - r));
+      num += (a - r) * (a - r);
+      den += r * r;
+    }
+    for (size_t i = 0; i < nl; ++i) {
+      if (!std::isfinite(hl3[i])) {
+        ++nan_count;
+        continue;
+      }
+      lse_err = std::max(lse_err, static_cast<double>(std::fabs(hl3[i] - hlr[i])));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    // Bit for bit vs v2 (o as 16-bit patterns, lse as 32-bit patterns), and the largest difference.
+    const bool bitwise = std::memcmp(h2.data(), h3.data(), nq * sizeof(T)) == 0 &&
+                         std::memcmp(hl2.data(), hl3.data(), nl * sizeof(float)) == 0;
+    double d_o = 0.0, d_l = 0.0;
+    for (size_t i = 0; i < nq; ++i)
+      d_o = std::max(d_o, static_cast<double>(std::fabs(Conv<T>::to_f(h3[i]) - Conv<T>::to_f(h2[i]))));
+    for (size_t i = 0; i < nl; ++i) d_l = std::max(d_l, static_cast<double>(std::fabs(hl3[i] - hl2[i])));
+    ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2 && max_abs < 5e-2 && bitwise;
+    std::printf(
+        "%s %s %s d=%d s=%d causal=%d h=%d/%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu v2diff: bitwise=%d "
+        "max_abs_o=%.3e max_abs_lse=%.3e\n",
+        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, rel, max_abs,
+        lse_err, nan_count, bitwise ? 1 : 0, d_o, d_l);
+  }
+  CK(cudaFree(q));
+  CK(cudaFree(k));
+  CK(cudaFree(v));
+  CK(cudaFree(o2));
+  CK(cudaFree(o3));
+  CK(cudaFree(l2));
+  CK(cudaFree(l3));
+  CK(cudaFree(o_ref));
+  CK(cudaFree(lse_ref));
+  return ok;
+}
+
+// check2's d = 64 grid (tails: s = 17, 200 are < 192 or not a multiple of
+// it), its long sequences, longer ones (ring wraps, many causal tile lengths),
+// and a few cases with the no-rotation config and other ring depths.
+static int run_checkw3() {
+  int fails = 0, n = 0;
+  uint64_t seed = 1234;
+  const Variant def16 = w3_variant<__half>();
+  const Variant def = w3_variant<__nv_bfloat16>();
+  const int ss[] = {1, 17, 128, 200, 1024};
+  const int hkvs[] = {2, 4};
+  for (int s : ss)
+    for (int causal = 0; causal < 2; ++causal)
+      for (int hkv : hkvs) {
+        ++n;
+        if (!checkw3_case<__nv_bfloat16>(def, 2, s, 4, hkv, causal != 0, seed++)) ++fails;
+      }
+  const int s16[] = {17, 200};
+  for (int s : s16)
+    for (int causal = 0; causal < 2; ++causal) {
+      ++n;
+      if (!checkw3_case<__half>(def16, 2, s, 4, 2, causal != 0, seed++)) ++fails;
+    }
+  const int slong[] = {192, 383, 384, 577, 2000, 2048, 4096, 8000};
+  for (int s : slong)
+    for (int causal = 0; causal < 2; ++causal) {
+      ++n;
+      if (!checkw3_case<__nv_bfloat16>(def, 1, s, 2, 1, causal != 0, seed++)) ++fails;
+    }
+  const Variant others[] = {w3_cfg_variant<__nv_bfloat16, 128, 4, false>(),
+                            w3_cfg_variant<__nv_bfloat16, 128, 2, true>(),
+                            w3_cfg_variant<__nv_bfloat16, 128, 6, true>()};
+  const int sx[] = {17, 333, 2048};
+  for (const Variant& var : others)
+    for (int s : sx)
+      for (int causal = 0; causal < 2; ++causal) {
+        ++n;
+        if (!checkw3_case<__nv_bfloat16>(var, 2, s, 4, 2, causal != 0, seed++)) ++fails;
+      }
+  std::printf("checkw3: %d/%d passed\n", n - fails, n);
+  return fails == 0 ? 0 : 1;
+}
+
 // ------------------------------------------------------------------- bench
 // Median of 20 timed launches (after 5 warm-ups); < 0 on a launch error.
-static double time_launch(const FwdLaunch& L) {
+static double time_launch(const FwdLaunch& L, LaunchFn launch = fusedattn::hopper::fwd_sm90_launch) {
   for (int i = 0; i < 5; ++i)
-    if (fusedattn::hopper::fwd_sm90_launch(L) != cudaSuccess) return -1.0;
+    if (launch(L, 0) != cudaSuccess) return -1.0;
   CK(cudaDeviceSynchronize());
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -498,7 +667,7 @@ static double time_launch(const FwdLaunch& L) {
   std::vector<float> ms;
   for (int i = 0; i < 20; ++i) {
     CK(cudaEventRecord(e0));
-    CK(fusedattn::hopper::fwd_sm90_launch(L));
+    CK(launch(L, 0));
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float t = 0.f;
@@ -539,7 +708,8 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
     const Variant& var = vars[vi];
     const bool is_v1 = var.name == "v1";
     const bool is_v3 = var.name.compare(0, 2, "v3") == 0;
-    const char* tag = is_v1 ? "HBENCH" : (is_v3 ? "HBENCH3" : "HBENCH2");
+    const bool is_w3 = var.name.compare(0, 2, "w3") == 0;
+    const char* tag = is_v1 ? "HBENCH" : (is_v3 ? "HBENCH3" : (is_w3 ? "HBENCHW3" : "HBENCH2"));
     std::string cfg = (show_cfg && !is_v1) ? " cfg=" + var.name : "";
     CK(cudaMemset(o, 0xFF, n * sizeof(T)));
     CK(cudaMemset(lse, 0xFF, nl * sizeof(float)));
@@ -551,7 +721,7 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       ok = false;
       continue;
     }
-    const double med = time_launch(L);
+    const double med = time_launch(L, var.launch);
     if (med < 0.0) {
       std::printf("%s d=%d s=%d causal=%d%s launch error: %s\n", tag, D, s, causal ? 1 : 0, cfg.c_str(),
                   cudaGetErrorString(cudaGetLastError()));
@@ -587,11 +757,11 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       }
       // bf16 outputs in [-1, 1]: a few ulps (~1e-2) are rounding-order noise.
       const bool same = bad == 0 && max_o < 3e-2 && max_l < 1e-3;
-      if (is_v3) {
+      if (is_v3 || is_w3) {
         const bool bitwise = std::memcmp(cur_o.data(), ref_o.data(), n * sizeof(T)) == 0 &&
                              std::memcmp(cur_l.data(), ref_l.data(), nl * sizeof(float)) == 0;
-        std::printf("HDIFF3 d=%d s=%d causal=%d %s vs %s: %s bitwise=%d max_abs_o=%.3e max_abs_lse=%.3e nonfinite=%zu\n",
-                    D, s, causal ? 1 : 0, var.name.c_str(), vars[0].name.c_str(), same ? "OK" : "MISMATCH",
+        std::printf("%s d=%d s=%d causal=%d %s vs %s: %s bitwise=%d max_abs_o=%.3e max_abs_lse=%.3e nonfinite=%zu\n",
+                    is_w3 ? "HDIFFW3" : "HDIFF3", D, s, causal ? 1 : 0, var.name.c_str(), vars[0].name.c_str(), same ? "OK" : "MISMATCH",
                     bitwise ? 1 : 0, max_o, max_l, bad);
         if (!same) ok = false;
         continue;
@@ -657,6 +827,22 @@ static int run_sweep2() {
   return ok ? 0 : 1;
 }
 
+// d = 64 rows of bench's table: v2 default (HBENCH2), w3 default (rotation)
+// and w3 without rotation (HBENCHW3, with HDIFFW3 vs v2). With only_s >= 0
+// (onew3): that one point, w3 default alone.
+static int run_benchw3(int only_s = -1, int only_causal = -1) {
+  using T = __nv_bfloat16;
+  bool ok = true;
+  const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
+  if (only_s >= 0) return bench_point<64>(only_s, only_causal != 0, {w3_variant<T>()}, true) ? 0 : 1;
+  for (int s : ss)
+    for (int causal = 0; causal < 2; ++causal) {
+      const std::vector<Variant> vars = {v2_variant<T, 64>(), w3_variant<T>(), w3_cfg_variant<T, 128, 4, false>()};
+      ok = bench_point<64>(s, causal != 0, vars, true) && ok;
+    }
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   int dev = 0;
@@ -676,6 +862,15 @@ int main(int argc, char** argv) {
   if (mode == "sweep2") return run_sweep2();
   if (mode == "check3") return run_check3();
   if (mode == "bench3") return run_bench(4);
+  if (mode == "checkw3") return run_checkw3();
+  if (mode == "benchw3") return run_benchw3();
+  if (mode == "onew3") {
+    if (argc < 4) {
+      std::fprintf(stderr, "usage: %s onew3 S CAUSAL\n", argv[0]);
+      return 2;
+    }
+    return run_benchw3(std::atoi(argv[2]), std::atoi(argv[3]) != 0 ? 1 : 0);
+  }
   if (mode == "one" || mode == "one2" || mode == "one3") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s %s D S CAUSAL\n", argv[0], mode.c_str());
@@ -686,7 +881,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL\n",
+               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL\n",
                argv[0]);
   return 2;
 }

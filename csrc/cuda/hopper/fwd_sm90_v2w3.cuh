@@ -1,0 +1,400 @@
+// Hopper (sm_90a) FlashAttention forward, d = 64 only: v2 (fwd_sm90_v2.cuh)
+// with THREE consumer warpgroups, BM = 192 query rows per CTA (FlashAttention-3's
+// 192 x 128 tile for head dim 64). UNRUN CANDIDATE: compiled (0 spills) but not
+// yet executed on a GPU; the library does not include this file (harness modes
+// checkw3 / benchw3 / onew3 A/B it against v2).
+//
+// Why: at d = 64 a 64 x 128 S tile is only 4 wgmma k-steps, so per K/V tile
+// the tensor-core work is small next to the softmax and the per-tile
+// synchronisation, and each K/V tile brought into shared memory serves only
+// 128 query rows in v2. Here it serves 192 (1.5x the MMA work per loaded tile,
+// per producer iteration and per mbarrier round trip), and with three
+// consumers two warpgroups' GEMMs can cover one warpgroup's softmax.
+//
+// CTA = 4 warpgroups (512 threads, __launch_bounds__(512, 1)), one CTA per
+// (192-row query tile, head, batch):
+//   WG0   producer, setmaxnreg.dec 24, one thread: Q (one 192-row TMA box),
+//         K_0, then per kv tile n: K_{n+1}, V_n into a STAGES-deep ring;
+//         separate K / V full (complete_tx) and empty barriers; the empty
+//         barriers count 12 consumer-warp arrivals.
+//   WG1-3 consumers, setmaxnreg.inc 160, 64 query rows each (rows 64*cw..).
+// Register budget: 65536 / 512 = 128 per thread at launch. Producer 24 x 128
+// + consumers 3 x 128 x 160 = 3072 + 61440 = 64512 <= 65536 (160 is the
+// largest multiple of 8 with (65536 - 24*128) / 384 = 162.7). Consumer
+// peak: O 32 + S BN/2 = 64 + P BN/4 = 32 fp32/b32 registers = 128, plus
+// row_m/row_l/corr (6), addresses, loop state: fits 160 at BN = 128 (ptxas
+// reports 0 spills; see harness build).
+// Per-warpgroup schedule and numerics: exactly v2's (intra-warpgroup overlap:
+// the softmax of S_n runs under O += P_{n-1} V_{n-1}; same per-tile
+// arithmetic order, same helper functions), so each row's output is bit for
+// bit v2's with the same BN -- except rows whose CTA does a causal kv tile
+// that is fully masked for them (e.g. rows 0..63 of query tile 0 see the
+// all-masked tile 1): that tile adds P = 0 (corr = 1, O += 0 * V), which
+// leaves O and l unchanged unless O held -0 (sign of zero), so still equal in
+// practice.
+// Cross-warpgroup schedule (PP = true, the default, FA3's choice at d = 64):
+// a 3-way rotation on named barriers 1, 2, 3 (0 is __syncthreads). Consumer
+// c waits on bar 1+c (bar.sync, 256 = 128 waiting + 128 arriving threads)
+// before issuing its GEMMs of a turn and arrives on bar 1+next(c) (bar.arrive,
+// 256) after committing them, next(c) = (c+1) % 3. Each consumer has
+// T = n_blocks + 1 turns (prologue S_0, n_blocks - 1 steady iterations,
+// epilogue PV_last). Balance: bar 2 gets T arrivals from c0 and T syncs from
+// c1; bar 3 gets T from c1 and T syncs from c2; bar 1 gets c2's initial
+// arrive (gives c0 the first turn) + T - 1 (c2 skips its last pass: c0 has
+// no turn left) = T arrivals and T syncs from c0. Turns are strictly
+// c0, c1, c2, c0, ...: c's k-th sync can only complete after pred(c)'s k-th
+// pass, which follows pred(c)'s k-th sync, so each barrier has at most one
+// pending arrival and phases never mix. Inside a turn a consumer may wait on
+// the V_{n-1} full barrier; the producer's load of V_{n-1} needs only
+// releases from iterations <= n-STAGES+1 (earlier turns of every consumer),
+// so holding the turn cannot deadlock (same argument as v2's, whose protocol
+// model checked 2 consumers; the rotation only changes who goes next).
+// PP = false: no named barriers at all; each consumer runs v2's per-warpgroup
+// schedule independently (the harness times both).
+// Bounded mbarrier waits as in v2 (producer traps, consumers give up and
+// report NaN lse).
+#pragma once
+
+#include "fwd_sm90_v2.cuh"
+
+namespace fusedattn {
+namespace hopper {
+
+constexpr int kW3Threads = 512;                 // 4 warpgroups
+constexpr int kW3Consumers = 3;                 // consumer warpgroups
+constexpr int kW3ConsumerWarps = 4 * kW3Consumers;  // empty-barrier arrival count (12)
+constexpr int kW3ProducerRegs = 24;
+constexpr int kW3ConsumerRegs = 160;
+static_assert(kW3ProducerRegs * 128 + kW3Consumers * kW3ConsumerRegs * 128 <= 65536, "setmaxnreg budget");
+static_assert(kW3ConsumerRegs % 8 == 0 && kW3ProducerRegs % 8 == 0, "setmaxnreg granularity");
+static_assert(kW3ConsumerRegs >= 65536 / kW3Threads && kW3ProducerRegs <= 65536 / kW3Threads, "inc / dec");
+
+// ------------------------------------------------------------------ config
+template <int BN_, int STAGES_, bool PP_>
+struct FwdV2W3Cfg {
+  static constexpr int D = 64;
+  static constexpr int BM = 64 * kW3Consumers, BN = BN_, STAGES = STAGES_;
+  static constexpr bool PP = PP_;
+  static constexpr int kQBytes = BM * D * 2;  // 24 KB
+  static constexpr int kKVBytes = BN * D * 2;
+  static constexpr int kBarOffset = kQBytes + 2 * STAGES * kKVBytes;
+  static constexpr int kBarBytes = 8 * (1 + 4 * STAGES);  // q, kf[], vf[], ke[], ve[]
+  // + 1024 slack for aligning the dynamic smem base to the swizzle atom.
+  static constexpr int kTotal = kBarOffset + ((kBarBytes + 127) / 128) * 128 + 1024;
+  static_assert(BM <= 256, "TMA box rows");
+  // Each consumer's 64-row slice of Q, and K/V slots, start on 1024-byte
+  // swizzle atoms (8 rows x 128 B).
+  static_assert((64 * 128) % 1024 == 0 && kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "swizzle atoms");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N / PV k-steps");
+  static_assert(STAGES >= 2, "ring depth");
+  static_assert(kTotal <= 232448, "dynamic shared memory (227 KB)");
+};
+
+struct FwdV2W3Default {
+  static constexpr int BN = 128, STAGES = 4;  // smem 24 + 4 x 32 KB = 152 KB (+ barriers, slack)
+  static constexpr bool PP = true;
+};
+
+// ------------------------------------------------------- 3-way rotation
+// Consumer c waits on bar 1+c and passes to bar 1+(c+1)%3. cw is uniform per
+// warpgroup, so each branch is taken by whole warps.
+constexpr int kW3RotBar = 1;  // ids 1, 2, 3
+__device__ __forceinline__ void w3_wait_turn(int cw) {
+  if (cw == 0)
+    v2_bar_sync<kW3RotBar + 0, 256>();
+  else if (cw == 1)
+    v2_bar_sync<kW3RotBar + 1, 256>();
+  else
+    v2_bar_sync<kW3RotBar + 2, 256>();
+}
+__device__ __forceinline__ void w3_pass_turn(int cw) {
+  if (cw == 0)
+    v2_bar_arrive<kW3RotBar + 1, 256>();
+  else if (cw == 1)
+    v2_bar_arrive<kW3RotBar + 2, 256>();
+  else
+    v2_bar_arrive<kW3RotBar + 0, 256>();
+}
+
+// S = Q K^T for this warpgroup's 64 rows (D = 64: 4 k-steps, one 128-byte
+// chunk). Q is one [192][64] swizzled chunk: rows 64*cw.. start at 64*cw*128
+// bytes (a multiple of the 1024-byte atom). Same instructions as v2_issue_s.
+template <int BN, bool F16>
+__device__ __forceinline__ void w3_issue_s(float (&sacc)[BN / 2], uint32_t sQ, uint32_t sK, int cw) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t a_addr = sQ + cw * (64 * 128) + k * 32;
+    const uint32_t b_addr = sK + k * 32;
+    Wgmma<BN, F16>::ss(sacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+  }
+}
+
+// ------------------------------------------------------------------- kernel
+template <typename T, bool CAUSAL, int BN_, int STAGES_, bool PP_ = true>
+__global__ void __launch_bounds__(kW3Threads, 1)
+    fwd_sm90_v2w3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                         const __grid_constant__ CUtensorMap tmV, const KParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  constexpr bool F16 = std::is_same<T, __half>::value;
+  using Cfg = FwdV2W3Cfg<BN_, STAGES_, PP_>;
+  constexpr int D = 64;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
+  constexpr bool PP = Cfg::PP;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sQ = (sraw + 1023u) & ~1023u;
+  const uint32_t sK0 = sQ + Cfg::kQBytes;
+  const uint32_t sV0 = sK0 + STAGES * Cfg::kKVBytes;
+  const uint32_t bar0 = sQ + Cfg::kBarOffset;
+  const uint32_t bar_q = bar0;
+  auto bar_kf = [&](int s) { return bar0 + 8u * (1 + s); };               // K slot full (tx)
+  auto bar_vf = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };      // V slot full (tx)
+  auto bar_ke = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };  // K slot empty (12 warps)
+  auto bar_ve = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };  // V slot empty (12 warps)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  // Causal: heaviest query tiles first.
+  const int m_blk = CAUSAL ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int head_kv = head / (p.h / p.h_kv);
+  // Per CTA (not per warpgroup): all three consumers run the same number of
+  // iterations, which the rotation's barrier counts rely on. Always >= 1.
+  int n_blocks = (p.s_kv + BN - 1) / BN;
+  if (CAUSAL) n_blocks = min(n_blocks, ((m_blk + 1) * BM + BN - 1) / BN);
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_kf(s), 1);
+      mbar_init(bar_vf(s), 1);
+      mbar_init(bar_ke(s), kW3ConsumerWarps);
+      mbar_init(bar_ve(s), kW3ConsumerWarps);
+    }
+    mbar_fence_init();
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    // v2's order: K_0, then per n: K_{n+1}, V_n.
+    setmaxnreg_dec<kW3ProducerRegs>();
+    if (tid == 0) {
+      auto load_k = [&](int n) {
+        const int s = n % STAGES;
+        mbar_wait<true>(bar_ke(s), ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
+        mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
+        tma_load_4d(sK0 + s * Cfg::kKVBytes, &tmK, bar_kf(s), 0, head_kv, n * BN, batch);
+      };
+      auto load_v = [&](int n) {
+        const int s = n % STAGES;
+        mbar_wait<true>(bar_ve(s), ((n / STAGES) & 1u) ^ 1u);
+        mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
+        tma_load_4d(sV0 + s * Cfg::kKVBytes, &tmV, bar_vf(s), 0, head_kv, n * BN, batch);
+      };
+      // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
+      // One 192-row box; rows past s_q are zero-filled and still counted in
+      // the transaction bytes (full box).
+      mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
+      tma_load_4d(sQ, &tmQ, bar_q, 0, head, m_blk * BM, batch);
+      load_k(0);
+      for (int n = 0; n < n_blocks; ++n) {
+        if (n + 1 < n_blocks) load_k(n + 1);
+        load_v(n);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumers
+  setmaxnreg_inc<kW3ConsumerRegs>();
+  const int cw = wg - 1;  // consumer warpgroup 0..2: query rows [64*cw, 64*cw+64) of the tile
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  const int qd = lane & 3;
+  // This thread's two rows (accumulator fragment: row = 16*warp + lane/4 + 8*hf).
+  const int row_base = m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
+  const int wg_row0 = m_blk * BM + cw * 64;
+  const float sl2 = p.scale_log2;
+
+  // Rotation: the last consumer hands consumer 0 its first turn.
+  if (PP && cw == kW3Consumers - 1) w3_pass_turn(cw);
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float sacc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
+  uint32_t pa[BN / 16][4];
+  float row_m[2] = {-INFINITY, -INFINITY};  // running max, log2-scaled domain
+  float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
+  float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
+
+  bool timed_out = !mbar_wait<false>(bar_q, 0);
+  auto wait_full = [&](uint32_t bar, uint32_t parity) {
+    if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
+  };
+
+  // ------------------------------------------------ prologue: S_0 alone
+  wait_full(bar_kf(0), 0);
+  __syncwarp();  // reconverge after the spins before the .aligned ops
+  if (PP) w3_wait_turn(cw);
+  v2_fence_f(sacc);
+  wgmma_fence();
+  w3_issue_s<BN, F16>(sacc, sQ, sK0, cw);
+  wgmma_commit();
+  if (PP) w3_pass_turn(cw);
+  wgmma_wait<0>();
+  v2_fence_f(sacc);
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar_ke(0));
+  v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
+  v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
+  v2_pack_p<BN, F16>(pa, sacc);
+
+  // ------------------------------------------------ steady state
+  for (int n = 1; n < n_blocks; ++n) {
+    const int s = n % STAGES;
+    const uint32_t ph = (n / STAGES) & 1u;
+    const int sp = (n - 1) % STAGES;  // slot of tile n-1 (its V)
+    const uint32_t php = ((n - 1) / STAGES) & 1u;
+
+    wait_full(bar_kf(s), ph);
+    __syncwarp();
+    if (PP) w3_wait_turn(cw);
+    // group A: S_n
+    v2_fence_f(sacc);
+    wgmma_fence();
+    w3_issue_s<BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
+    wgmma_commit();
+    // O is not an operand of any wgmma in flight: rescale it for tile n-1.
+    v2_rescale_o<D>(o, corr);
+    wait_full(bar_vf(sp), php);
+    __syncwarp();
+    // group B: O += P_{n-1} V_{n-1}
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    wgmma_fence();
+    v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
+    wgmma_commit();
+    if (PP) w3_pass_turn(cw);
+
+    wgmma_wait<1>();  // group A (S_n) complete; B may still run
+    v2_fence_f(sacc);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ke(s));
+    v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
+    v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
+    // Pin the softmax before the wait (else it may sink past wait_group 0).
+    v2_fence_f(sacc);
+    reg_fence(row_l[0]);
+    reg_fence(row_l[1]);
+
+    wgmma_wait<0>();  // group B complete: O final for tile n-1, P_{n-1} free
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ve(sp));
+    v2_pack_p<BN, F16>(pa, sacc);
+  }
+
+  // ------------------------------------------------ epilogue: PV_{last} alone
+  {
+    const int last = n_blocks - 1;
+    const int s = last % STAGES;
+    const uint32_t ph = (last / STAGES) & 1u;
+    wait_full(bar_vf(s), ph);
+    __syncwarp();
+    if (PP) w3_wait_turn(cw);
+    v2_rescale_o<D>(o, corr);
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    wgmma_fence();
+    v2_issue_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
+    wgmma_commit();
+    // The last consumer's last turn passes nothing: consumer 0 has no turn left.
+    if (PP && cw != kW3Consumers - 1) w3_pass_turn(cw);
+    wgmma_wait<0>();
+    v2_fence_f(o);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ve(s));  // no producer waits on it; kept for symmetry
+  }
+
+  // ---------------------------------------------------------------- epilogue
+  T* out = reinterpret_cast<T*>(p.o);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = row_l[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = (l > 0.f) ? 1.f / l : 0.f;
+    const int row = row_base + 8 * hf;
+    if (row < p.s_q) {
+      T* orow = out + batch * p.o_sb + row * p.o_ss + head * p.o_sh;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t v = pack2<F16>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * qd) = v;
+      }
+      if (qd == 0) {
+        float lse = (l > 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
+        if (timed_out) lse = __int_as_float(0x7fffffff);
+        p.lse[batch * p.lse_sb + head * p.lse_sh + row * p.lse_ss] = lse;
+      }
+    }
+  }
+#endif
+}
+
+// =================================================================== host
+// Same contract as fwd_sm90_v2_prepare_cfg for D = 64; launch with
+// fwd_sm90_v2w3_launch (512 threads), NOT fwd_sm90_launch (384).
+template <typename T, int BN, int STAGES, bool PP = true>
+inline cudaError_t fwd_sm90_v2w3_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
+  using Cfg = FwdV2W3Cfg<BN, STAGES, PP>;
+  constexpr int D = 64;
+  const KParams& p = a.out;
+  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || p.h > 65535 ||
+      p.b > 65535 || a.q.d != D || a.k.d != D || a.v.d != D)
+    return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
+       reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
+    return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
+  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
+      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
+    return cudaErrorInvalidValue;
+  L->p = p;
+  L->smem = Cfg::kTotal;
+  L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
+  L->causal = a.causal;
+  L->kern = a.causal ? fwd_sm90_v2w3_kernel<T, true, BN, STAGES, PP> : fwd_sm90_v2w3_kernel<T, false, BN, STAGES, PP>;
+  static bool attr_set[2] = {false, false};  // per instantiation of this function
+  if (!attr_set[a.causal ? 1 : 0]) {
+    cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
+    if (e != cudaSuccess) return e;
+    attr_set[a.causal ? 1 : 0] = true;
+  }
+  return cudaSuccess;
+}
+
+template <typename T>
+inline cudaError_t fwd_sm90_v2w3_prepare(FwdLaunch* L, const Sm90Args& a) {
+  using C = FwdV2W3Default;
+  return fwd_sm90_v2w3_prepare_cfg<T, C::BN, C::STAGES, C::PP>(L, a);
+}
+
+inline cudaError_t fwd_sm90_v2w3_launch(const FwdLaunch& L, cudaStream_t stream = 0) {
+  L.kern<<<L.grid, dim3(kW3Threads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.p);
+  return cudaGetLastError();
+}
+
+}  // namespace hopper
+}  // namespace fusedattn
