@@ -89,10 +89,11 @@ note "CUDA kernels registered" "$(tail -1 "$OUT/cuda_registered.log")"
 note "std:: symbols defined in _C.so" "$(grep -oE "[0-9]+$" "$OUT/link.log" | head -1)"
 
 # ---- Hopper harnesses (9.0 GPUs): the standalone kernels before their library use ----
-# GPU_CHECK_HOPPER lists what to run: fwd (forward v1, the harness baseline: check, bench), v2
-# (the library's forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent candidate:
-# check3, bench3 = v2 and v3), w3 (the d=64 three-consumer candidate: checkw3, benchw3), bwd (the library's backward: check, bench), bwd-check (check
-# alone), bwd2 (the dQ-by-TMA-reduce candidate: check2, bench2); "" skips them.
+# GPU_CHECK_HOPPER lists what to run: fwd (forward v1, the harness baseline: check, bench),
+# v2 (the library's forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent
+# candidate: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer candidate: checkw3,
+# benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
+# dQ-by-TMA-reduce candidate: check2, bench2); "" skips them.
 status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-fwd v2 bwd}" ;; *) hopper_steps="" ;; esac
 if [ -n "$hopper_steps" ]; then
