@@ -135,6 +135,55 @@ struct BwdKParams {
 constexpr int kBwdThreads = 384;
 constexpr int kBwdConsumerWarps = 8;
 
+// The producer warpgroup's work, the same for the d = 64/128 kernel and the
+// d = 256 one (bwd_sm90_d256.cuh): one thread TMA-loads the CTA's K and V tiles
+// once (barrier bar0), then streams (Q, dO, lse2 row slice, Dsum row slice) of
+// every query tile of every query head of the KV group through the STAGES-deep
+// ring (full barrier bar0 + 8(1 + s), empty barrier bar0 + 8(1 + STAGES + s)).
+// Smem supplies the tile shape and byte sizes; DCH is the number of 64-wide
+// head-dim chunks (one TMA box each). Addresses are shared-space.
+struct BwdProducerArgs {
+  uint32_t sK, sV, sQ0, sdO0, sL0, sDs0, bar0;
+  const CUtensorMap *tmQ, *tmK, *tmV, *tmdO;
+  int n_blk, hk, batch;  // the CTA's key tile, KV head, batch
+  int m_start, n_m;      // its query tiles [m_start, n_m)
+};
+
+template <class Smem, int DCH>
+__device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdKParams& p) {
+  constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
+  const uint32_t bar_kv = a.bar0;
+  auto bar_full = [&](int s) { return a.bar0 + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return a.bar0 + 8u * (1 + STAGES + s); };
+  // Tensor-map dims are (d, heads, seq, batch).
+  mbar_arrive_expect_tx(bar_kv, 2 * Smem::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < DCH; ++c) tma_load_4d(a.sK + c * BN * 128, a.tmK, bar_kv, c * 64, a.hk, a.n_blk * BN, a.batch);
+#pragma unroll
+  for (int c = 0; c < DCH; ++c) tma_load_4d(a.sV + c * BN * 128, a.tmV, bar_kv, c * 64, a.hk, a.n_blk * BN, a.batch);
+  const int G = p.h / p.h_kv;
+  int it = 0;
+  for (int g = 0; g < G; ++g) {
+    const int head = a.hk * G + g;
+    for (int m = a.m_start; m < a.n_m; ++m, ++it) {
+      const int s = it % STAGES;
+      const uint32_t use = it / STAGES;
+      mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
+      mbar_arrive_expect_tx(bar_full(s), 2 * Smem::kQBytes + 2 * Smem::kRowBytes);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c)
+        tma_load_4d(a.sQ0 + s * Smem::kQBytes + c * BM * 128, a.tmQ, bar_full(s), c * 64, head, m * BM, a.batch);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c)
+        tma_load_4d(a.sdO0 + s * Smem::kQBytes + c * BM * 128, a.tmdO, bar_full(s), c * 64, head, m * BM, a.batch);
+      const size_t row_off = (static_cast<size_t>(a.batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
+      bulk_g2s(a.sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
+      bulk_g2s(a.sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
+    }
+  }
+}
+
+
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -304,31 +353,9 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<24>();
     if (tid == 0) {
-      // Tensor-map dims are (d, heads, seq, batch).
-      mbar_arrive_expect_tx(bar_kv, 2 * Smem::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < DCH; ++c) tma_load_4d(sK + c * BN * 128, &tmK, bar_kv, c * 64, hk, n_blk * BN, batch);
-#pragma unroll
-      for (int c = 0; c < DCH; ++c) tma_load_4d(sV + c * BN * 128, &tmV, bar_kv, c * 64, hk, n_blk * BN, batch);
-      int it = 0;
-      for (int g = 0; g < G; ++g) {
-        const int head = hk * G + g;
-        for (int m = m_start; m < n_m; ++m, ++it) {
-          const int s = it % STAGES;
-          const uint32_t use = it / STAGES;
-          mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
-          mbar_arrive_expect_tx(bar_full(s), 2 * Smem::kQBytes + 2 * Smem::kRowBytes);
-#pragma unroll
-          for (int c = 0; c < DCH; ++c)
-            tma_load_4d(sQ0 + s * Smem::kQBytes + c * BM * 128, &tmQ, bar_full(s), c * 64, head, m * BM, batch);
-#pragma unroll
-          for (int c = 0; c < DCH; ++c)
-            tma_load_4d(sdO0 + s * Smem::kQBytes + c * BM * 128, &tmdO, bar_full(s), c * 64, head, m * BM, batch);
-          const size_t row_off = (static_cast<size_t>(batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
-          bulk_g2s(sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
-          bulk_g2s(sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
-        }
-      }
+      bwd_produce<Smem, DCH>(BwdProducerArgs{sK, sV, sQ0, sdO0, sL0, sDs0, bar0, &tmQ, &tmK, &tmV, &tmdO, n_blk, hk,
+                                              batch, m_start, n_m},
+                             p);
     }
     return;
   }

@@ -184,31 +184,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<24>();
     if (tid == 0) {
-      // Tensor-map dims are (d, heads, seq, batch).
-      mbar_arrive_expect_tx(bar_kv, 2 * Smem::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < DCH; ++c) tma_load_4d(sK + c * BN * 128, &tmK, bar_kv, c * 64, hk, n_blk * BN, batch);
-#pragma unroll
-      for (int c = 0; c < DCH; ++c) tma_load_4d(sV + c * BN * 128, &tmV, bar_kv, c * 64, hk, n_blk * BN, batch);
-      int it = 0;
-      for (int g = 0; g < G; ++g) {
-        const int head = hk * G + g;
-        for (int m = m_start; m < n_m; ++m, ++it) {
-          const int s = it % STAGES;
-          const uint32_t use = it / STAGES;
-          mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
-          mbar_arrive_expect_tx(bar_full(s), 2 * Smem::kQBytes + 2 * Smem::kRowBytes);
-#pragma unroll
-          for (int c = 0; c < DCH; ++c)
-            tma_load_4d(sQ0 + s * Smem::kQBytes + c * BM * 128, &tmQ, bar_full(s), c * 64, head, m * BM, batch);
-#pragma unroll
-          for (int c = 0; c < DCH; ++c)
-            tma_load_4d(sdO0 + s * Smem::kQBytes + c * BM * 128, &tmdO, bar_full(s), c * 64, head, m * BM, batch);
-          const size_t row_off = (static_cast<size_t>(batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
-          bulk_g2s(sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
-          bulk_g2s(sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
-        }
-      }
+      bwd_produce<Smem, DCH>(BwdProducerArgs{sK, sV, sQ0, sdO0, sL0, sDs0, bar0, &tmQ, &tmK, &tmV, &tmdO, n_blk, hk,
+                                              batch, m_start, n_m},
+                             p);
     }
     return;
   }
