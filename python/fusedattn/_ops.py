@@ -95,13 +95,6 @@ class FwdArgs:
         return dataclasses.replace(self, **changes)
 
 
-@dataclass(frozen=True)
-class BwdArgs:
-    """What backward needs beyond the forward's settings."""
-
-    fwd: FwdArgs
-    need_dbias: bool = False
-
 
 def _is_minus_one(x) -> bool:
     return isinstance(x, int) and x == -1
@@ -251,10 +244,14 @@ def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_ma
             and any(t is not None and t.requires_grad for t in (q, k, v, *optionals))):
         out, max_logit = _Attention.apply(args, page_table, rng_state, q, k, v, *optionals)
     else:
-        extra = () if page_table is None else (page_table,)
-        out, _lse, _rng, max_logit = torch.ops.fusedattn.fwd(
-            q, k, v, *optionals, rng_state, *args.op_args(), args.return_max_logit, *extra)
+        out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
     return out, (max_logit if args.return_max_logit else None)
+
+
+def _fwd_op(args: FwdArgs, page_table, rng_state, q, k, v, optionals):
+    """torch.ops.fusedattn.fwd in schema order: (out, lse, rng_state_out, max_logit)."""
+    extra = () if page_table is None else (page_table,)
+    return torch.ops.fusedattn.fwd(q, k, v, *optionals, rng_state, *args.op_args(), args.return_max_logit, *extra)
 
 
 class _Attention(torch.autograd.Function):
@@ -266,9 +263,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, args, page_table, rng_state, q, k, v, *optionals):
-        extra = () if page_table is None else (page_table,)
-        out, lse, rng_out, max_logit = torch.ops.fusedattn.fwd(
-            q, k, v, *optionals, rng_state, *args.op_args(), args.return_max_logit, *extra)
+        out, lse, rng_out, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
         ctx.mark_non_differentiable(max_logit)
         ctx.save_for_backward(q, k, v, out, lse, rng_out, *optionals)
         ctx.fwd_args = args
