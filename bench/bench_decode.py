@@ -105,11 +105,20 @@ def time_eager(calls):
     return statistics.median(ts)
 
 
+# One query token per sequence against the cache lengths cu_kv, bottom-right causal.
+DECODE_ARGS = FwdArgs(scale=1.0 / math.sqrt(D), q_format="bshd", kv_format="bshd",
+                      mask_type="padding_causal_bottom_right")
+
+
+def decode_call(q, k, v, cu_kv, table):
+    """fusedattn's forward op over a KV cache read through `table` (out, lse, rng_state, max_logit)."""
+    return torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, cu_kv, None, None, None,
+                                   *DECODE_ARGS.op_args(), False, table)
+
+
 def profile_case(b, ctx, gen):
     """Mean CUDA duration of each kernel of a contiguous-cache call (eager, 50 calls)."""
     dev = "cuda"
-    args = FwdArgs(scale=1.0 / math.sqrt(D), q_format="bshd", kv_format="bshd",
-                   mask_type="padding_causal_bottom_right")
     q = torch.randn(b, 1, H_Q, D, device=dev, dtype=DTYPE, generator=gen)
     cu_kv = torch.arange(b + 1, device=dev, dtype=torch.int32) * ctx
     k, v = (torch.randn(b, ctx, H_KV, D, device=dev, dtype=DTYPE, generator=gen) for _ in range(2))
@@ -117,8 +126,7 @@ def profile_case(b, ctx, gen):
     flush = torch.empty(256 << 20, device=dev, dtype=torch.int8)
 
     def call():
-        return torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, cu_kv, None, None, None,
-                                       *args.op_args(), False, table)
+        return decode_call(q, k, v, cu_kv, table)
 
     for _ in range(5):
         call()
@@ -142,8 +150,6 @@ def profile_case(b, ctx, gen):
 def run_case(b, ctx, gen):
     dev = "cuda"
     nrot = rotations(b, ctx)
-    args = FwdArgs(scale=1.0 / math.sqrt(D), q_format="bshd", kv_format="bshd",
-                   mask_type="padding_causal_bottom_right")
     q = torch.randn(b, 1, H_Q, D, device=dev, dtype=DTYPE, generator=gen)
     cu_kv = (torch.arange(b + 1, device=dev, dtype=torch.int32) * ctx)
     results = {}
@@ -154,8 +160,7 @@ def run_case(b, ctx, gen):
     table_c = torch.arange(b, device=dev, dtype=torch.int32).view(b, 1)
 
     def fa_call(k, v, table):
-        return lambda: torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, cu_kv, None, None, None,
-                                               *args.op_args(), False, table)
+        return lambda: decode_call(q, k, v, cu_kv, table)
 
     calls = [fa_call(kc[i % nrot], vc[i % nrot], table_c) for i in range(CALLS)]
     ref_out = calls[0]()[0]
