@@ -61,6 +61,25 @@ if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
 fi
 note "architectures" "$TORCH_CUDA_ARCH_LIST"
 
+# ---- Hopper harnesses (9.0 GPUs): the standalone kernels before their library use ----
+# GPU_CHECK_HOPPER lists what to run: fwd (forward v1, the harness baseline: check, bench),
+# v2 (the library's forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent
+# candidate: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer candidate: checkw3,
+# benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
+# dQ-by-TMA-reduce candidate: check2, bench2); "" skips them.
+# Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
+status=0
+case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-fwd v2 bwd}" ;; *) hopper_steps="" ;; esac
+HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
+pids=()
+if [[ " $hopper_steps " == *" fwd "* || " $hopper_steps " == *" v2 "* || " $hopper_steps " == *" v3 "* ||
+      " $hopper_steps " == *" w3 "* ]]; then
+  tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 & pids+=("$!:fwd")
+fi
+if [[ " $hopper_steps " == *" bwd"* ]]; then
+  tests/gpu/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 & pids+=("$!:bwd")
+fi
+
 # ---- build -------------------------------------------------------------------------
 if [ "${GPU_CHECK_SKIP_BUILD:-0}" != "1" ]; then
   t0=$(now)
@@ -88,25 +107,8 @@ note "CUDA kernels registered" "$(tail -1 "$OUT/cuda_registered.log")"
 } > "$OUT/link.log" 2>&1
 note "std:: symbols defined in _C.so" "$(grep -oE "[0-9]+$" "$OUT/link.log" | head -1)"
 
-# ---- Hopper harnesses (9.0 GPUs): the standalone kernels before their library use ----
-# GPU_CHECK_HOPPER lists what to run: fwd (forward v1, the harness baseline: check, bench),
-# v2 (the library's forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent
-# candidate: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer candidate: checkw3,
-# benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
-# dQ-by-TMA-reduce candidate: check2, bench2); "" skips them.
-status=0
-case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-fwd v2 bwd}" ;; *) hopper_steps="" ;; esac
+# ---- Hopper harness runs -------------------------------------------------------------
 if [ -n "$hopper_steps" ]; then
-  HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
-  # Only the harnesses the steps need, both at once (one nvcc each).
-  pids=()
-  if [[ " $hopper_steps " == *" fwd "* || " $hopper_steps " == *" v2 "* || " $hopper_steps " == *" v3 "* ||
-        " $hopper_steps " == *" w3 "* ]]; then
-    tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 & pids+=("$!:fwd")
-  fi
-  if [[ " $hopper_steps " == *" bwd"* ]]; then
-    tests/gpu/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 & pids+=("$!:bwd")
-  fi
   for pj in "${pids[@]}"; do
     wait "${pj%%:*}" || { note "hopper ${pj##*:} harness build" "FAILED"; status=1; }
   done
