@@ -17,17 +17,11 @@ fi
 # BENCH_HOPPER_BWD_AB=1: the grid again with the Hopper backward off (its own process: the
 # switch is read once), so the two backward paths sit side by side in one file.
 if [ "${BENCH_HOPPER_BWD_AB:-0}" = "1" ]; then
-  FUSEDATTN_HOPPER_BWD=0 # BENCH_D256_ENV (e.g. FUSEDATTN_HOPPER_BWD=0, set by gpu_check.sh when the Hopper backward
-# harness fails at d=256): d=256 is timed in its own process with those variables.
-if [ -n "${BENCH_D256_ENV:-}" ]; then
-  "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --dims 64,128 --out "$OUT/RESULTS_gpu.md"
   # shellcheck disable=SC2086
-  env ${BENCH_D256_ENV} "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --dims 256 --out "$OUT/RESULTS_gpu.md"
-else
-  "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --out "$OUT/RESULTS_gpu.md"
+  FUSEDATTN_HOPPER_BWD=0 "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --out "$OUT/RESULTS_gpu.md"
 fi
-fi
-if [ -f bench/bench_decode.py ]; then
+# BENCH_DECODE=0 skips the decode benchmark.
+if [ "${BENCH_DECODE:-1}" = "1" ] && [ -f bench/bench_decode.py ]; then
   # shellcheck disable=SC2086
   "$PY" bench/bench_decode.py ${BENCH_DECODE_ARGS:-} --out "$OUT/RESULTS_gpu.md"
 fi

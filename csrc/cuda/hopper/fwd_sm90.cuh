@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -334,17 +335,48 @@ typedef CUresult (*EncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t,
                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
+typedef CUresult (*CtxGetCurrentFn)(CUcontext*);
+
+inline void* driver_entry_point(const char* name) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult qres;
+  if (cudaGetDriverEntryPointByVersion(name, &ptr, 12000, cudaEnableDefault, &qres) != cudaSuccess ||
+      qres != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return ptr;
+}
+
+// The encoder, callable on this thread. cuTensorMapEncodeTiled is a driver call and needs a current
+// context, which a thread only gets from its first runtime call: autograd's backward thread can reach
+// the Hopper backward before any (torch selects the device there without creating the context), and the
+// encode then fails with CUDA_ERROR_INVALID_CONTEXT. cudaSetDevice makes the device's primary context
+// current (CUDA >= 12); it is not a stream operation, so it is also legal during graph capture.
 inline EncodeTiledFn get_encode_fn() {
-  static EncodeTiledFn fn = []() -> EncodeTiledFn {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult qres;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &qres) !=
-            cudaSuccess ||
-        qres != cudaDriverEntryPointSuccess)
-      return nullptr;
-    return reinterpret_cast<EncodeTiledFn>(ptr);
-  }();
+  static EncodeTiledFn fn = reinterpret_cast<EncodeTiledFn>(driver_entry_point("cuTensorMapEncodeTiled"));
+  static CtxGetCurrentFn ctx_get = reinterpret_cast<CtxGetCurrentFn>(driver_entry_point("cuCtxGetCurrent"));
+  if (!fn || !ctx_get) return nullptr;
+  CUcontext ctx = nullptr;
+  if (ctx_get(&ctx) != CUDA_SUCCESS) return nullptr;
+  if (ctx == nullptr) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) return nullptr;
+  }
   return fn;
+}
+
+// Raises kern's dynamic shared-memory limit to smem on the current device, once per device:
+// the attribute is per device, so a process driving several GPUs sets it on each. `done` is
+// the caller's per-kernel bit set of devices already raised (atomic: launches may come from
+// several host threads).
+inline cudaError_t raise_smem_limit(const void* kern, int smem, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;  // devices past 64: set on every call
+  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+  return e;
 }
 
 // A [b, s, hh, d] tensor given by element strides (unit stride on d), as a
@@ -419,13 +451,8 @@ inline cudaError_t fwd_sm90_prepare(FwdLaunch* L, const Sm90Args& a) {
   L->grid = dim3((p.s_q + Tile::BM - 1) / Tile::BM, p.h, p.b);
   L->causal = a.causal;
   L->kern = a.causal ? fwd_sm90_kernel<T, D, true> : fwd_sm90_kernel<T, D, false>;
-  static bool attr_set[2] = {false, false};  // per instantiation of this function
-  if (!attr_set[a.causal ? 1 : 0]) {
-    cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
-    if (e != cudaSuccess) return e;
-    attr_set[a.causal ? 1 : 0] = true;
-  }
-  return cudaSuccess;
+  static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
+  return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }
 
 inline cudaError_t fwd_sm90_launch(const FwdLaunch& L, cudaStream_t stream = 0) {

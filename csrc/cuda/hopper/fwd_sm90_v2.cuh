@@ -490,13 +490,8 @@ inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
   L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
   L->causal = a.causal;
   L->kern = a.causal ? fwd_sm90_v2_kernel<T, D, true, BN, STAGES, PP> : fwd_sm90_v2_kernel<T, D, false, BN, STAGES, PP>;
-  static bool attr_set[2] = {false, false};  // per instantiation of this function
-  if (!attr_set[a.causal ? 1 : 0]) {
-    cudaError_t e = cudaFuncSetAttribute(L->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, L->smem);
-    if (e != cudaSuccess) return e;
-    attr_set[a.causal ? 1 : 0] = true;
-  }
-  return cudaSuccess;
+  static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
+  return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }
 
 template <typename T, int D>

@@ -1,9 +1,13 @@
 // The Hopper path's entry points (hooks declared in fusedattn/cuda_api.h):
-// which calls it takes, and the launches. Built only for sm_90a (cmake/cuda.cmake
-// compiles this directory on its own, for that target alone); without it the
-// weak defaults in csrc/cuda/tc_default.cu take no call.
+// which calls it takes, which kernel runs them, and the launches. Built only for
+// sm_90a (cmake/cuda.cmake compiles this directory on its own, for that target
+// alone); without it the weak defaults in csrc/cuda/tc_default.cu take no call.
+// The kernels' host entries live in their own translation units (kernels.h).
 //
-// Forward (fwd_sm90_v2.cuh), on by default:
+// Forward, on by default: three kernel variants (v2, persistent, d = 64 three-
+// consumer), chosen per call by tuning.h; FUSEDATTN_HOPPER_FWD=v2|persistent|
+// three_consumer forces one (three_consumer only where d = 64) for A/B timing
+// and for the tests, which run every variant on every shape.
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too
@@ -11,11 +15,12 @@
 // ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
-// Backward (bwd_sm90.cuh), on by default (FUSEDATTN_HOPPER_BWD=0 turns it
-// off): the forward's calls restricted to s_q = s_kv (d = 64, 128 and 256),
-// contiguous bshd tensors (q, k, v, out, dout and the gradients), no dbias and
-// no deterministic mode (dQ is added with atomics); everything else goes to
-// the sm80-class backward.
+// Backward (bwd_sm90.cuh; dQ by TMA reduce-add at d = 64/128), on by default
+// (FUSEDATTN_HOPPER_BWD=0 turns it off): the forward's calls restricted to
+// s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
+// and the gradients), no dbias and no deterministic mode (dQ is summed in an
+// order that varies from run to run); everything else goes to the sm80-class
+// backward.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -24,8 +29,8 @@
 
 #include "fusedattn/cat.h"
 #include "fusedattn/cuda_api.h"
-#include "hopper/bwd_sm90.cuh"
-#include "hopper/fwd_sm90_v2.cuh"
+#include "hopper/kernels.h"
+#include "hopper/tuning.h"
 
 namespace fusedattn {
 namespace hopper {
@@ -47,6 +52,43 @@ bool device_is_sm90() {
                   major == 9 && minor == 0;
   if (dev >= 0 && dev < kMaxDevices) cached[dev].store(ok ? 1 : 2, std::memory_order_relaxed);
   return ok;
+}
+
+// The current device's SM count (the persistent forward's grid), kept per device index.
+int device_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  const bool keep = dev >= 0 && dev < kMaxDevices;
+  if (keep && cached[dev].load(std::memory_order_relaxed) > 0) return cached[dev].load(std::memory_order_relaxed);
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  if (keep) cached[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// FUSEDATTN_HOPPER_FWD: unset, "" or "auto" lets tuning.h choose; read once. An unknown value
+// is an error at the first Hopper forward, not a silent fallback.
+struct FwdOverride {
+  bool set = false, valid = true;
+  FwdVariant variant = FwdVariant::kV2;
+  std::string raw;
+};
+const FwdOverride& fwd_override() {
+  static const FwdOverride o = [] {
+    FwdOverride r;
+    const char* e = std::getenv("FUSEDATTN_HOPPER_FWD");
+    r.raw = e == nullptr ? "" : e;
+    if (r.raw.empty() || r.raw == "auto") return r;
+    r.set = true;
+    if (r.raw == "v2") r.variant = FwdVariant::kV2;
+    else if (r.raw == "persistent") r.variant = FwdVariant::kPersistent;
+    else if (r.raw == "three_consumer") r.variant = FwdVariant::kThreeConsumer;
+    else r.valid = false;
+    return r;
+  }();
+  return o;
 }
 
 std::string check_rows(const SeqTensor& t, const char* name) {
@@ -87,21 +129,22 @@ Status run_kernel(const FwdParams& p, bool causal, cudaStream_t st) {
   k.h_kv = static_cast<int>(pr.h_kv);
   k.scale_log2 = p.scale * 1.4426950408889634f;
   a.causal = causal;
-  const cudaError_t e = fwd_sm90<T, D>(a, st);
+  const FwdOverride& o = fwd_override();
+  if (!o.valid) {
+    return Status::Invalid(cat("FUSEDATTN_HOPPER_FWD=", o.raw, " (expected auto, v2, persistent or three_consumer)"));
+  }
+  FwdVariant variant = o.set ? o.variant : choose_fwd_variant(D, causal, pr.s_kv);
+  if (variant == FwdVariant::kThreeConsumer && D != 64) variant = choose_fwd_variant(D, causal, pr.s_kv);
+  cudaError_t e;
+  if (variant == FwdVariant::kPersistent) {
+    e = run_fwd_persistent<T, D>(a, device_sm_count(), st);
+  } else if (variant == FwdVariant::kThreeConsumer) {
+    e = run_fwd_three_consumer<T>(a, st);
+  } else {
+    e = run_fwd_v2<T, D>(a, st);
+  }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
-}
-
-// Whether this build holds sm_90a machine code for the kernels: an image the
-// device cannot run makes the attribute query fail.
-bool kernels_loadable() {
-  static const bool ok = [] {
-    cudaFuncAttributes attr{};
-    using C = FwdV2Default<128>;
-    return cudaFuncGetAttributes(&attr, fwd_sm90_v2_kernel<__nv_bfloat16, 128, false, C::BN, C::STAGES, C::PP>) ==
-           cudaSuccess;
-  }();
-  return ok;
 }
 
 // Why a call is not taken ("" when it is), naming the setting.
@@ -163,7 +206,7 @@ std::string bwd_support(const BwdParams& p) {
   if (!r.empty()) return r;
   const Problem& pr = f.prob;
   if (pr.s_q != pr.s_kv) return "s_q != s_kv";
-  if (p.deterministic) return "deterministic mode (the Hopper backward adds dQ with atomics)";
+  if (p.deterministic) return "deterministic mode (the Hopper backward's dQ summation order varies)";
   if (p.dbias.data != nullptr) return "dbias";
   if (f.q_format != Format::kBSHD || f.kv_format != Format::kBSHD) return "not bshd";
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.q, "q"}, {&f.out, "out"},
@@ -208,7 +251,7 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
   a.h_kv = static_cast<int>(pr.h_kv);
   a.scale = f.scale;
   a.causal = f.mask.window_right == 0;
-  const cudaError_t e = bwd_sm90<T, D>(a, st);
+  const cudaError_t e = run_bwd<T, D>(a, st);
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
 }

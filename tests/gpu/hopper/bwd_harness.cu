@@ -1,13 +1,14 @@
 // Standalone check + timer for the Hopper (sm_90a) backward prototype in
 // csrc/cuda/hopper/bwd_sm90.cuh (d = 64, 128) and bwd_sm90_d256.cuh (d = 256).
 // No torch, no library build.
-//   bwd_harness check            gradients vs. a naive fp32 GPU reference
+//   bwd_harness check            the library's kernels (DQ_TMA at d = 64/128): gradients vs. a
+//                                naive fp32 GPU reference
 //   bwd_harness bench            TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
 //   bwd_harness one D S CAUSAL   one bench point (for ncu / nsys)
 //   bwd_harness check2           DQ_TMA variant (dQ by TMA reduce-add, d = 64/128) vs. the
-//                                reference and vs. the default kernel (dk/dv must be bitwise
+//                                reference and vs. the atomic-dQ kernel (dk/dv must be bitwise
 //                                equal; dq differs by fp32 summation order: max rel diff)
-//   bwd_harness bench2           per point (d = 64/128): HBWD (default) and HBWD2 (DQ_TMA)
+//   bwd_harness bench2           per point (d = 64/128): HBWD (atomic dQ) and HBWD2 (DQ_TMA)
 //   bwd_harness one2 D S CAUSAL  one bench2 point
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
@@ -406,9 +407,10 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
   CK(cudaDeviceSynchronize());
 
   bool ok = true;
-  // Default kernel (dq0/dk0/dv0), then the variant (dq/dk/dv) on the same inputs.
+  // The atomic-dQ kernel (dq0/dk0/dv0), then the DQ_TMA variant (dq/dk/dv) on the same inputs.
   cudaError_t le =
-      hp::bwd_sm90<T, D>(make_args<T, D>(q, k, v, o, dout, lse, dq0, dk0, dv0, ws, b, s, h, h_kv, scale, causal));
+      hp::bwd_sm90<T, D, false>(make_args<T, D>(q, k, v, o, dout, lse, dq0, dk0, dv0, ws, b, s, h, h_kv, scale,
+                                                causal));
   if (le == cudaSuccess) le = cudaDeviceSynchronize();
   hp::BwdLaunch L;
   if (le == cudaSuccess)
@@ -500,9 +502,11 @@ static double time_bwd(const hp::BwdLaunch& L) {
   return 0.5 * (ms[9] + ms[10]);
 }
 
-// V2 (bench2, d = 64/128): after the default's HBWD line, an HBWD2 line for the DQ_TMA variant on the same inputs.
+// bench: HBWD = the library's kernel. V2 (bench2, d = 64/128): HBWD = the atomic-dQ kernel, then an
+// HBWD2 line for the DQ_TMA variant on the same inputs.
 template <int D, bool V2 = false>
 static bool bench_point(int s, bool causal) {
+  constexpr bool kHbwdDqTma = !V2 && D != 256;
   using T = __nv_bfloat16;
   const int b = std::max(1, 16384 / s), h = 2048 / D, h_kv = h;
   const size_t n = static_cast<size_t>(b) * s * h * D;
@@ -534,8 +538,8 @@ static bool bench_point(int s, bool causal) {
   hp::BwdLaunch L;
   if (ok) {
     const cudaError_t pe =
-        hp::bwd_sm90_prepare<T, D>(&L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale,
-                                                       causal));
+        hp::bwd_sm90_prepare<T, D, kHbwdDqTma>(&L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h,
+                                                                   h_kv, scale, causal));
     if (pe != cudaSuccess) {
       std::printf("HBWD d=%d s=%d causal=%d prepare error: %s\n", D, s, c, cudaGetErrorString(pe));
       ok = false;

@@ -1,0 +1,22 @@
+// Host entry of the Hopper backward (bwd_sm90.cuh; d = 256: bwd_sm90_d256.cuh, which it
+// includes) and its instantiations; see kernels.h.
+#include "bwd_sm90.cuh"
+#include "kernels.h"
+
+namespace fusedattn {
+namespace hopper {
+
+template <typename T, int D>
+cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_sm90<T, D>(a, stream);
+}
+
+template cudaError_t run_bwd<__half, 64>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd<__half, 128>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd<__half, 256>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd<__nv_bfloat16, 64>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd<__nv_bfloat16, 128>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd<__nv_bfloat16, 256>(const Sm90BwdArgs&, cudaStream_t);
+
+}  // namespace hopper
+}  // namespace fusedattn

@@ -1,0 +1,29 @@
+// The Hopper kernels' host entry points, one translation unit each (fwd_v2.cu, fwd_persistent.cu,
+// fwd_three_consumer.cu, bwd.cu) so that their heavy instantiations compile in parallel; sm90.cu,
+// which decides what runs, includes only this. Each returns cudaErrorInvalidValue on arguments its
+// kernel does not take (the support checks in sm90.cu are meant to rule those out first).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "bwd_sm90.cuh"  // Sm90BwdArgs, bwd_sm90_workspace_bytes
+#include "fwd_sm90.cuh"  // Sm90Args, KParams
+
+namespace fusedattn {
+namespace hopper {
+
+// T = __half or __nv_bfloat16; D = 64, 128 or 256.
+template <typename T, int D>
+cudaError_t run_fwd_v2(const Sm90Args& a, cudaStream_t stream);
+template <typename T, int D>
+cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream);
+template <typename T>
+cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream);  // D = 64
+template <typename T, int D>
+cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
+
+// Whether this build holds sm_90a machine code the current device can run.
+bool kernels_loadable();
+
+}  // namespace hopper
+}  // namespace fusedattn
