@@ -116,8 +116,9 @@ def decode_call(q, k, v, cu_kv, table):
                                    *DECODE_ARGS.op_args(), False, table)
 
 
-def profile_case(b, ctx, gen):
-    """Mean CUDA duration of each kernel of a contiguous-cache call (eager, 50 calls)."""
+def profile_case(b, ctx, gen, under_ncu=False):
+    """Mean CUDA duration of each kernel of a contiguous-cache call (eager, 50 calls). under_ncu: the
+    same calls without torch.profiler (Nsight Compute needs the profiling interface to itself)."""
     dev = "cuda"
     q = torch.randn(b, 1, H_Q, D, device=dev, dtype=DTYPE, generator=gen)
     cu_kv = torch.arange(b + 1, device=dev, dtype=torch.int32) * ctx
@@ -132,6 +133,12 @@ def profile_case(b, ctx, gen):
         call()
     torch.cuda.synchronize()
     n = 50
+    if under_ncu:
+        for _ in range(n):
+            flush.add_(1)
+            call()
+        torch.cuda.synchronize()
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             flush.add_(1)  # evict the cache from L2 between calls
@@ -227,12 +234,13 @@ def main():
     ap.add_argument("--out", help="append the table to this markdown file (e.g. bench/RESULTS.md)")
     ap.add_argument("--cases", help="comma-separated BxCTX list, e.g. 1x8192,64x16384")
     ap.add_argument("--profile", action="store_true", help="print each kernel's mean duration instead of timing")
+    ap.add_argument("--ncu", action="store_true", help="with --profile: the calls alone, for bench/profile_decode.sh")
     opt = ap.parse_args()
     cases = CASES if not opt.cases else [tuple(int(x) for x in c.split("x")) for c in opt.cases.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     if opt.profile:
         for b, ctx in cases:
-            profile_case(b, ctx, gen)
+            profile_case(b, ctx, gen, under_ncu=opt.ncu)
         return
 
     rows, bars = [], []

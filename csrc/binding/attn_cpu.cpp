@@ -8,6 +8,7 @@ namespace fusedattn::binding {
 namespace {
 
 struct CpuEngine {
+  static constexpr bool kWritesRngZeros = false;
   struct Scope {
     explicit Scope(const at::Tensor&) {}
   };

@@ -33,6 +33,7 @@ CudaLaunch launch_for(const at::Tensor& q, size_t workspace_bytes, at::Tensor* w
 }
 
 struct CudaEngine {
+  static constexpr bool kWritesRngZeros = true;
   // q may sit elsewhere when another argument brought the call here; the
   // core then reports the device mismatch.
   struct Scope {

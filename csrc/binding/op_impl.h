@@ -4,6 +4,7 @@
 //
 //   struct Engine {
 //     struct Scope { explicit Scope(const at::Tensor& q); };  // held for the whole call
+//     static constexpr bool kWritesRngZeros;  // fills FwdParams::rng_out_zero itself
 //     static Status run_fwd(const FwdParams&, const at::Tensor& q);
 //     static Status run_bwd(const BwdParams&, const at::Tensor& q);
 //   };
@@ -44,12 +45,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
   at::Tensor out = empty_like_shape(shapes.out, opts);
   at::Tensor lse = empty_like_shape(shapes.lse, opts);
   at::Tensor max_logit = empty_like_shape(shapes.max_logit, opts);
-  // The op returns its own copy of rng_state: outputs never alias inputs.
-  at::Tensor rng_out = dropout_p > 0 ? rng_state->clone() : at::zeros({2}, opts.dtype(at::kLong));
+  // The op returns its own copy of rng_state: outputs never alias inputs. Without dropout it is
+  // {0, 0}, written by the engine where it can (FwdParams::rng_out_zero).
+  const bool engine_zeroes = dropout_p <= 0 && Engine::kWritesRngZeros;
+  at::Tensor rng_out = dropout_p > 0 ? rng_state->clone()
+                       : engine_zeroes ? at::empty({2}, opts.dtype(at::kLong))
+                                       : at::zeros({2}, opts.dtype(at::kLong));
 
   FwdOutputs outs{to_ref(out, "out"), to_ref(lse, "softmax_lse"), to_ref(max_logit, "max_logit")};
   FwdParams params;
   raise_if_error(make_fwd_params(args, in, prob, outs, &params));
+  if (engine_zeroes) params.rng_out_zero = rng_out.data_ptr<int64_t>();
   raise_if_error(Engine::run_fwd(params, q));
   return {out, lse, rng_out, max_logit};
 }

@@ -8,7 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cuda_runtime.h>
+
 #include "decode/decode.h"
+#include "fusedattn/cat.h"
 #include "fusedattn/cuda_api.h"
 #include "simt/simt.h"
 
@@ -51,11 +54,14 @@ bool bwd_deterministic_available(const BwdParams& params) {
   return tc_enabled() && tc::bwd_workspace_bytes(params) > 0;
 }
 
-Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch) {
-  if (params.prob.device != DeviceType::kCUDA) return Status::Invalid("run_fwd_cuda: tensors are not on a CUDA device");
+namespace {
+
+// The engines' forward; *zeroed: whether the engine that ran wrote rng_out_zero (the decode kernel).
+Status dispatch_fwd(const FwdParams& params, const CudaLaunch& launch, bool* zeroed) {
   bool handled = false;
   if (params.paged.page_table != nullptr) {
     if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(decode::try_run_fwd(params, launch, &handled));
+    *zeroed = handled;
     if (handled) return Status::Ok();
     return simt::run_fwd(params, launch);
   }
@@ -64,6 +70,21 @@ Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch) {
   if (tc_enabled()) FUSEDATTN_RETURN_IF_ERROR(tc::try_run_fwd(params, launch, &handled));
   if (handled) return Status::Ok();
   return simt::run_fwd(params, launch);
+}
+
+}  // namespace
+
+Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch) {
+  if (params.prob.device != DeviceType::kCUDA) return Status::Invalid("run_fwd_cuda: tensors are not on a CUDA device");
+  bool zeroed = false;
+  FUSEDATTN_RETURN_IF_ERROR(dispatch_fwd(params, launch, &zeroed));
+  if (params.rng_out_zero != nullptr && !zeroed) {
+    // After the attention kernels, so that they do not wait behind it.
+    const cudaError_t e = cudaMemsetAsync(params.rng_out_zero, 0, 2 * sizeof(int64_t),
+                                          static_cast<cudaStream_t>(launch.stream));
+    if (e != cudaSuccess) return Status::Invalid(cat("rng_state fill: ", cudaGetErrorString(e)));
+  }
+  return Status::Ok();
 }
 
 Status run_bwd_cuda(const BwdParams& params, const CudaLaunch& launch) {

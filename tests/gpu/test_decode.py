@@ -327,6 +327,47 @@ def test_decode_cuda_graph_replay_new_lengths():
         C.assert_matches_reference([C.tol_check("out", static_out.cpu(), ref.out, ref_lp.out, C.DTYPES[cfg.dtype])])
 
 
+@pytest.mark.parametrize("kind", ["paged", "dense_bf16", "dense_fp32"])
+def test_rng_state_output_is_zero_without_dropout_across_replays(kind):
+    """Without dropout the op's rng_state output is {0, 0}. On CUDA the engine writes it (the decode
+    kernel itself, other engines a memset after their kernels) into an uninitialised buffer, so a
+    graph replay must rewrite it: poisoned between replays, it reads 0 again after each. Covers the
+    decode engine (paged), the Hopper / tensor-core path (bf16) and the SIMT engine (fp32)."""
+    if kind == "paged":
+        cfg = Dec(dtype="bf16", b=2, h=(8, 2), dims=(128, 128), page=16, lens_kv=(300, 40), max_pages=24)
+        t = build(cfg, seed=3)
+        a = t["args"]
+        q, pk, pv, table, cu_kv = (t[n].to(DEV) for n in ("q", "pool_k", "pool_v", "table", "cu_kv"))
+
+        def step():
+            return torch.ops.fusedattn.fwd(q, pk, pv, None, None, None, None, None, cu_kv, None, None, None,
+                                           *a.op_args(), False, table)
+    else:
+        dtype = torch.bfloat16 if kind == "dense_bf16" else torch.float32
+        q, k, v = (torch.randn(2, 64, 4, 128, device=DEV, dtype=dtype) for _ in range(3))
+        a = FwdArgs(scale=0.1, mask_type="causal")
+
+        def step():
+            return torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, None, None, None, None,
+                                           *a.op_args(), False)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, _, rng_out, _ = step()
+    for _ in range(2):
+        rng_out.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rng_out.tolist() == [0, 0], f"{kind}: rng_state output {rng_out.tolist()}"
+    _, _, eager_rng, _ = step()
+    assert eager_rng.tolist() == [0, 0]
+
+
 # ---------------------------------------------------------------------------
 # Forced split counts: the count is read once per process, so the decode tests above run again
 # in a child process with FUSEDATTN_DECODE_SPLITS set: 3 gives uneven and empty splits (and

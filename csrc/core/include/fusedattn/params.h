@@ -100,6 +100,10 @@ struct FwdParams {
   SoftmaxParams softmax;
   DropoutParams dropout;
   float scale = 1.f;
+  // Where the engine writes {0, 0}, the op's rng_state output of a call without dropout, or null.
+  // The CUDA engine takes it so that no separate fill kernel precedes the attention kernels (a
+  // decode step is a few microseconds; the decode kernel writes it itself).
+  int64_t* rng_out_zero = nullptr;
 };
 
 struct BwdParams {
