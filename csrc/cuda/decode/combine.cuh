@@ -8,7 +8,6 @@
 
 #include "decode.h"
 #include "epilogue.cuh"
-#include "fusedattn/cat.h"
 #include "simt/aux_kernels.cuh"
 #include "simt/common.cuh"
 #include "tile.h"
@@ -127,11 +126,6 @@ __device__ __forceinline__ void combine_row(const FwdParams& p, const KernelArgs
 // (combine_row above). Also writes the padded bshd/sbhd rows.
 template <class T>
 __global__ void __launch_bounds__(256) decode_combine_kernel(const FwdParams p, const KernelArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the decode kernel (a.pdl): wait for its partials
-  // (complete and visible). Without such a launch this returns at once.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   const Problem& pr = p.prob;
   const int lane = threadIdx.x & 31;
   const int64_t nrows = pr.b * pr.s_q * pr.h_q;
@@ -186,23 +180,7 @@ Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream) {
   const int64_t nrows = p.prob.b * p.prob.s_q * p.prob.h_q;
   const int64_t blocks = std::min<int64_t>(simt::ceil_div(nrows, 8), int64_t(1) << 20);
   if (blocks <= 0) return Status::Ok();
-  if (!a.pdl) {
-    decode_combine_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, a);
-    return simt::check_launch("decode combine kernel");
-  }
-  // Programmatic dependent launch: the combine's launch overlaps the decode kernel instead of
-  // following its completion (stream capture records it as a programmatic graph edge).
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(256);
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, decode_combine_kernel<T>, p, a);
-  if (e != cudaSuccess) return Status::Invalid(cat("decode combine kernel (programmatic launch): ", cudaGetErrorString(e)));
+  decode_combine_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, a);
   return simt::check_launch("decode combine kernel");
 }
 

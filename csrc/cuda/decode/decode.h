@@ -29,7 +29,6 @@ struct KernelArgs {
   // (-inf: no visible key in that split).
   float* ws_o = nullptr;
   float* ws_lse = nullptr;
-  bool pdl = false;  // the combine is launched as a programmatic dependent (sm_90+)
 };
 
 struct Plan {

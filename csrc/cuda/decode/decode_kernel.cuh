@@ -43,11 +43,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   __shared__ float red_m[WN][M], red_l[WN][M];
   __shared__ float row_m[M], row_l[M];
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The combine kernel, launched as a programmatic dependent (a.pdl), may start now: its blocks
-  // wait in griddepcontrol.wait until this grid has finished, so only its launch overlaps ours.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   if (p.rng_out_zero != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < 2) {
     p.rng_out_zero[threadIdx.x] = 0;
   }

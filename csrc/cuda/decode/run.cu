@@ -21,19 +21,10 @@ namespace {
 struct DeviceInfo {
   int sms = 0;
   int smem_per_sm = 0;
-  int cc_major = 0;
 };
 
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_PDL");
-    return e == nullptr || *e == '\0' || std::atoi(e) != 0;
-  }();
-  return on;
-}
-
 DeviceInfo device_info() {
-  static std::atomic<int> sms_cache[64], smem_cache[64], major_cache[64];
+  static std::atomic<int> sms_cache[64], smem_cache[64];
   DeviceInfo info;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return info;
@@ -41,17 +32,14 @@ DeviceInfo device_info() {
   if (cached && sms_cache[dev].load(std::memory_order_relaxed) > 0) {
     info.sms = sms_cache[dev].load(std::memory_order_relaxed);
     info.smem_per_sm = smem_cache[dev].load(std::memory_order_relaxed);
-    info.cc_major = major_cache[dev].load(std::memory_order_relaxed);
     return info;
   }
   if (cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) info.sms = 0;
   if (cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
     info.smem_per_sm = 0;
   }
-  if (cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) info.cc_major = 0;
   if (cached && info.sms > 0) {
     smem_cache[dev].store(info.smem_per_sm, std::memory_order_relaxed);
-    major_cache[dev].store(info.cc_major, std::memory_order_relaxed);
     sms_cache[dev].store(info.sms, std::memory_order_relaxed);
   }
   return info;
@@ -197,8 +185,6 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   a.splits = plan.splits;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   a.out_vec = simt::rows_vectorizable<__half>(p.out);
-  // Programmatic dependent launch (sm_90+; FUSEDATTN_DECODE_PDL=0 turns it off for A/B timing).
-  a.pdl = device_info().cc_major >= 9 && pdl_enabled();
   if (plan.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
