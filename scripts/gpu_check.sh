@@ -18,10 +18,10 @@
 #                          under compute-sanitizer memcheck and racecheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings
-#   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "fwd v2 bwd"; bwd-check:
-#                          the backward's check alone; v3 / w3 / bwd2: the unrun candidates, the
-#                          persistent forward, d=64 with three consumer warpgroups, the
-#                          backward's dQ by TMA reduce-add; "" skips). A backward check that fails
+#   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "v2 v3 w3 bwd"; bwd-check:
+#                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
+#                          d=64 with three consumer warpgroups, the backward's dQ by TMA
+#                          reduce-add against the atomic one; "" skips). A backward check that fails
 #                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the Hopper backward turned off (the
 #                          sm80-class backward on the shapes the Hopper one takes)
@@ -63,13 +63,13 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 
 # ---- Hopper harnesses (9.0 GPUs): the standalone kernels before their library use ----
 # GPU_CHECK_HOPPER lists what to run: fwd (forward v1, the harness baseline: check, bench),
-# v2 (the library's forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent
-# candidate: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer candidate: checkw3,
+# v2 (a library forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent
+# forward: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer forward: checkw3,
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
-# dQ-by-TMA-reduce candidate: check2, bench2); "" skips them.
+# dQ by TMA reduce-add against atomics: check2, bench2); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
-case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-fwd v2 bwd}" ;; *) hopper_steps="" ;; esac
+case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-v2 v3 w3 bwd}" ;; *) hopper_steps="" ;; esac
 HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
 pids=()
 if [[ " $hopper_steps " == *" fwd "* || " $hopper_steps " == *" v2 "* || " $hopper_steps " == *" v3 "* ||

@@ -284,8 +284,8 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 
 // ------------------------------------------------------------ main kernel
 // The body of both entries below. DQ_TMA = false: dQ_part goes to the fp32
-// accumulator by atomicAdd(float2) (bwd_sm90_kernel, the verified default).
-// DQ_TMA = true (candidate, bwd_sm90_dqtma_kernel): each consumer writes its
+// accumulator by atomicAdd(float2) (bwd_sm90_kernel, the harness's baseline).
+// DQ_TMA = true (bwd_sm90_dqtma_kernel, the library's at d = 64/128): each consumer writes its
 // 64 x 64 fp32 dQ_part to its own shared staging tile, laid out as two boxes of
 // [64 rows][32 fp32] (128 B rows, 128B swizzle: the 16-byte chunk index XOR
 // row & 7), fences (generic -> async proxy), syncs its 4 warps (named barrier

@@ -5,9 +5,9 @@
 #       OUT check2 | OUT bench2 | OUT sweep2 | OUT one2 D S CAUSAL
 #                                          (v2, fwd_sm90_v2.cuh; bench2/sweep2 time v1 too)
 #       OUT check3 | OUT bench3 | OUT one3 D S CAUSAL
-#                                          (v3, fwd_sm90_v3.cuh, unrun candidate; vs v2)
+#                                          (v3, fwd_sm90_v3.cuh, persistent; vs v2)
 #       OUT checkw3 | OUT benchw3 | OUT onew3 S CAUSAL
-#                                          (w3, fwd_sm90_v2w3.cuh, d=64 BM=192, unrun candidate; vs v2)
+#                                          (w3, fwd_sm90_v2w3.cuh, d=64 BM=192; vs v2)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 OUT="${1:-/tmp/hopper_harness}"

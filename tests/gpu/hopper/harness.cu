@@ -1,6 +1,7 @@
 // Standalone check + timer for the Hopper (sm_90a) forward prototype in
 // csrc/cuda/hopper/fwd_sm90.cuh (v1), its variant fwd_sm90_v2.cuh (v2, the
-// library's) and the persistent candidate fwd_sm90_v3.cuh (v3).
+// library's), the persistent fwd_sm90_v3.cuh (v3) and the d = 64 three-consumer
+// fwd_sm90_v2w3.cuh (w3); the library picks among v2, v3 and w3 per call (tuning.h).
 // No torch, no library build.
 //   harness check              v1 correctness vs. a naive fp32 GPU reference
 //   harness bench              v1 TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
