@@ -56,6 +56,16 @@ DEVICE_TYPE = DEVICE.split(":")[0]  # "cpu" | "cuda" ("cuda:1" selects a GPU)
 ON_CUDA = DEVICE_TYPE == "cuda"
 
 
+def run_tests_in_child(test_file, env: Dict[str, str], k_expr: str, timeout: int = 1200):
+    """pytest on `test_file`, selected by `k_expr`, in a child process whose environment adds `env`:
+    for the library's switches that are read once per process. Returns the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(test_file),
+                           "-k", k_expr], cwd=str(Path(__file__).resolve().parents[1]), env=dict(os.environ, **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def _device_problem() -> Optional[str]:
     """Why the suite cannot run on DEVICE, or None."""
     try:

@@ -31,9 +31,6 @@ import dataclasses
 import itertools
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -381,11 +378,8 @@ FORCED_CHILD = os.environ.get("FUSEDATTN_DECODE_SPLITS") not in (None, "", "0")
 @pytest.mark.skipif(FORCED_CHILD, reason="already the child process (or the split count set by the caller)")
 @pytest.mark.parametrize("splits", ["3", "40"])
 def test_decode_forced_splits(splits):
-    env = dict(os.environ, FUSEDATTN_DECODE_SPLITS=splits)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                        "-k", "not forced_splits and not copy_to_kv_cache and not fp32"],
-                       cwd=str(Path(__file__).resolve().parents[2]), env=env, capture_output=True, text=True,
-                       timeout=1200)
+    r = C.run_tests_in_child(__file__, {"FUSEDATTN_DECODE_SPLITS": splits},
+                             "not forced_splits and not copy_to_kv_cache and not fp32")
     assert r.returncode == 0, f"run with {splits} splits failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert " passed" in r.stdout, r.stdout[-2000:]
 

@@ -9,11 +9,11 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+import conftest as C
 from fusedattn._ops import FwdArgs, attention
 
 pytestmark = [
@@ -124,11 +124,8 @@ def test_hopper_forward_forced_variant(variant):
     """Every forward variant on every shape of the reference test (three_consumer runs at d = 64 and
     leaves the other head dims to the tuned choice), in a child process with FUSEDATTN_HOPPER_FWD set;
     the child also checks that the forced kernel is the one that runs."""
-    env = dict(os.environ, FUSEDATTN_HOPPER_FWD=variant)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                        "-k", "forward_matches_reference or forced_kernel_runs"],
-                       cwd=str(Path(__file__).resolve().parents[2]), env=env, capture_output=True, text=True,
-                       timeout=1200)
+    r = C.run_tests_in_child(__file__, {"FUSEDATTN_HOPPER_FWD": variant},
+                             "forward_matches_reference or forced_kernel_runs")
     assert r.returncode == 0, f"run with FUSEDATTN_HOPPER_FWD={variant} failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert " passed" in r.stdout and " skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
