@@ -156,8 +156,26 @@ __device__ __forceinline__ V3Tile v3_decode(int t, int n_m, int n_hb, const KPar
   return r;
 }
 
+// The global index of this CTA's (j+1)-th work tile, given its j-th, t (the first is t = blockIdx.x);
+// G = gridDim.x CTAs, round j covers tiles [j G, (j + 1) G).
+// Round-robin (SNAKE = false): CTA i takes tile j G + i in every round. Snake (candidate, not yet
+// run; the library keeps round-robin): odd rounds go the other way, j G + G - 1 - i. With the causal
+// order (longest query tiles first) a round spans several tile lengths, and round-robin gives
+// CTA 0 the longest of every round: at d = 128, s = 16k (16 heads, 128 query tiles of 16 tiles
+// each per round of 132) about 6% more work than the mean, and the kernel ends with its last CTA
+// (measured: 0.91-0.93x v2 causal). Alternating the direction pairs each CTA's longer tiles of one
+// round with shorter ones of the next. Indices grow with j, so a CTA's first index >= n_tiles ends
+// its loop; every CTA still has a tile in every round but the last.
+template <bool SNAKE>
+__device__ __forceinline__ int v3_next(int t, uint32_t j) {
+  const int G = static_cast<int>(gridDim.x);
+  if (!SNAKE) return t + G;
+  const int r = static_cast<int>(j) + 1, cta = static_cast<int>(blockIdx.x);
+  return r * G + ((r & 1) ? G - 1 - cta : cta);
+}
+
 // ------------------------------------------------------------------- kernel
-template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_>
+template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_, bool SNAKE_ = false>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_sm90_v3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                        const __grid_constant__ CUtensorMap tmV, const KParams p) {
@@ -187,6 +205,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int n_hb = p.h * p.b;
   const int n_tiles = n_m * n_hb;  // host: fits in int, gridDim.x <= n_tiles
   const int group = p.h / p.h_kv;
+  constexpr bool kSnake = CAUSAL && SNAKE_;  // non-causal tiles have one length: nothing to balance
 
   if (tid == 0) {
     for (int s = 0; s < QBUF; ++s) {
@@ -212,7 +231,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     if (tid == 0) {
       uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
       uint32_t j = 0;   // local tile index (Q ring)
-      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++j) {
+      for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
         const V3Tile ti = v3_decode<CAUSAL, BM, BN>(t, n_m, n_hb, p);
         const int head_kv = ti.head / group;
         auto load_k = [&](int n) {
@@ -282,10 +301,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
   uint32_t j = 0;   // local tile index (Q ring)
-  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++j) {
+  for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
     const V3Tile ti = v3_decode<CAUSAL, BM, BN>(t, n_m, n_hb, p);
     const int n_blocks = ti.n_blocks;
-    const bool last_tile = t + static_cast<int>(gridDim.x) >= n_tiles;  // same in both consumers
+    const bool last_tile = v3_next<kSnake>(t, j) >= n_tiles;  // same in both consumers
     const int row_base = ti.m_blk * BM + row_in_tile;
     const int wg_row0 = ti.m_blk * BM + cw * 64;
     const uint32_t qs = j % QBUF;
@@ -425,7 +444,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 // Same contract as fwd_sm90_v2_prepare_cfg plus the SM count: the grid is
 // min(#work tiles, num_sms) CTAs (one per SM: 1 CTA/SM by smem and threads).
 // Launch with fwd_sm90_launch (FwdLaunch::grid holds the 1-D grid).
-template <typename T, int D, int BN, int STAGES, bool PP>
+template <typename T, int D, int BN, int STAGES, bool PP, bool SNAKE = false>
 inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   using Cfg = FwdV3Cfg<D, BN, STAGES, PP>;
   const KParams& p = a.out;
@@ -433,8 +452,8 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
       a.q.d != D || a.k.d != D || a.v.d != D)
     return cudaErrorInvalidValue;
   const int64_t n_tiles = static_cast<int64_t>((p.s_q + Cfg::BM - 1) / Cfg::BM) * p.h * p.b;
-  // The kernel's tile index t + gridDim.x must not overflow int.
-  if (n_tiles + num_sms > 0x7fffffffLL) return cudaErrorInvalidValue;
+  // The kernel's tile indices (up to one round past the last, v3_next) must not overflow int.
+  if (n_tiles + 2LL * num_sms > 0x7fffffffLL) return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
        reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
     return cudaErrorInvalidValue;
@@ -446,7 +465,8 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
   L->smem = Cfg::kTotal;
   L->grid = dim3(static_cast<unsigned>(n_tiles < num_sms ? n_tiles : num_sms), 1, 1);
   L->causal = a.causal;
-  L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP> : fwd_sm90_v3_kernel<T, D, false, BN, STAGES, PP>;
+  L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP, SNAKE>
+                     : fwd_sm90_v3_kernel<T, D, false, BN, STAGES, PP, SNAKE>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }

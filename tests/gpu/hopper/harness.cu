@@ -13,12 +13,13 @@
 //   harness sweep2             v1 and every v2 config (BN/STAGES/ping-pong) on a
 //                              few points (HBENCH / HBENCH2 with cfg=)
 //   harness one2 D S CAUSAL    one v2 (default config) bench point (for ncu)
-//   harness check3             v3 (default configs) on check2's basic grid and long
-//                              sequences, plus forced small grids (1..16 CTAs, so
-//                              each CTA loops over many tiles): vs the naive
-//                              reference AND bit for bit vs v2 on the same inputs
-//   harness bench3             bench's table, v2 (HBENCH2) and v3 (HBENCH3) on the
-//                              same inputs, plus HDIFF3: v3 vs v2 outputs
+//   harness check3             v3 (default configs), round-robin and snake schedules,
+//                              on check2's basic grid and long sequences, plus forced
+//                              small grids (1..16 CTAs, so each CTA loops over many
+//                              tiles): vs the naive reference AND bit for bit vs v2
+//   harness bench3             bench's table, v2 (HBENCH2) and v3 (HBENCH3 cfg=v3:...
+//                              round-robin, cfg=v3snake:... snake) on the same
+//                              inputs, plus HDIFF3: v3 vs v2 outputs
 //   harness one3 D S CAUSAL    one v3 (default config) bench point (for ncu)
 //   harness checkw3            w3 (fwd_sm90_v2w3.cuh, d=64, 3 consumer warpgroups,
 //                              BM=192; default config and the no-rotation config)
@@ -76,17 +77,24 @@ static Variant v2_variant() {
   return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP>();
 }
 // v3 takes the SM count (its grid); the harness sets it from the device
-// (check3 overrides it to force many tiles per CTA).
+// (check3 overrides it to force many tiles per CTA). g_v3_snake: check3's pass
+// with the snake tile schedule (fwd_sm90_v3.cuh, v3_next).
 static int g_v3_sms = 0;
-template <typename T, int D, int BN, int ST, bool PP>
+static bool g_v3_snake = false;
+template <typename T, int D, int BN, int ST, bool PP, bool SNAKE>
 static cudaError_t v3_prep(FwdLaunch* L, const Sm90Args& a) {
-  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP>(L, a, g_v3_sms);
+  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, SNAKE>(L, a, g_v3_sms);
+}
+template <typename T, int D, bool SNAKE>
+static Variant v3_sched_variant() {
+  using C = fusedattn::hopper::FwdV3Default<D>;
+  return {v3_prep<T, D, C::BN, C::STAGES, C::PP, SNAKE>, std::string(SNAKE ? "v3snake" : "v3") + ":bn" +
+                                                            std::to_string(C::BN) + "/st" + std::to_string(C::STAGES) +
+                                                            (C::PP ? "/pp" : "/nopp")};
 }
 template <typename T, int D>
 static Variant v3_variant() {
-  using C = fusedattn::hopper::FwdV3Default<D>;
-  return {v3_prep<T, D, C::BN, C::STAGES, C::PP>, "v3:bn" + std::to_string(C::BN) + "/st" +
-                                                      std::to_string(C::STAGES) + (C::PP ? "/pp" : "/nopp")};
+  return g_v3_snake ? v3_sched_variant<T, D, true>() : v3_sched_variant<T, D, false>();
 }
 // w3 (d = 64 only): BN/STAGES and rotation (pp) or none (nopp).
 template <typename T, int BN, int ST, bool PP>
@@ -460,8 +468,7 @@ static bool check3_d(int d, int b, int s, int h, int h_kv, bool causal, int sms,
 // so that CTAs loop over many tiles (ring wrap across tiles, Q slot reuse,
 // ping-pong across tile boundaries, causal tiles of different lengths,
 // 1-kv-block tiles, uneven tile counts per CTA).
-static int run_check3() {
-  int fails = 0, n = 0;
+static void check3_pass(int& fails, int& n) {
   uint64_t seed = 1234;
   const int sms = g_v3_sms;
   const int ds[] = {64, 128, 256};
@@ -507,6 +514,16 @@ static int run_check3() {
       ++n;
       if (!check3_d<__nv_bfloat16>(d, 32, 512, 2048 / d / 4, 2048 / d / 4, causal != 0, sms, seed++)) ++fails;
     }
+}
+
+// Both tile schedules (the library runs round-robin; snake is a candidate).
+static int run_check3() {
+  int fails = 0, n = 0;
+  for (bool snake : {false, true}) {
+    g_v3_snake = snake;
+    check3_pass(fails, n);
+  }
+  g_v3_snake = false;
   std::printf("check3: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
@@ -781,7 +798,7 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
 }
 
 // which: 0 = v1, 1 = v2 default, 2 = v1 + v2 default, 3 = v1 + every v2 sweep config,
-// 4 = v2 default + v3 default, 5 = v3 default.
+// 4 = v2 default + v3 default (round-robin and snake schedules), 5 = v3 default.
 template <int D>
 static std::vector<Variant> bench_variants(int which) {
   using T = __nv_bfloat16;
@@ -789,6 +806,7 @@ static std::vector<Variant> bench_variants(int which) {
   if (which >= 4) {
     if (which == 4) vars.push_back(v2_variant<T, D>());
     vars.push_back(v3_variant<T, D>());
+    if (which == 4) vars.push_back(v3_sched_variant<T, D, true>());
     return vars;
   }
   if (which != 1) vars.push_back(v1_variant<T, D>());
@@ -800,9 +818,9 @@ static std::vector<Variant> bench_variants(int which) {
 
 static bool bench_d(int d, int s, bool causal, int which = 0) {
   switch (d) {
-    case 64: return bench_point<64>(s, causal, bench_variants<64>(which), which == 3);
-    case 128: return bench_point<128>(s, causal, bench_variants<128>(which), which == 3);
-    case 256: return bench_point<256>(s, causal, bench_variants<256>(which), which == 3);
+    case 64: return bench_point<64>(s, causal, bench_variants<64>(which), which == 3 || which == 4);
+    case 128: return bench_point<128>(s, causal, bench_variants<128>(which), which == 3 || which == 4);
+    case 256: return bench_point<256>(s, causal, bench_variants<256>(which), which == 3 || which == 4);
   }
   std::printf("unsupported d=%d\n", d);
   return false;
