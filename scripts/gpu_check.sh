@@ -28,6 +28,8 @@
 #   GPU_CHECK_SUITES       which test suites run (default "gpu decode suite": tests/gpu, the
 #                          decode tests, the main suite on CUDA; "" runs none of them)
 #   GPU_CHECK_SUITE_PATHS  what the main-suite step runs (default "tests": all of it)
+#   GPU_CHECK_DECODE_PROBE=1  build and run tests/gpu/decode_probe (what limits the batch-1
+#                          decode kernel's reads; 9.0 GPUs; its DPROBE lines go to the summary)
 #   GPU_CHECK_STEP_TIMEOUT seconds per pytest run (default 400); a run that dies on a
 #                          signal is re-run from its last test under cuda-gdb for a native backtrace
 set -uo pipefail
@@ -141,6 +143,16 @@ if [ -n "$hopper_steps" ]; then
   fi
 fi
 
+# ---- decode probe (9.0 GPUs, opt-in) ----------------------------------------------------
+if [ "${GPU_CHECK_DECODE_PROBE:-0}" = "1" ] && [[ "$TORCH_CUDA_ARCH_LIST" == 9.0* ]]; then
+  t0=$(now)
+  { tests/gpu/decode_probe/build.sh "$OUT/decode_probe" && timeout 180 "$OUT/decode_probe"; } > "$OUT/decode_probe.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  note "decode probe" "rc=$rc $(grep -c '^DPROBE-CHECK .* ok' "$OUT/decode_probe.log") variants checked ok ($(( $(now) - t0 )) s)"
+  rm -f "$OUT/decode_probe"
+fi
+
 # ---- tests ---------------------------------------------------------------------------
 # run_pytest LOG ARGS...: pytest with a time limit; on a crash (killed by a signal) the
 # test that was running is re-run under cuda-gdb so the log ends with a native backtrace.
@@ -237,6 +249,7 @@ fi
 printf '\n== benchmark tables\n'
 cat "$OUT/RESULTS_gpu.md" 2>/dev/null
 grep -h -E "^(HBENCH|HBENCH2|HDIFF|HBWD)" "$OUT"/hopper_*_bench*.log 2>/dev/null
+grep -h -E "^DPROBE " "$OUT/decode_probe.log" 2>/dev/null
 printf '\n== failures\n'
 grep -hE "^(FAILED|ERROR) " "$OUT"/test_*.log 2>/dev/null | head -30
 printf '\n== summary\n'
