@@ -266,41 +266,61 @@ def n_blocks(m_blk, s_kv, BN, causal, BM=128):
     return nb
 
 
-def cta_tiles(cta, G, s, h, b, BN, causal):
+def next_tile(t, j, cta, G, snake):
+    """v3_next: the CTA's (j+1)-th tile after its j-th, t; snake reverses the CTA order in odd rounds."""
+    if not snake:
+        return t + G
+    r = j + 1
+    return r * G + (G - 1 - cta if r & 1 else cta)
+
+
+def cta_tiles(cta, G, s, h, b, BN, causal, snake=False):
     n_m = (s + 127) // 128
     n_tiles = n_m * h * b
     out = []
-    t = cta
+    t, j = cta, 0
     while t < n_tiles:
         m, hd, bt = decode(t, n_m, h, b, causal)
         out.append((m, hd, bt, n_blocks(m, s, BN, causal)))
-        t += G
+        t, j = next_tile(t, j, cta, G, snake and causal), j + 1
     return out
+
+
+def balance(s, h, b, BN, G):
+    """Causal work of the busiest CTA over the mean (kv blocks), round-robin and snake."""
+    n_m = (s + 127) // 128
+    G = min(G, n_m * h * b)
+    res = []
+    for snake in (False, True):
+        work = [sum(x[3] for x in cta_tiles(cta, G, s, h, b, BN, True, snake)) for cta in range(G)]
+        res.append(max(work) / (sum(work) / G))
+    return res
 
 
 def check_schedule():
     cnt = 0
-    for s in (1, 17, 128, 200, 333, 512, 1024, 2000):
-        for h in (1, 3, 4):
-            for b in (1, 2, 5):
-                for BN in (80, 128):
-                    for causal in (0, 1):
-                        n_m = (s + 127) // 128
-                        n_tiles = n_m * h * b
-                        for sms in (1, 3, 7, 132):
-                            G = min(n_tiles, sms)
-                            seen = set()
-                            for cta in range(G):
-                                tl = cta_tiles(cta, G, s, h, b, BN, causal)
-                                assert len(tl) >= 1, "CTA without a tile"
-                                for x in tl:
-                                    assert x[:3] not in seen, "tile twice"
-                                    seen.add(x[:3])
-                                if causal:
-                                    nbs = [x[3] for x in tl]
-                                    assert nbs == sorted(nbs, reverse=True), ("causal order", nbs)
-                            assert seen == {(m, hd, bt) for m in range(n_m) for hd in range(h) for bt in range(b)}
-                            cnt += 1
+    for snake in (False, True):
+     for s in (1, 17, 128, 200, 333, 512, 1024, 2000):
+         for h in (1, 3, 4):
+             for b in (1, 2, 5):
+                 for BN in (80, 128):
+                     for causal in (0, 1):
+                         n_m = (s + 127) // 128
+                         n_tiles = n_m * h * b
+                         for sms in (1, 3, 7, 132):
+                             G = min(n_tiles, sms)
+                             seen = set()
+                             for cta in range(G):
+                                 tl = cta_tiles(cta, G, s, h, b, BN, causal, snake)
+                                 assert len(tl) >= 1, "CTA without a tile"
+                                 for x in tl:
+                                     assert x[:3] not in seen, "tile twice"
+                                     seen.add(x[:3])
+                                 if causal:
+                                     nbs = [x[3] for x in tl]
+                                     assert nbs == sorted(nbs, reverse=True), ("causal order", nbs)
+                             assert seen == {(m, hd, bt) for m in range(n_m) for hd in range(h) for bt in range(b)}
+                             cnt += 1
     return cnt
 
 
@@ -317,7 +337,13 @@ def tile_sets():
 
 def main():
     ns = check_schedule()
-    print("schedule: %d (shape, grid) combinations: every tile once, causal lengths non-increasing per CTA" % ns)
+    print("schedule: %d (shape, grid, round-robin / snake) combinations: every tile once, causal lengths"
+          " non-increasing per CTA" % ns)
+    # The bench grid's causal shapes (b*s = 16k tokens, h*d = 2048) on 132 SMs: busiest CTA / mean.
+    for d, BN in ((64, 128), (128, 128), (256, 80)):
+        for s in (512, 1024, 2048, 4096, 8192, 16384):
+            rr, sn = balance(s, 2048 // d, 16384 // s, BN, 132)
+            print("balance d=%d s=%d causal: busiest CTA / mean work: round-robin %.3f, snake %.3f" % (d, s, rr, sn))
     sets = tile_sets()
     cnt = 0; ovl = 0; multi = 0
     seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 80
