@@ -132,21 +132,35 @@ static_assert(FwdV3Cfg<128, 128, 3, true>::QBUF == 1 && FwdV3Cfg<128, 128, 3, tr
 static_assert(FwdV3Cfg<256, 80, 2, false>::QBUF == 1 && FwdV3Cfg<256, 80, 2, false>::kTotal == 230528,
               "d=256 smem: 64 KB Q + 2 x 2 x 40 KB K/V + barriers + slack");
 
+// Work-tile schedules (the kernel's SCHED argument). The library runs kV3RoundRobin; the other two
+// are harness candidates (not yet run on a GPU), both for causal calls only (non-causal tiles all
+// have one length and already use the head-major order):
+//   kV3RoundRobin      (1) above: causal tiles m-major (longest first), CTA i takes j G + i.
+//   kV3Snake           the same order, odd rounds handed out in reverse CTA order (v3_next).
+//   kV3SnakeHeadMajor  snake, and causal tiles head-major (a head's query tiles adjacent, longest
+//                      first within the head). The m-major order puts one query tile of every head
+//                      in a round, so no two concurrent CTAs share a head's K/V in L2; at s = 512
+//                      (b = 32, 16 heads, 4 query tiles a head) each head's K/V is read from DRAM
+//                      up to 4 times, where v2's order (a head's tiles adjacent) reads it about once:
+//                      the likely cause of the persistent kernel's causal losses at short s.
+constexpr int kV3RoundRobin = 0, kV3Snake = 1, kV3SnakeHeadMajor = 2;
+
 // One work tile of the static schedule (see (1) above).
 struct V3Tile {
   int m_blk, head, batch, n_blocks;
 };
-template <bool CAUSAL, int BM, int BN>
+template <bool CAUSAL, int BM, int BN, bool HEAD_MAJOR = false>
 __device__ __forceinline__ V3Tile v3_decode(int t, int n_m, int n_hb, const KParams& p) {
   V3Tile r;
   int hb;
-  if (CAUSAL) {
+  if (CAUSAL && !HEAD_MAJOR) {
     const int m_idx = t / n_hb;
     hb = t - m_idx * n_hb;
     r.m_blk = n_m - 1 - m_idx;
   } else {
     hb = t / n_m;
     r.m_blk = t - hb * n_m;
+    if (CAUSAL) r.m_blk = n_m - 1 - r.m_blk;  // head-major causal: the head's longest tile first
   }
   r.batch = hb / p.h;
   r.head = hb - r.batch * p.h;
@@ -158,8 +172,8 @@ __device__ __forceinline__ V3Tile v3_decode(int t, int n_m, int n_hb, const KPar
 
 // The global index of this CTA's (j+1)-th work tile, given its j-th, t (the first is t = blockIdx.x);
 // G = gridDim.x CTAs, round j covers tiles [j G, (j + 1) G).
-// Round-robin (SNAKE = false): CTA i takes tile j G + i in every round. Snake (candidate, not yet
-// run; the library keeps round-robin): odd rounds go the other way, j G + G - 1 - i. With the causal
+// Round-robin (SNAKE = false): CTA i takes tile j G + i in every round. Snake (kV3Snake and
+// kV3SnakeHeadMajor): odd rounds go the other way, j G + G - 1 - i. With the causal
 // order (longest query tiles first) a round spans several tile lengths, and round-robin gives
 // CTA 0 the longest of every round: at d = 128, s = 16k (16 heads, 128 query tiles of 16 tiles
 // each per round of 132) about 6% more work than the mean, and the kernel ends with its last CTA
@@ -175,7 +189,7 @@ __device__ __forceinline__ int v3_next(int t, uint32_t j) {
 }
 
 // ------------------------------------------------------------------- kernel
-template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_, bool SNAKE_ = false>
+template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_, int SCHED_ = kV3RoundRobin>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_sm90_v3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                        const __grid_constant__ CUtensorMap tmV, const KParams p) {
@@ -205,7 +219,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int n_hb = p.h * p.b;
   const int n_tiles = n_m * n_hb;  // host: fits in int, gridDim.x <= n_tiles
   const int group = p.h / p.h_kv;
-  constexpr bool kSnake = CAUSAL && SNAKE_;  // non-causal tiles have one length: nothing to balance
+  constexpr bool kSnake = CAUSAL && SCHED_ != kV3RoundRobin;  // non-causal: one tile length, nothing to balance
+  constexpr bool kHeadMajor = CAUSAL && SCHED_ == kV3SnakeHeadMajor;
 
   if (tid == 0) {
     for (int s = 0; s < QBUF; ++s) {
@@ -232,7 +247,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
       uint32_t j = 0;   // local tile index (Q ring)
       for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
-        const V3Tile ti = v3_decode<CAUSAL, BM, BN>(t, n_m, n_hb, p);
+        const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
         const int head_kv = ti.head / group;
         auto load_k = [&](int n) {
           const uint32_t it = kv + n;
@@ -302,7 +317,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
   uint32_t j = 0;   // local tile index (Q ring)
   for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
-    const V3Tile ti = v3_decode<CAUSAL, BM, BN>(t, n_m, n_hb, p);
+    const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
     const int n_blocks = ti.n_blocks;
     const bool last_tile = v3_next<kSnake>(t, j) >= n_tiles;  // same in both consumers
     const int row_base = ti.m_blk * BM + row_in_tile;
@@ -444,7 +459,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 // Same contract as fwd_sm90_v2_prepare_cfg plus the SM count: the grid is
 // min(#work tiles, num_sms) CTAs (one per SM: 1 CTA/SM by smem and threads).
 // Launch with fwd_sm90_launch (FwdLaunch::grid holds the 1-D grid).
-template <typename T, int D, int BN, int STAGES, bool PP, bool SNAKE = false>
+template <typename T, int D, int BN, int STAGES, bool PP, int SCHED = kV3RoundRobin>
 inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   using Cfg = FwdV3Cfg<D, BN, STAGES, PP>;
   const KParams& p = a.out;
@@ -465,8 +480,9 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
   L->smem = Cfg::kTotal;
   L->grid = dim3(static_cast<unsigned>(n_tiles < num_sms ? n_tiles : num_sms), 1, 1);
   L->causal = a.causal;
-  L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP, SNAKE>
-                     : fwd_sm90_v3_kernel<T, D, false, BN, STAGES, PP, SNAKE>;
+  // Non-causal calls ignore SCHED: the round-robin instantiation serves every schedule.
+  L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP, SCHED>
+                     : fwd_sm90_v3_kernel<T, D, false, BN, STAGES, PP, kV3RoundRobin>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }

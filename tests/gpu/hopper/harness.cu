@@ -13,12 +13,13 @@
 //   harness sweep2             v1 and every v2 config (BN/STAGES/ping-pong) on a
 //                              few points (HBENCH / HBENCH2 with cfg=)
 //   harness one2 D S CAUSAL    one v2 (default config) bench point (for ncu)
-//   harness check3             v3 (default configs), round-robin and snake schedules,
+//   harness check3             v3 (default configs), every tile schedule (round-robin,
+//                              snake, snake head-major),
 //                              on check2's basic grid and long sequences, plus forced
 //                              small grids (1..16 CTAs, so each CTA loops over many
 //                              tiles): vs the naive reference AND bit for bit vs v2
 //   harness bench3             bench's table, v2 (HBENCH2) and v3 (HBENCH3 cfg=v3:...
-//                              round-robin, cfg=v3snake:... snake) on the same
+//                              round-robin, v3snake / v3snakehm: the candidates) on the same
 //                              inputs, plus HDIFF3: v3 vs v2 outputs
 //   harness one3 D S CAUSAL    one v3 (default config) bench point (for ncu)
 //   harness checkw3            w3 (fwd_sm90_v2w3.cuh, d=64, 3 consumer warpgroups,
@@ -77,24 +78,32 @@ static Variant v2_variant() {
   return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP>();
 }
 // v3 takes the SM count (its grid); the harness sets it from the device
-// (check3 overrides it to force many tiles per CTA). g_v3_snake: check3's pass
-// with the snake tile schedule (fwd_sm90_v3.cuh, v3_next).
+// (check3 overrides it to force many tiles per CTA). g_v3_sched: the tile
+// schedule of check3's pass (fwd_sm90_v3.cuh: kV3RoundRobin, kV3Snake,
+// kV3SnakeHeadMajor).
 static int g_v3_sms = 0;
-static bool g_v3_snake = false;
-template <typename T, int D, int BN, int ST, bool PP, bool SNAKE>
+static int g_v3_sched = fusedattn::hopper::kV3RoundRobin;
+template <typename T, int D, int BN, int ST, bool PP, int SCHED>
 static cudaError_t v3_prep(FwdLaunch* L, const Sm90Args& a) {
-  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, SNAKE>(L, a, g_v3_sms);
+  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, SCHED>(L, a, g_v3_sms);
 }
-template <typename T, int D, bool SNAKE>
+template <typename T, int D, int SCHED>
 static Variant v3_sched_variant() {
   using C = fusedattn::hopper::FwdV3Default<D>;
-  return {v3_prep<T, D, C::BN, C::STAGES, C::PP, SNAKE>, std::string(SNAKE ? "v3snake" : "v3") + ":bn" +
-                                                            std::to_string(C::BN) + "/st" + std::to_string(C::STAGES) +
-                                                            (C::PP ? "/pp" : "/nopp")};
+  const char* tag = SCHED == fusedattn::hopper::kV3Snake ? "v3snake"
+                    : SCHED == fusedattn::hopper::kV3SnakeHeadMajor ? "v3snakehm"
+                                                                    : "v3";
+  return {v3_prep<T, D, C::BN, C::STAGES, C::PP, SCHED>, std::string(tag) + ":bn" + std::to_string(C::BN) + "/st" +
+                                                            std::to_string(C::STAGES) + (C::PP ? "/pp" : "/nopp")};
 }
 template <typename T, int D>
 static Variant v3_variant() {
-  return g_v3_snake ? v3_sched_variant<T, D, true>() : v3_sched_variant<T, D, false>();
+  using namespace fusedattn::hopper;
+  switch (g_v3_sched) {
+    case kV3Snake: return v3_sched_variant<T, D, kV3Snake>();
+    case kV3SnakeHeadMajor: return v3_sched_variant<T, D, kV3SnakeHeadMajor>();
+    default: return v3_sched_variant<T, D, kV3RoundRobin>();
+  }
 }
 // w3 (d = 64 only): BN/STAGES and rotation (pp) or none (nopp).
 template <typename T, int BN, int ST, bool PP>
@@ -516,14 +525,15 @@ static void check3_pass(int& fails, int& n) {
     }
 }
 
-// Both tile schedules (the library runs round-robin; snake is a candidate).
+// Every tile schedule (the library runs round-robin; the others are candidates).
 static int run_check3() {
+  using namespace fusedattn::hopper;
   int fails = 0, n = 0;
-  for (bool snake : {false, true}) {
-    g_v3_snake = snake;
+  for (int sched : {kV3RoundRobin, kV3Snake, kV3SnakeHeadMajor}) {
+    g_v3_sched = sched;
     check3_pass(fails, n);
   }
-  g_v3_snake = false;
+  g_v3_sched = kV3RoundRobin;
   std::printf("check3: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
@@ -806,7 +816,10 @@ static std::vector<Variant> bench_variants(int which) {
   if (which >= 4) {
     if (which == 4) vars.push_back(v2_variant<T, D>());
     vars.push_back(v3_variant<T, D>());
-    if (which == 4) vars.push_back(v3_sched_variant<T, D, true>());
+    if (which == 4) {
+      vars.push_back(v3_sched_variant<T, D, fusedattn::hopper::kV3Snake>());
+      vars.push_back(v3_sched_variant<T, D, fusedattn::hopper::kV3SnakeHeadMajor>());
+    }
     return vars;
   }
   if (which != 1) vars.push_back(v1_variant<T, D>());

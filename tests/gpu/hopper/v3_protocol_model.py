@@ -249,12 +249,14 @@ def run(tiles, ST, QBUF, PP, seed, bug=None):
 
 
 # ------------------------------------------------------------ the schedule
-def decode(t, n_m, h, b, causal):
+def decode(t, n_m, h, b, causal, head_major=False):
     n_hb = h * b
-    if causal:
+    if causal and not head_major:
         m_idx = t // n_hb; hb = t - m_idx * n_hb; m_blk = n_m - 1 - m_idx
     else:
         hb = t // n_m; m_blk = t - hb * n_m
+        if causal:
+            m_blk = n_m - 1 - m_blk
     batch = hb // h; head = hb - batch * h
     return m_blk, head, batch
 
@@ -274,32 +276,40 @@ def next_tile(t, j, cta, G, snake):
     return r * G + (G - 1 - cta if r & 1 else cta)
 
 
-def cta_tiles(cta, G, s, h, b, BN, causal, snake=False):
+# The kernel's SCHED: (snake, head-major causal order).
+SCHEDS = {"round-robin": (False, False), "snake": (True, False), "snake-head-major": (True, True)}
+
+
+def cta_tiles(cta, G, s, h, b, BN, causal, sched="round-robin"):
+    snake, head_major = SCHEDS[sched]
     n_m = (s + 127) // 128
     n_tiles = n_m * h * b
     out = []
     t, j = cta, 0
     while t < n_tiles:
-        m, hd, bt = decode(t, n_m, h, b, causal)
+        m, hd, bt = decode(t, n_m, h, b, causal, head_major)
         out.append((m, hd, bt, n_blocks(m, s, BN, causal)))
         t, j = next_tile(t, j, cta, G, snake and causal), j + 1
     return out
 
 
 def balance(s, h, b, BN, G):
-    """Causal work of the busiest CTA over the mean (kv blocks), round-robin and snake."""
+    """Per schedule: causal work of the busiest CTA over the mean (kv blocks), and the most distinct
+    heads among the tiles of one round (how many heads' K/V the concurrent CTAs read at once)."""
     n_m = (s + 127) // 128
     G = min(G, n_m * h * b)
-    res = []
-    for snake in (False, True):
-        work = [sum(x[3] for x in cta_tiles(cta, G, s, h, b, BN, True, snake)) for cta in range(G)]
-        res.append(max(work) / (sum(work) / G))
+    res = {}
+    for sched in SCHEDS:
+        lists = [cta_tiles(cta, G, s, h, b, BN, True, sched) for cta in range(G)]
+        work = [sum(x[3] for x in tl) for tl in lists]
+        heads0 = len({(x[1], x[2]) for tl in lists for x in tl[:1]})  # round 0
+        res[sched] = (max(work) / (sum(work) / G), heads0)
     return res
 
 
 def check_schedule():
     cnt = 0
-    for snake in (False, True):
+    for sched in SCHEDS:
      for s in (1, 17, 128, 200, 333, 512, 1024, 2000):
          for h in (1, 3, 4):
              for b in (1, 2, 5):
@@ -311,12 +321,12 @@ def check_schedule():
                              G = min(n_tiles, sms)
                              seen = set()
                              for cta in range(G):
-                                 tl = cta_tiles(cta, G, s, h, b, BN, causal, snake)
+                                 tl = cta_tiles(cta, G, s, h, b, BN, causal, sched)
                                  assert len(tl) >= 1, "CTA without a tile"
                                  for x in tl:
                                      assert x[:3] not in seen, "tile twice"
                                      seen.add(x[:3])
-                                 if causal:
+                                 if causal and not SCHEDS[sched][1]:  # m-major: rounds shrink
                                      nbs = [x[3] for x in tl]
                                      assert nbs == sorted(nbs, reverse=True), ("causal order", nbs)
                              assert seen == {(m, hd, bt) for m in range(n_m) for hd in range(h) for bt in range(b)}
@@ -337,13 +347,15 @@ def tile_sets():
 
 def main():
     ns = check_schedule()
-    print("schedule: %d (shape, grid, round-robin / snake) combinations: every tile once, causal lengths"
-          " non-increasing per CTA" % ns)
-    # The bench grid's causal shapes (b*s = 16k tokens, h*d = 2048) on 132 SMs: busiest CTA / mean.
+    print("schedule: %d (shape, grid, schedule) combinations: every tile once, at least one per CTA, causal"
+          " lengths non-increasing per CTA in the m-major orders" % ns)
+    # The bench grid's causal shapes (b*s = 16k tokens, h*d = 2048) on 132 SMs: busiest CTA / mean,
+    # and how many heads the first round's 132 tiles touch.
     for d, BN in ((64, 128), (128, 128), (256, 80)):
         for s in (512, 1024, 2048, 4096, 8192, 16384):
-            rr, sn = balance(s, 2048 // d, 16384 // s, BN, 132)
-            print("balance d=%d s=%d causal: busiest CTA / mean work: round-robin %.3f, snake %.3f" % (d, s, rr, sn))
+            r = balance(s, 2048 // d, 16384 // s, BN, 132)
+            print("balance d=%d s=%5d causal: busiest CTA / mean work (heads in round 0): " % (d, s) +
+                  ", ".join("%s %.3f (%d)" % (k, v[0], v[1]) for k, v in r.items()))
     sets = tile_sets()
     cnt = 0; ovl = 0; multi = 0
     seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 80
