@@ -130,6 +130,22 @@ def test_hopper_forward_forced_variant(variant):
     assert " passed" in r.stdout and " skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
 
+@pytest.mark.skipif(FORCED_FWD, reason="FUSEDATTN_HOPPER_FWD set by the caller")
+def test_hopper_forward_unknown_variant_raises():
+    """A misspelt FUSEDATTN_HOPPER_FWD is an error naming the variable, not a silent fallback."""
+    script = (
+        "import pytest, torch\n"
+        "from fusedattn._ops import FwdArgs, attention\n"
+        "q, k, v = (torch.randn(1, 256, 2, 128, device='cuda', dtype=torch.bfloat16) for _ in range(3))\n"
+        "with pytest.raises(ValueError, match='FUSEDATTN_HOPPER_FWD=persistant'):\n"
+        "    attention(q, k, v, FwdArgs(scale=0.1, mask_type='causal'))\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, FUSEDATTN_HOPPER_FWD="persistant")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
 @pytest.mark.skipif(not FORCED_FWD, reason="runs in test_hopper_forward_forced_variant's child")
 def test_hopper_forward_forced_kernel_runs():
     variant = os.environ["FUSEDATTN_HOPPER_FWD"]
