@@ -6,7 +6,7 @@
 // 32 KB) with one thing changed at a time, so the differences between the lines name the cost.
 //
 // Build (sm_90a, no torch):  tests/gpu/decode_probe/build.sh [OUT]    (default /tmp/decode_probe)
-// Run (needs an sm_90 GPU; a few seconds in all, most of it setup): OUT
+// Run (needs an sm_90 GPU and 4.7 GB of its memory; a few seconds in all, most of it setup): OUT
 //
 // Output, one line per measurement (30 launches; median and min of the single-launch times, each
 // launch timed with CUDA events after a 256 MB L2 flush):
@@ -37,6 +37,25 @@
 //                   (hops=2) then the page table, then the first tile; page=8192 is the contiguous
 //                   cache (one page), page=16 randomly permuted 16-key pages; vs pattern depth=3
 // Depth 4 needs 128 KB of stages: 1 block per SM, so 256 blocks take 2 waves on 132 SMs.
+//
+// Batch 64 / context 16384 (the library reads the contiguous cache at 4.36-4.48 TB/s, the same keys
+// in randomly permuted 16-key pages 8-12% slower: layout or kernel?). K and V pools of 64 x 16384
+// keys x 8 heads x 128 (2.15 GB each, 2 MB-aligned, filled on the device) seen as [pages, page
+// size, 8, 128]; one block per (sequence, KV head): 512 blocks, depth 3, 105 KB (2 per SM), with the
+// decode kernel's copy loop (every key's page read from the table one tile ahead into a shared
+// offset ring). 10 launches each; tbs = 4.29 GB / median. Pages are 32 KB at page size 16.
+//   b64-contig page=none    rows by arithmetic, no table: what the layout itself reads at
+//   b64-contig page=16384   one page per sequence through the table, as the library reads a
+//                           non-paged cache; vs page=none: the lookup loop
+//   b64-paged16-sorted      page table = identity: the indirection at page 16, placement in order
+//   b64-paged16-in2mb       pages permuted within each 2 MB (64 pages): random 32 KB placement,
+//                           the same 2 MB GPU pages (TLB footprint) as in order: DRAM locality
+//   b64-paged16-local       pages permuted within their sequence's 32 MB: a tile's 4 pages in up to
+//                           4 GPU pages, 16 per sequence
+//   b64-paged16             pages permuted over the whole pool, as the benchmark: vs in2mb and
+//                           local, the cost of scattering over 2.15 GB (TLB misses)
+//   b64-paged256            512 KB pages permuted over the pool: the same scatter in larger pieces
+// paged16 ~ sorted ~ contig: the 8-12% is in the library kernel, not the layout.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -289,6 +308,7 @@ struct Result {
   std::string label;
   double us, tbs;
   bool ok;
+  std::string variant;  // for DPROBE-CHECK
 };
 
 unsigned char* upload_cache(Rng& rng, std::vector<uint32_t>* row_sum) {
@@ -452,6 +472,296 @@ Result measure(const Cfg& c, const Buffers& B, cudaEvent_t ev0, cudaEvent_t ev1)
   return {label, med, tbs, ok};
 }
 
+// ---- batch 64 / context 16384 ----
+constexpr int kB64Batch = 64, kB64Keys = 16384, kB64Stages = 3, kB64Reps = 10;
+constexpr int kB64Blocks = kB64Batch * kHeads;
+constexpr int kB64Rows = kB64Batch * kB64Keys * kHeads;      // 256-byte rows in each of K, V
+constexpr size_t kB64Bytes = size_t(kB64Rows) * kRowBytes;   // 2.15 GB each
+constexpr size_t kGpuPage = size_t(2) << 20;                 // the large pages cudaMalloc maps
+static_assert(kB64Stages * kTileBytes + kAlignSlack + kB64Stages * kBN * 16 <= kDecodeSmem, "fits 105 KB");
+
+struct Args64 {
+  const unsigned char* k;
+  const unsigned char* v;
+  uint32_t* out;          // per block (sequence * kHeads + head): the uint32 sum of the words it read
+  const int* page_table;  // kTable: [kB64Batch, pages_per_seq]
+  int page_size;
+  int pages_per_seq;
+  int num_pages;
+};
+
+// Block (0, head, sequence), as the decode kernel's grid at one split. kTable copies as the decode
+// kernel does (csrc/cuda/decode/decode_kernel.cuh): threads tid < kBN read the page of key tid of
+// tile x + S + 1 into a register while tile x is consumed, and write the (k, v) byte offsets of
+// tile x + S into the shared ring, so a tile's copy never waits on the page table. Without kTable
+// a row's offset is arithmetic (the contiguous [batch, keys, heads, d] layout).
+template <bool kTable>
+__global__ void __launch_bounds__(kThreads) b64_kernel(const Args64 a) {
+  constexpr int S = kB64Stages, n = kB64Keys / kBN;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint32_t red[kThreads / 32];
+  unsigned char* stages = smem_raw + ((0u - hp::smem_u32(smem_raw)) & (kAlignSlack - 1));
+  longlong2* off_s = reinterpret_cast<longlong2*>(stages + S * kTileBytes);  // [S][kBN]
+  const uint32_t sbase = hp::smem_u32(stages);
+  const int tid = threadIdx.x, h = blockIdx.y, seq = blockIdx.z;
+  const int* pt = a.page_table + (kTable ? int64_t(seq) * a.pages_per_seq : 0);
+  const int64_t last_page = a.num_pages - 1;
+
+  const auto page_of = [&](int x) -> int64_t {  // clamped into the pool, as the decode kernel's
+    const int64_t pg = __ldg(pt + (x * kBN + tid) / a.page_size);
+    return pg < 0 ? 0 : (pg > last_page ? last_page : pg);
+  };
+  const auto put_offsets = [&](int x, int64_t pg) {
+    const int64_t o = ((pg * a.page_size + (x * kBN + tid) % a.page_size) * kHeads + h) * kRowBytes;
+    off_s[(x % S) * kBN + tid] = make_longlong2(o, o);
+  };
+  const int cc = tid % kChunks, r_first = tid / kChunks;
+  const unsigned char* kc = a.k + cc * 16;
+  const unsigned char* vc = a.v + cc * 16;
+  const int64_t row0 = int64_t(seq) * kB64Keys * kHeads + h;
+  const auto issue = [&](int x) {
+    const uint32_t dst = sbase + (x % S) * kTileBytes;
+#pragma unroll
+    for (int k = 0; k < kBN / kRowStep; ++k) {
+      const int r = r_first + k * kRowStep;
+      longlong2 o;
+      if constexpr (kTable) {
+        o = off_s[(x % S) * kBN + r];
+      } else {
+        o.x = o.y = (row0 + int64_t(x * kBN + r) * kHeads) * kRowBytes;
+      }
+      const uint32_t d = dst + r * kRowBytes + cc * 16;
+      cp_async16(d, kc + o.x);
+      cp_async16(d + kHalfTile, vc + o.y);
+    }
+  };
+
+  int64_t pid_next = -1;
+  if constexpr (kTable) {
+    if (tid < kBN) {
+#pragma unroll
+      for (int x = 0; x < S; ++x) put_offsets(x, page_of(x));
+      pid_next = page_of(S);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int x = 0; x < S - 1; ++x) {
+    issue(x);
+    cp_async_commit();
+  }
+  uint32_t acc = 0;
+  for (int x = 0; x < n; ++x) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // tile x landed; every thread is done with tile x - 1's stage and offsets
+    if (x + S - 1 < n) issue(x + S - 1);
+    cp_async_commit();
+    if constexpr (kTable) {
+      if (tid < kBN) {
+        if (x + S < n) put_offsets(x + S, pid_next);
+        pid_next = x + S + 1 < n ? page_of(x + S + 1) : -1;
+      }
+    }
+    const uint4* t = reinterpret_cast<const uint4*>(stages + (x % S) * kTileBytes);
+#pragma unroll
+    for (int k = 0; k < kTileBytes / 16 / kThreads; ++k) {
+      const uint4 w = t[tid + k * kThreads];
+      acc += w.x + w.y + w.z + w.w;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((tid & 31) == 0) red[tid >> 5] = acc;
+  __syncthreads();
+  if (tid == 0) a.out[seq * kHeads + h] = red[0] + red[1] + red[2] + red[3];
+}
+
+__host__ __device__ inline uint32_t hash32(uint32_t x) {  // lowbias32
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// bf16 element e = a hash of (e, seed) mapped to [-1, 1), never zero (a zero-filled or skipped
+// chunk changes a block's sum); on the device: 2 x 2.15 GB in a few ms instead of host seconds.
+__global__ void b64_fill_kernel(uint4* p, size_t n16, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t u = hash32(static_cast<uint32_t>(i * 8 + j) + seed);
+      float f = static_cast<float>(u >> 8) * (2.f / 16777216.f) - 1.f;
+      if (f == 0.f) f = 0.015625f;
+      const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+      if (j % 2 == 0) {
+        w[j / 2] = bits;
+      } else {
+        w[j / 2] |= bits << 16;
+      }
+    }
+    p[i] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The reference: uint32 word sum of every 256-byte row by plain coalesced loads (16 threads a row,
+// no shared memory, no page table), the table mapping applied on the host. n16 is a multiple of 32
+// and the grid's stride too, so every lane of a warp takes part in each shuffle.
+__global__ void b64_row_sum_kernel(const uint4* p, size_t n16, uint32_t* row_sum) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 w = p[i];
+    uint32_t s = w.x + w.y + w.z + w.w;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (i % kChunks == 0) row_sum[i / kChunks] = s;
+  }
+}
+
+struct B64Cfg {
+  const char* variant;
+  bool table;
+  int page_size;
+  const char* order;     // random | sorted | in2mb | local
+  std::vector<int> pt;   // [kB64Batch, pages_per_seq]
+};
+
+struct B64Buffers {
+  unsigned char* k;  // 2 MB-aligned inside k_raw
+  unsigned char* v;
+  unsigned char* k_raw;
+  unsigned char* v_raw;
+  int* pt;
+  std::vector<uint32_t> row_sum_k, row_sum_v;
+};
+
+Result measure_b64(const B64Cfg& c, const Buffers& B, const B64Buffers& X, cudaEvent_t ev0, cudaEvent_t ev1) {
+  const int pps = c.table ? kB64Keys / c.page_size : 0;
+  std::string label = std::string(c.variant) + " depth=" + std::to_string(kB64Stages) +
+                      " page=" + (c.table ? std::to_string(c.page_size) : std::string("none"));
+  if (c.table) label += std::string(" order=") + c.order;
+  label += " batch=" + std::to_string(kB64Batch) + " keys=" + std::to_string(kB64Keys) +
+           " blocks=" + std::to_string(kB64Blocks);
+
+  // Expected sums, on the host: the table mapping written independently of the kernel's. Heads
+  // innermost: a key's 8 rows are adjacent in the row sums.
+  std::vector<uint32_t> want(kB64Blocks, 0);
+  for (int s = 0; s < kB64Batch; ++s)
+    for (int t = 0; t < kB64Keys; ++t) {
+      const size_t slot = c.table ? size_t(c.pt[size_t(s) * pps + t / c.page_size]) * c.page_size + t % c.page_size
+                                  : size_t(s) * kB64Keys + t;
+      for (int h = 0; h < kHeads; ++h) want[s * kHeads + h] += X.row_sum_k[slot * kHeads + h] + X.row_sum_v[slot * kHeads + h];
+    }
+  if (c.table) CK(cudaMemcpy(X.pt, c.pt.data(), c.pt.size() * sizeof(int), cudaMemcpyHostToDevice));
+
+  const auto kern = c.table ? b64_kernel<true> : b64_kernel<false>;
+  const int smem = kDecodeSmem;
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int bps = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, kThreads, smem));
+  const int waves = bps > 0 ? (kB64Blocks + bps * B.sms - 1) / (bps * B.sms) : 0;
+
+  Args64 a{};
+  a.k = X.k;
+  a.v = X.v;
+  a.out = B.out;
+  a.page_table = X.pt;
+  a.page_size = c.table ? c.page_size : kB64Keys;
+  a.pages_per_seq = pps;
+  a.num_pages = c.table ? kB64Batch * pps : kB64Batch;
+
+  std::vector<uint32_t> got(kB64Blocks);
+  std::vector<double> us;
+  bool ok = true;
+  const dim3 grid(1, kHeads, kB64Batch);
+  for (int rep = -1; rep < kB64Reps; ++rep) {  // rep -1: warm-up, checked, not timed
+    CK(cudaMemsetAsync(B.out, 0xA5, kB64Blocks * sizeof(uint32_t)));
+    CK(cudaMemsetAsync(B.flush, rep & 0xff, kFlushBytes));
+    CK(cudaEventRecord(ev0));
+    kern<<<grid, kThreads, smem>>>(a);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(ev1));
+    CK(cudaEventSynchronize(ev1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, ev0, ev1));
+    CK(cudaMemcpy(got.data(), B.out, kB64Blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < kB64Blocks && ok; ++i) {
+      if (got[i] != want[i]) {
+        ok = false;
+        std::printf("DPROBE-MISMATCH %s rep=%d block=%d got=0x%08x want=0x%08x\n", label.c_str(), rep, i, got[i],
+                    want[i]);
+      }
+    }
+    if (rep >= 0) us.push_back(ms * 1000.0);
+  }
+  std::sort(us.begin(), us.end());
+  const double med = kB64Reps % 2 ? us[kB64Reps / 2] : 0.5 * (us[kB64Reps / 2 - 1] + us[kB64Reps / 2]);
+  const double tbs = 2.0 * kB64Bytes / (med * 1e-6) / 1e12;
+  char tail[256];
+  std::snprintf(tail, sizeof(tail), " smem_kb=%.1f bps=%d waves=%d flush=write", smem / 1024.0, bps, waves);
+  label += tail;
+  std::printf("DPROBE %s check=%s min_us=%.2f us=%.2f tbs=%.3f\n", label.c_str(), ok ? "ok" : "FAIL", us.front(), med,
+              tbs);
+  std::fflush(stdout);
+  return {label, med, tbs, ok, c.variant};
+}
+
+// Allocates and fills the pools, runs every batch-64 variant, frees the pools.
+void run_b64(const Buffers& B, cudaEvent_t ev0, cudaEvent_t ev1, std::vector<Result>* results) {
+  B64Buffers X;
+  CK(cudaMalloc(&X.k_raw, kB64Bytes + kGpuPage));
+  CK(cudaMalloc(&X.v_raw, kB64Bytes + kGpuPage));
+  const auto align = [](unsigned char* p) {
+    return p + ((kGpuPage - reinterpret_cast<uintptr_t>(p) % kGpuPage) % kGpuPage);
+  };
+  X.k = align(X.k_raw);
+  X.v = align(X.v_raw);
+  CK(cudaMalloc(&X.pt, size_t(kB64Batch) * kB64Keys / 16 * sizeof(int)));
+  uint32_t* row_sum = nullptr;
+  CK(cudaMalloc(&row_sum, size_t(kB64Rows) * sizeof(uint32_t)));
+  const size_t n16 = kB64Bytes / 16;
+  X.row_sum_k.resize(kB64Rows);
+  X.row_sum_v.resize(kB64Rows);
+  for (int kv = 0; kv < 2; ++kv) {
+    uint4* p = reinterpret_cast<uint4*>(kv ? X.v : X.k);
+    b64_fill_kernel<<<B.sms * 16, 256>>>(p, n16, kv ? 0x5bd1e995u : 0x27d4eb2fu);
+    CK(cudaGetLastError());
+    b64_row_sum_kernel<<<B.sms * 16, 256>>>(p, n16, row_sum);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy((kv ? X.row_sum_v : X.row_sum_k).data(), row_sum, size_t(kB64Rows) * sizeof(uint32_t),
+                  cudaMemcpyDeviceToHost));
+  }
+  CK(cudaFree(row_sum));
+
+  Rng rng(20240608);  // its own: the batch-1 data above stays what it was
+  const auto shuffle = [&](std::vector<int>& v, size_t lo, size_t n) {  // Fisher-Yates of v[lo, lo + n)
+    for (size_t i = n - 1; i > 0; --i) std::swap(v[lo + i], v[lo + rng.next() % (i + 1)]);
+  };
+  const auto table = [&](int page, size_t group) {  // pages in order, then permuted within groups
+    std::vector<int> pt(size_t(kB64Batch) * kB64Keys / page);
+    for (size_t i = 0; i < pt.size(); ++i) pt[i] = static_cast<int>(i);
+    if (group > 1) {
+      for (size_t lo = 0; lo < pt.size(); lo += group) shuffle(pt, lo, group);
+    }
+    return pt;
+  };
+  const size_t pool16 = size_t(kB64Batch) * kB64Keys / 16, per2mb = kGpuPage / (16 * kHeads * kRowBytes);
+  std::vector<B64Cfg> cfgs;
+  cfgs.push_back({"b64-contig", false, kB64Keys, "", {}});
+  cfgs.push_back({"b64-contig", true, kB64Keys, "sorted", table(kB64Keys, 1)});
+  cfgs.push_back({"b64-paged16-sorted", true, 16, "sorted", table(16, 1)});
+  cfgs.push_back({"b64-paged16-in2mb", true, 16, "in2mb", table(16, per2mb)});
+  cfgs.push_back({"b64-paged16-local", true, 16, "local", table(16, kB64Keys / 16)});
+  cfgs.push_back({"b64-paged16", true, 16, "random", table(16, pool16)});
+  cfgs.push_back({"b64-paged256", true, 256, "random", table(256, size_t(kB64Batch) * kB64Keys / 256)});
+  for (const B64Cfg& c : cfgs) results->push_back(measure_b64(c, B, X, ev0, ev1));
+
+  CK(cudaFree(X.k_raw));
+  CK(cudaFree(X.v_raw));
+  CK(cudaFree(X.pt));
+}
+
 }  // namespace
 
 int main() {
@@ -534,9 +844,14 @@ int main() {
   };
 
   std::vector<Result> results;
-  for (const Cfg& c : cfgs) results.push_back(measure(c, B, ev0, ev1));
+  for (const Cfg& c : cfgs) {
+    results.push_back(measure(c, B, ev0, ev1));
+    results.back().variant = c.variant;
+  }
+  run_b64(B, ev0, ev1, &results);
 
-  std::printf("\nsummary (median of %d launches; TB/s = 33.55 MB / median)\n", kReps);
+  std::printf("\nsummary (median of %d launches, b64-*: %d; TB/s = 33.55 MB, b64-*: %.0f MB, / median)\n", kReps,
+              kB64Reps, 2.0 * kB64Bytes / 1e6);
   size_t width = 0;
   for (const Result& r : results) width = std::max(width, r.label.size());
   const int w = static_cast<int>(width);
@@ -545,12 +860,12 @@ int main() {
     std::printf("%-*s %8.2f %7.3f %5s\n", w, r.label.c_str(), r.us, r.tbs, r.ok ? "ok" : "FAIL");
   }
   std::vector<std::string> variants;
-  for (const Cfg& c : cfgs) {
-    if (std::find(variants.begin(), variants.end(), c.variant) == variants.end()) variants.push_back(c.variant);
+  for (const Result& r : results) {
+    if (std::find(variants.begin(), variants.end(), r.variant) == variants.end()) variants.push_back(r.variant);
   }
   for (const std::string& v : variants) {
     bool ok = true;
-    for (size_t i = 0; i < results.size(); ++i) ok = ok && (cfgs[i].variant != v || results[i].ok);
+    for (const Result& r : results) ok = ok && (r.variant != v || r.ok);
     std::printf("DPROBE-CHECK %s %s\n", v.c_str(), ok ? "ok" : "FAIL");
   }
 
