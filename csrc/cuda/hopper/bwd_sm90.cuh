@@ -61,6 +61,58 @@
 // Measured on the H200 (bwd harness bench2, b*s = 16k, h*d = 2048): 1.00-1.14x the
 // atomic kernel at every point (d = 128: 1.07-1.14x at s = 1k and s >= 8k). The
 // atomic kernel (DQ_TMA = false) stays as the harness's baseline.
+//
+// Variant DET (bwd_sm90_dqtma_det_kernel, bwd_sm90_prepare<T, D, true, true>; a candidate,
+// not used by the library): DQ_TMA with dQ bitwise reproducible. The reduce-adds into each
+// (batch, head, query tile m) take turns in a fixed order of key tiles, so every dQ element
+// sums its terms in one order whatever the CTAs' timing (dK, dV are per-CTA register sums
+// and already reproducible; they stay bitwise equal to DQ_TMA's).
+//  * Order: key tiles n_last(m), n_last(m) - 1, ..., 0, where n_last(m) is the highest key
+//    tile that sees m (causal: min(N - 1, m BM / BN), key tile n sees m >= n BN / BM, so every
+//    lower tile sees m too; else N - 1). Key tile n's turn at m is n_last(m) - n, and the key
+//    tiles are dispatched in decreasing order (n = gridDim.x - 1 - blockIdx.x). Why not
+//    n = 0, 1, ...: causally, tile n's first query tile is n BN / BM, which tile 0 reaches only
+//    after that many iterations, so every CTA of a (kv head, batch) would wait for tile 0 and
+//    hold its SM for tile 0's whole run (tests/gpu/hopper/bwd_det_model.py: 0.45-0.60x the
+//    DQ_TMA kernel). In decreasing order the tile a CTA waits for (n + 1) reaches every m
+//    BN / BM iterations earlier and was dispatched earlier, so in steady state nobody waits
+//    (FlashAttention-3's deterministic causal backward makes the same choice). Without causal
+//    masking every tile sees every m and the two orders are mirror images.
+//  * Counters: one int32 per (batch, head, m, consumer) after the usual workspace
+//    (bwd_sm90_det_workspace_bytes), zeroed by bwd_pre_det_kernel, so each call and each
+//    CUDA-graph replay starts from 0. One per consumer because the two consumers' dQ_parts
+//    of an iteration are disjoint (d = 128: columns 64cw..64cw+63; d = 64: rows
+//    64cw..64cw+63 of the tile): ordering each consumer's reduces on its own fixes the
+//    order for every element, and the two issuing threads wait and release independently,
+//    with no extra barrier between the consumers.
+//  * Protocol (the consumer's issuing thread, ltid 0): after the staging barrier it polls
+//    the counter with ld.acquire.gpu until it equals its turn, executes
+//    fence.proxy.async.global, issues the two reduces and commits them. The release is
+//    deferred to the next tile, right after that tile's S^T / dP^T wgmmas are issued (or to
+//    after the loop), so the reduces complete under the dV / dK wgmmas: wait_group 0, then
+//    st.release.gpu of turn + 1. PTX ISA rules relied on (8.x, "Asynchronous copy" and
+//    cp.async.bulk.wait_group): cp{.reduce}.async.bulk operations are performed in the async
+//    proxy, and accessing the same memory across proxies needs a cross-proxy fence;
+//    cp.async.bulk.wait_group without .read waits until the group's writes have been made
+//    visible to the executing thread; the completion of a cp{.reduce}.async.bulk is followed
+//    by an implicit generic-async proxy fence, so its result is visible to the generic proxy
+//    once the completion is observed. Hence on the writer side wait_group 0 then a generic
+//    release store (release: the writes this thread has observed are ordered before it, at gpu
+//    scope), and on the reader side the acquire load, then fence.proxy.async.global, so that
+//    its own async-proxy reduces are ordered after what the acquire made visible.
+//  * Deadlock freedom, assuming (as csrc/cuda/tc's deterministic dQ does) that the hardware
+//    dispatches CTAs in increasing linear block index, i.e. a CTA becomes resident only after
+//    the CTAs of its (kv head, batch) with a lower blockIdx.x: a CTA's waits (its consumers'
+//    turns, and through its producer's ring and the consumers' shared barriers the same turns)
+//    depend only on those CTAs (higher key tiles), never on higher-indexed ones; a consumer
+//    releases a tile's turn before it waits for its next one. So the lowest-indexed unfinished
+//    CTA of a group finds all the turns it needs released (its predecessors have finished),
+//    never waits for another CTA and finishes; by induction all do. CUDA does not guarantee
+//    the dispatch order; the watchdog (dq_wait_turn gives up after 2^26 polls, NaN dK) turns
+//    a violation into a failed check instead of a hang.
+//  * Cost: each CTA's turn at m comes one handoff (reduce completion + release seen by the
+//    poll, ~2-3 us) after its predecessor's, so the CTAs of a group that start together
+//    skew by that much per key tile; see docs/perf-notes.md for the prediction.
 #pragma once
 
 #include <cuda.h>
@@ -191,6 +243,41 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// ---- DET variant: the dQ turn counters (see "Variant DET" at the top) ----
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// Bidirectional generic <-> async proxy fence for global memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// One thread waits until the counter shows `turn`, i.e. every earlier adder's
+// reduces have completed and been released; then its own reduces (async
+// proxy) may follow. Watchdog as in mbar_wait<false>, the consumer side's
+// (with a __trap path here ptxas spilled ~700 bytes and serialised the wgmmas):
+// after 2^26 polls (each an L2 round trip: seconds, where a legitimate wait is
+// at most the time a predecessor needs to reach this query tile) it gives up
+// and returns false; the caller reports NaN dK and stops taking turns.
+__device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
+#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
+  uint32_t polls = 0;
+  while (ld_acquire_gpu(cnt) != turn) {
+    if (++polls == (1u << 26)) return false;
+  }
+#else
+  while (ld_acquire_gpu(cnt) != turn) {
+  }
+#endif
+  fence_proxy_async_global();
+  return true;
+}
+
 // ------------------------------------------------------------- preprocess
 // The unsigned type of a 4-, 8- or 16-byte vector access.
 template <int BYTES>
@@ -212,10 +299,11 @@ struct BwdVec<16> {
 // dO come in one vector load each and its dQ accumulator slice is zeroed with
 // 8/16-byte stores: scalar accesses strided across the lanes cost d = 256 four
 // times the DRAM time (280 us where 70 suffice on the benchmark's shapes).
-// bwd_sm90_prepare checks the 16-byte alignment this needs.
+// bwd_sm90_prepare checks the 16-byte alignment this needs. The body of
+// bwd_pre_kernel and bwd_pre_det_kernel.
 template <typename T, int D>
-__global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void* dout_, const float* lse, float* lse2,
-                                                      float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+__device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
+                                             float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
   const T* o = static_cast<const T*>(o_);
   const T* dout = static_cast<const T*>(dout_);
   const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -263,6 +351,25 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void
   }
 }
 
+template <typename T, int D>
+__global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void* dout_, const float* lse, float* lse2,
+                                                      float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+  bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
+}
+
+// DET variant (bwd_sm90_dqtma_det_kernel): also zeroes the n_cnt dQ turn
+// counters, so that every call and every CUDA-graph replay starts from turn 0
+// without a memset of its own.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    bwd_pre_det_kernel(const void* o_, const void* dout_, const float* lse, float* lse2, float* dsum, float* dq_acc,
+                       int b, int s, int h, int s_pad, int* dq_cnt, long long n_cnt) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_cnt;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    dq_cnt[i] = 0;
+  bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
+}
+
 // ------------------------------------------------------------ postprocess
 template <typename T>
 __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void* dq_, long long n4, float scale) {
@@ -294,10 +401,13 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 // bounds and not written) + commit. Single-buffered: that thread waits for the
 // bulk group's smem reads (wait_group.read 0) before the next iteration's
 // barrier 1, which every consumer thread passes before rewriting the tile.
-template <typename T, int D, bool CAUSAL, bool DQ_TMA>
+// DET (with DQ_TMA; bwd_sm90_dqtma_det_kernel): the reduces take turns on the
+// counters dq_cnt (see "Variant DET" at the top); the key tiles run in
+// reverse blockIdx.x order.
+template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false>
 __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                               const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
-                                              const BwdKParams& p) {
+                                              const BwdKParams& p, int* dq_cnt = nullptr) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
   using Smem = BwdSmem<D, DQ_TMA>;
@@ -309,6 +419,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   static_assert(BM == 64 || BM == 128, "query tile");
   static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
   static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
+  static_assert(!DET || DQ_TMA, "DET orders the DQ_TMA reduces");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -330,7 +441,8 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  const int n_blk = blockIdx.x;
+  // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.
+  const int n_blk = DET ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
   const int hk = blockIdx.y;
   const int batch = blockIdx.z;
   const int G = p.h / p.h_kv;
@@ -387,6 +499,11 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   bool timed_out = !mbar_wait<false>(bar_kv, 0);
   __syncwarp();
 
+  // DET, thread ltid 0: the turn counter of the last reduces issued and the value that releases it
+  // (null: none pending).
+  int* rel_cnt = nullptr;
+  int rel_val = 0;
+
   int it = 0;
   for (int g = 0; g < G; ++g) {
     const int head = hk * G + g;
@@ -425,6 +542,16 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         Wgmma<BM, F16>::ss(pacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
       }
       wgmma_commit();
+      if constexpr (DET) {
+        // Release the previous tile's turn while these wgmmas run: its reduces have had the
+        // dV/dK wgmmas' time to complete. wait_group 0 (not .read) returns once their writes
+        // are visible to this thread, and their completion implies a generic-async proxy
+        // fence, so the release store publishes them at gpu scope.
+        if (ltid == 0 && rel_cnt != nullptr) {
+          bulk_wait_group<0>();
+          st_release_gpu(rel_cnt, rel_val);
+        }
+      }
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) {
@@ -559,6 +686,18 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         if (ltid == 0) {
           const int col0 = SPLIT_M ? 0 : cw * NDQ;
           const int row0 = m * BM + (SPLIT_M ? cw * 64 : 0);
+          if constexpr (DET) {
+            // Key tiles n_last(m), n_last(m) - 1, ..., 0 add into query tile m in this order.
+            const int n_kt = static_cast<int>(gridDim.x);  // key tiles
+            const int n_last = CAUSAL ? min(n_kt - 1, m * BM / BN) : n_kt - 1;
+            const int turn = n_last - n_blk;
+            int* cnt = dq_cnt + ((static_cast<size_t>(batch) * p.h + head) * n_m + m) * 2 + cw;
+            // After a give-up (here or in mbar_wait) the results are garbage anyway: stop
+            // waiting, so that a protocol bug costs one timeout per consumer, not one per tile.
+            if (!timed_out) timed_out = !dq_wait_turn(cnt, turn);
+            rel_cnt = cnt;
+            rel_val = turn + 1;
+          }
           tma_reduce_add_4d(tmdQ, stg, col0, head, row0, batch);
           tma_reduce_add_4d(tmdQ, stg + 64 * 128, col0 + 32, head, row0, batch);
           bulk_commit_group();
@@ -594,6 +733,9 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   if constexpr (DQ_TMA) {
     // The reduces read this CTA's shared memory: complete them before exit.
     if (ltid == 0) bulk_wait_group<0>();
+    if constexpr (DET) {
+      if (ltid == 0 && rel_cnt != nullptr) st_release_gpu(rel_cnt, rel_val);  // the last tile's turn
+    }
   }
 
   // ---------------------------------------------------------------- epilogue
@@ -633,6 +775,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   bwd_sm90_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
+// DET variant (deterministic dQ): as the DQ_TMA kernel, plus dq_cnt, the turn counters of
+// bwd_sm90_det_workspace_bytes (zeroed by bwd_pre_det_kernel).
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_dqtma_det_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                              const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                              const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ, int* dq_cnt) {
+  bwd_sm90_main<T, D, CAUSAL, true, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p, dq_cnt);
+}
+
 }  // namespace hopper
 }  // namespace fusedattn
 
@@ -646,7 +798,8 @@ namespace hopper {
 // =================================================================== host
 
 // Contiguous bshd tensors; lse fp32 [b, h, s_q]. ws: workspace of
-// bwd_sm90_workspace_bytes() bytes, 16-byte aligned.
+// bwd_sm90_workspace_bytes() bytes (bwd_sm90_det_workspace_bytes() for the
+// DET variant), 16-byte aligned.
 struct Sm90BwdArgs {
   const void *q, *k, *v, *o, *dout;
   const float* lse;
@@ -665,6 +818,17 @@ inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
   return (nacc + 2 * nrow) * sizeof(float) + 256;
 }
 
+// DET variant (d = 64, 128): one int32 turn counter per (batch, head, query tile, consumer),
+// placed after the bwd_sm90_workspace_bytes() bytes of the other variants.
+inline long long bwd_sm90_det_counters(int b, int s_q, int h, int d) {
+  const int bm = d == 64 ? BwdTile<64>::BM : BwdTile<128>::BM;
+  return static_cast<long long>(b) * h * ((s_q + bm - 1) / bm) * 2;
+}
+inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
+  return bwd_sm90_workspace_bytes(b, s_q, h, d) +
+         static_cast<size_t>(bwd_sm90_det_counters(b, s_q, h, d)) * sizeof(int);
+}
+
 struct BwdLaunch {
   CUtensorMap tq, tk, tv, tdo;
   CUtensorMap tdq;  // DQ_TMA only: fp32 map over p.dq_acc
@@ -681,6 +845,12 @@ struct BwdLaunch {
   // DQ_TMA only (else null): launched instead of kern, with tdq as the last argument.
   void (*kern_dq)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap) = nullptr;
   void (*post)(const float*, void*, long long, float);
+  // DET only (else null): launched instead of pre and kern_dq, with the n_cnt turn counters dq_cnt.
+  void (*pre_det)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int, int*,
+                  long long) = nullptr;
+  void (*kern_det)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap, int*) = nullptr;
+  int* dq_cnt = nullptr;
+  long long n_cnt = 0;
 };
 
 namespace detail {
@@ -704,11 +874,13 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }
 }  // namespace detail
 
-// DQ_TMA = true: the dQ-by-TMA-reduce main kernel (d = 64, 128 only).
-template <typename T, int D, bool DQ_TMA = false>
+// DQ_TMA = true: the dQ-by-TMA-reduce main kernel (d = 64, 128 only); DET = true (with
+// DQ_TMA): its deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
+template <typename T, int D, bool DQ_TMA = false, bool DET = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DQ_TMA || D != 256, "DQ_TMA: d = 64, 128");
+  static_assert(!DET || DQ_TMA, "DET: a DQ_TMA variant");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -761,29 +933,49 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->pre = bwd_pre_kernel<T, D>;
   L->post = bwd_post_kernel<T>;
   L->kern_dq = nullptr;
+  L->pre_det = nullptr;
+  L->kern_det = nullptr;
+  L->dq_cnt = nullptr;
+  L->n_cnt = 0;
   if constexpr (D == 256) {
     L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
   } else if constexpr (DQ_TMA) {
     if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
     L->kern = nullptr;
-    L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
+    if constexpr (DET) {
+      L->kern_det = a.causal ? bwd_sm90_dqtma_det_kernel<T, D, true> : bwd_sm90_dqtma_det_kernel<T, D, false>;
+      L->pre = nullptr;
+      L->pre_det = bwd_pre_det_kernel<T, D>;
+      L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
+      L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
+    } else {
+      L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
+    }
   } else {
     L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
   }
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
-  return detail::raise_smem_limit(
-      DQ_TMA ? reinterpret_cast<const void*>(L->kern_dq) : reinterpret_cast<const void*>(L->kern), L->smem,
-      raised[a.causal ? 1 : 0]);
+  const void* main_kern = DET      ? reinterpret_cast<const void*>(L->kern_det)
+                          : DQ_TMA ? reinterpret_cast<const void*>(L->kern_dq)
+                                   : reinterpret_cast<const void*>(L->kern);
+  return detail::raise_smem_limit(main_kern, L->smem, raised[a.causal ? 1 : 0]);
 }
 
 // preprocess + main + postprocess on one stream.
 inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) {
   const BwdKParams& p = L.p;
-  L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
-                                          const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
+  if (L.pre_det)
+    L.pre_det<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
+                                                const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad,
+                                                L.dq_cnt, L.n_cnt);
+  else
+    L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
+                                            const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  if (L.kern_dq)
+  if (L.kern_det)
+    L.kern_det<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq, L.dq_cnt);
+  else if (L.kern_dq)
     L.kern_dq<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq);
   else
     L.kern<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p);

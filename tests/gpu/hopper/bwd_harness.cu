@@ -10,6 +10,15 @@
 //                                equal; dq differs by fp32 summation order: max rel diff)
 //   bwd_harness bench2           per point (d = 64/128): HBWD (atomic dQ) and HBWD2 (DQ_TMA)
 //   bwd_harness one2 D S CAUSAL  one bench2 point
+//   bwd_harness checkdet         DET variant (deterministic dQ, d = 64/128): two runs, the second
+//                                with half the SMs taken by another kernel at first (other CTA
+//                                placement and timing), must give bitwise equal dq, dk, dv and fp32
+//                                dQ accumulators; vs. the reference as check; dk/dv bitwise equal to
+//                                the library's DQ_TMA kernel (whose run-to-run dQ differences under the
+//                                same two runs are printed, to show that the perturbation bites)
+//   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
+//                                HBWDDET (the DET variant)
+//   bwd_harness onedet D S CAUSAL  one benchdet point
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -477,6 +486,158 @@ static int run_check2() {
   return fails == 0 ? 0 : 1;
 }
 
+// ---------------------------------------------------------------- checkdet
+// Takes half the SMs for ~50 us (100 KB of shared memory each, so that no 195 KB backward CTA
+// fits beside it): launched just before a backward on another stream, it changes which SMs the
+// backward's CTAs get and when.
+__global__ void occupy_sms(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+constexpr int kOccupySmem = 100 * 1024;
+
+// One backward through L on stream st; perturb: with occupy_sms on stream so first. Returns the
+// fp32 dQ accumulator (the workspace's first n_acc floats) after the run.
+static std::vector<float> run_bwd_once(const hp::BwdLaunch& L, size_t n_acc, bool perturb, cudaStream_t st,
+                                       cudaStream_t so, int n_sm) {
+  if (perturb) occupy_sms<<<std::max(1, n_sm / 2), 32, kOccupySmem, so>>>(50000ull);
+  CK(cudaGetLastError());
+  CK(hp::bwd_sm90_launch(L, st));
+  CK(cudaDeviceSynchronize());  // a watchdog trap lands here (the context is gone): CK exits
+  std::vector<float> acc(n_acc);
+  CK(cudaMemcpy(acc.data(), L.p.dq_acc, n_acc * sizeof(float), cudaMemcpyDeviceToHost));
+  return acc;
+}
+
+static size_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
+template <typename T, int D>
+static bool checkdet_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+  Rng rng(seed);
+  const size_t nq = static_cast<size_t>(b) * s * h * D, nkv = static_cast<size_t>(b) * s * h_kv * D;
+  const size_t nl = static_cast<size_t>(b) * h * s;
+  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
+  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
+  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
+  T* dout = upload_random<T>(nq, rng, -1.f, 1.f);
+  // Outputs: [0] the library's DQ_TMA kernel, [1] the same perturbed, [2] DET, [3] DET perturbed.
+  T *o, *dq[4], *dk[4], *dv[4];
+  float *lse, *dsum, *rdq, *rdk, *rdv;
+  CK(cudaMalloc(&o, nq * sizeof(T)));
+  for (int r = 0; r < 4; ++r) {
+    CK(cudaMalloc(&dq[r], nq * sizeof(T)));
+    CK(cudaMalloc(&dk[r], nkv * sizeof(T)));
+    CK(cudaMalloc(&dv[r], nkv * sizeof(T)));
+    // Poison the outputs: 0xFF.. is NaN in bf16 / fp16.
+    CK(cudaMemset(dq[r], 0xFF, nq * sizeof(T)));
+    CK(cudaMemset(dk[r], 0xFF, nkv * sizeof(T)));
+    CK(cudaMemset(dv[r], 0xFF, nkv * sizeof(T)));
+  }
+  CK(cudaMalloc(&lse, nl * sizeof(float)));
+  CK(cudaMalloc(&dsum, nl * sizeof(float)));
+  CK(cudaMalloc(&rdq, nq * sizeof(float)));
+  CK(cudaMalloc(&rdk, nkv * sizeof(float)));
+  CK(cudaMalloc(&rdv, nkv * sizeof(float)));
+  const size_t wsb = hp::bwd_sm90_det_workspace_bytes(b, s, h, D);
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, wsb));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int c = causal ? 1 : 0;
+
+  ref_fwd<T, D><<<nblk(nl, 128), 128>>>(q, k, v, o, lse, b, s, h, h_kv, scale, c);
+  CK(cudaGetLastError());
+  ref_dsum<T, D><<<nblk(nl, 128), 128>>>(o, dout, dsum, b, s, h);
+  ref_dq<T, D><<<nblk(nl, 128), 128>>>(q, k, v, dout, lse, dsum, rdq, b, s, h, h_kv, scale, c);
+  ref_dkdv<T, D><<<nblk(static_cast<long long>(b) * h_kv * s, 128), 128>>>(q, k, v, dout, lse, dsum, rdk, rdv, b, s,
+                                                                             h, h_kv, scale, c);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+
+  int dev = 0, n_sm = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaFuncSetAttribute(occupy_sms, cudaFuncAttributeMaxDynamicSharedMemorySize, kOccupySmem));
+  cudaStream_t st, so;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&so, cudaStreamNonBlocking));
+  const size_t n_acc = nq;  // the fp32 dQ accumulator [b, s, h, D] at the workspace's start
+  std::vector<float> acc[4];
+  for (int r = 0; r < 4; ++r) {
+    // Poisoned workspace before every run: the counters must come from the preprocess kernel.
+    // (Synchronised: the backward runs on a non-blocking stream.)
+    CK(cudaMemset(ws, 0xFF, wsb));
+    CK(cudaDeviceSynchronize());
+    hp::BwdLaunch L;
+    const hp::Sm90BwdArgs a =
+        make_args<T, D>(q, k, v, o, dout, lse, dq[r], dk[r], dv[r], ws, b, s, h, h_kv, scale, causal);
+    const cudaError_t pe =
+        r < 2 ? hp::bwd_sm90_prepare<T, D, true>(&L, a) : hp::bwd_sm90_prepare<T, D, true, true>(&L, a);
+    if (pe != cudaSuccess) {
+      std::printf("FAILDET %s d=%d s=%d causal=%d h=%d/%d prepare error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
+                  cudaGetErrorString(pe));
+      std::exit(1);
+    }
+    acc[r] = run_bwd_once(L, n_acc, (r & 1) != 0, st, so, n_sm);
+  }
+  CK(cudaStreamDestroy(st));
+  CK(cudaStreamDestroy(so));
+
+  const Err eq = compare(dq[2], rdq, nq), ek = compare(dk[2], rdk, nkv), ev = compare(dv[2], rdv, nkv);
+  const size_t bad = eq.bad + ek.bad + ev.bad;
+  const bool det_same = same_bytes(dq[2], dq[3], nq * sizeof(T)) && same_bytes(dk[2], dk[3], nkv * sizeof(T)) &&
+                        same_bytes(dv[2], dv[3], nkv * sizeof(T)) && count_diff(acc[2], acc[3]) == 0;
+  const bool kv_same = same_bytes(dk[2], dk[0], nkv * sizeof(T)) && same_bytes(dv[2], dv[0], nkv * sizeof(T));
+  const bool ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && det_same && kv_same;
+  std::printf(
+      "%s %s d=%d s=%d b=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
+      "DET run-to-run: %s  dk/dv vs DQ_TMA: %s  DQ_TMA run-to-run: %zu/%zu fp32 dQ differ\n",
+      ok ? "PASSDET" : "FAILDET", Conv<T>::name(), D, s, b, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
+      det_same ? "bitwise equal" : "DIFFER", kv_same ? "bitwise equal" : "DIFFER", count_diff(acc[0], acc[1]), n_acc);
+  for (int r = 0; r < 4; ++r)
+    for (T* t : {dq[r], dk[r], dv[r]}) CK(cudaFree(t));
+  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                    static_cast<void*>(o), static_cast<void*>(lse), static_cast<void*>(dsum), static_cast<void*>(rdq),
+                    static_cast<void*>(rdk), static_cast<void*>(rdv), ws})
+    CK(cudaFree(ptr));
+  return ok;
+}
+
+// d = 64 / 128 (bf16), causal or not, MHA and GQA, tails; then more CTAs than SMs (chains of
+// turns across waves, and in the perturbed run across more of them); fp16 on two tails.
+static int run_checkdet() {
+  int fails = 0, n = 0;
+  uint64_t seed = 9876;
+  auto one = [&](bool f16, int d, int b, int s, int h, int h_kv, bool causal) {
+    ++n;
+    bool ok;
+    if (f16)
+      ok = d == 64 ? checkdet_case<__half, 64>(b, s, h, h_kv, causal, seed++)
+                   : checkdet_case<__half, 128>(b, s, h, h_kv, causal, seed++);
+    else
+      ok = d == 64 ? checkdet_case<__nv_bfloat16, 64>(b, s, h, h_kv, causal, seed++)
+                   : checkdet_case<__nv_bfloat16, 128>(b, s, h, h_kv, causal, seed++);
+    if (!ok) ++fails;
+  };
+  for (int d : {64, 128})
+    for (int s : {1, 17, 200, 1024})
+      for (int causal = 0; causal < 2; ++causal)
+        for (int hkv : {4, 2}) one(false, d, 2, s, 4, hkv, causal != 0);
+  for (int d : {64, 128})
+    for (int causal = 0; causal < 2; ++causal) one(false, d, 4, 2048, 8, 4, causal != 0);
+  for (int d : {64, 128})
+    for (int s : {17, 200})
+      for (int causal = 0; causal < 2; ++causal) one(true, d, 2, s, 4, 2, causal != 0);
+  std::printf("checkdet: %d/%d passed\n", n - fails, n);
+  return fails == 0 ? 0 : 1;
+}
+
 // ------------------------------------------------------------------- bench
 // Median of 20 CUDA-event-timed launches (after 5 warm-up launches), ms; < 0 on a launch error.
 static double time_bwd(const hp::BwdLaunch& L) {
@@ -502,10 +663,13 @@ static double time_bwd(const hp::BwdLaunch& L) {
   return 0.5 * (ms[9] + ms[10]);
 }
 
-// bench: HBWD = the library's kernel. V2 (bench2, d = 64/128): HBWD = the atomic-dQ kernel, then an
-// HBWD2 line for the DQ_TMA variant on the same inputs.
-template <int D, bool V2 = false>
+// bench: HBWD = the library's kernel. kBench2 (d = 64/128): HBWD = the atomic-dQ kernel, then an
+// HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
+// DQ_TMA kernel, then an HBWDDET line for the DET variant.
+enum BenchMode { kBench, kBench2, kBenchDet };
+template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
+  constexpr bool V2 = MODE == kBench2;
   constexpr bool kHbwdDqTma = !V2 && D != 256;
   using T = __nv_bfloat16;
   const int b = std::max(1, 16384 / s), h = 2048 / D, h_kv = h;
@@ -523,7 +687,8 @@ static bool bench_point(int s, bool causal) {
   CK(cudaMalloc(&dv, n * sizeof(T)));
   CK(cudaMalloc(&lse, static_cast<size_t>(b) * h * s * sizeof(float)));
   void* ws = nullptr;
-  CK(cudaMalloc(&ws, hp::bwd_sm90_workspace_bytes(b, s, h, D)));
+  CK(cudaMalloc(&ws, MODE == kBenchDet ? hp::bwd_sm90_det_workspace_bytes(b, s, h, D)
+                                        : hp::bwd_sm90_workspace_bytes(b, s, h, D)));
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int c = causal ? 1 : 0;
   // out / lse from the Hopper forward (realistic values; the reference forward is too slow here).
@@ -587,6 +752,20 @@ static bool bench_point(int s, bool causal) {
                     flops / (med2 * 1e-3) / 1e12, med / med2);
       }
     }
+    if constexpr (MODE == kBenchDet && D != 256) {
+      hp::BwdLaunch L2;
+      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(
+          &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
+      const double med2 = pe == cudaSuccess ? time_bwd(L2) : -1.0;
+      if (med2 < 0) {
+        std::printf("HBWDDET d=%d s=%d causal=%d prepare/launch error: %s\n", D, s, c,
+                    cudaGetErrorString(pe != cudaSuccess ? pe : cudaGetLastError()));
+        ok = false;
+      } else {
+        std::printf("HBWDDET d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s (%.3fx DQ_TMA)\n", D, s, c, med2,
+                    flops / (med2 * 1e-3) / 1e12, med / med2);
+      }
+    }
   }
   for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
                   static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
@@ -604,10 +783,26 @@ static bool bench_d(int d, int s, bool causal) {
 }
 
 static bool bench2_d(int d, int s, bool causal) {
-  if (d == 64) return bench_point<64, true>(s, causal);
-  if (d == 128) return bench_point<128, true>(s, causal);
+  if (d == 64) return bench_point<64, kBench2>(s, causal);
+  if (d == 128) return bench_point<128, kBench2>(s, causal);
   std::printf("bench2: unsupported d=%d (64, 128)\n", d);
   return false;
+}
+
+static bool benchdet_d(int d, int s, bool causal) {
+  if (d == 64) return bench_point<64, kBenchDet>(s, causal);
+  if (d == 128) return bench_point<128, kBenchDet>(s, causal);
+  std::printf("benchdet: unsupported d=%d (64, 128)\n", d);
+  return false;
+}
+
+static int run_benchdet() {
+  bool ok = true;
+  const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
+  for (int d : {64, 128})
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal) ok = benchdet_d(d, s, causal != 0) && ok;
+  return ok ? 0 : 1;
 }
 
 static int run_bench2() {
@@ -644,6 +839,15 @@ int main(int argc, char** argv) {
   if (mode == "bench") return run_bench();
   if (mode == "check2") return run_check2();
   if (mode == "bench2") return run_bench2();
+  if (mode == "checkdet") return run_checkdet();
+  if (mode == "benchdet") return run_benchdet();
+  if (mode == "onedet") {
+    if (argc < 5) {
+      std::fprintf(stderr, "usage: %s onedet D S CAUSAL\n", argv[0]);
+      return 2;
+    }
+    return benchdet_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
+  }
   if (mode == "one2") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s one2 D S CAUSAL\n", argv[0]);
@@ -658,6 +862,9 @@ int main(int argc, char** argv) {
     }
     return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
   }
-  std::fprintf(stderr, "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL\n", argv[0]);
+  std::fprintf(stderr,
+               "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL | checkdet | benchdet | "
+               "onedet D S CAUSAL\n",
+               argv[0]);
   return 2;
 }
