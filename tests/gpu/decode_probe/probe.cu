@@ -304,6 +304,46 @@ struct Buffers {
   int sms;
 };
 
+// One measurement's timing loop: rep -1 is a warm-up (module load), checked but not timed; before
+// every launch the output words are poisoned (a block that writes nothing fails) and `flush(rep)`
+// evicts L2; each launch is timed alone with events, and every block's word is compared with the
+// host's expectation (the first mismatch of a launch is printed).
+struct Timing {
+  double median_us, min_us;
+  bool ok;
+};
+template <class Flush, class Launch>
+Timing time_checked(const std::string& label, int reps, const std::vector<uint32_t>& want, uint32_t* out,
+                    cudaEvent_t ev0, cudaEvent_t ev1, Flush flush, Launch launch) {
+  const int blocks = static_cast<int>(want.size());
+  std::vector<uint32_t> got(blocks);
+  std::vector<double> us;
+  bool ok = true;
+  for (int rep = -1; rep < reps; ++rep) {
+    CK(cudaMemsetAsync(out, 0xA5, blocks * sizeof(uint32_t)));
+    flush(rep);
+    CK(cudaEventRecord(ev0));
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(ev1));
+    CK(cudaEventSynchronize(ev1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, ev0, ev1));
+    CK(cudaMemcpy(got.data(), out, blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < blocks && ok; ++i) {
+      if (got[i] != want[i]) {
+        ok = false;
+        std::printf("DPROBE-MISMATCH %s rep=%d block=%d got=0x%08x want=0x%08x\n", label.c_str(), rep, i, got[i],
+                    want[i]);
+      }
+    }
+    if (rep >= 0) us.push_back(ms * 1000.0);
+  }
+  std::sort(us.begin(), us.end());
+  const double med = reps % 2 ? us[reps / 2] : 0.5 * (us[reps / 2 - 1] + us[reps / 2]);
+  return {med, us.front(), ok};
+}
+
 struct Result {
   std::string label;
   double us, tbs;
@@ -430,43 +470,25 @@ Result measure(const Cfg& c, const Buffers& B, cudaEvent_t ev0, cudaEvent_t ev1)
   a.hops = c.hops;
 
   const std::vector<uint32_t> want = expected_sums(c, B);
-  std::vector<uint32_t> got(blocks);
-  std::vector<double> us;
-  bool ok = true;
   const dim3 grid(c.splits, kHeads);
-  for (int rep = -1; rep < kReps; ++rep) {  // rep -1: warm-up (module load), checked, not timed
-    CK(cudaMemsetAsync(B.out, 0xA5, blocks * sizeof(uint32_t)));  // poison: a block that writes nothing fails
+  const auto flush = [&](int rep) {
     if (c.flush_read) {
       flush_read_kernel<<<B.sms * 8, 256>>>(reinterpret_cast<const uint4*>(B.flush), kFlushBytes / 16, B.sink);
       CK(cudaGetLastError());
     } else {
       CK(cudaMemsetAsync(B.flush, rep & 0xff, kFlushBytes));
     }
-    CK(cudaEventRecord(ev0));
-    kern<<<grid, kThreads, smem>>>(tmk, tmv, a);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(ev1));
-    CK(cudaEventSynchronize(ev1));
-    float ms = 0.f;
-    CK(cudaEventElapsedTime(&ms, ev0, ev1));
-    CK(cudaMemcpy(got.data(), B.out, blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-    for (int i = 0; i < blocks && ok; ++i) {
-      if (got[i] != want[i]) {
-        ok = false;
-        std::printf("DPROBE-MISMATCH %s rep=%d block=%d got=0x%08x want=0x%08x\n", label.c_str(), rep, i, got[i],
-                    want[i]);
-      }
-    }
-    if (rep >= 0) us.push_back(ms * 1000.0);
-  }
-  std::sort(us.begin(), us.end());
-  const double med = kReps % 2 ? us[kReps / 2] : 0.5 * (us[kReps / 2 - 1] + us[kReps / 2]);
+  };
+  const Timing tm = time_checked(label, kReps, want, B.out, ev0, ev1, flush,
+                                 [&] { kern<<<grid, kThreads, smem>>>(tmk, tmv, a); });
+  const bool ok = tm.ok;
+  const double med = tm.median_us;
   const double tbs = bytes / (med * 1e-6) / 1e12;
   char tail[256];
   std::snprintf(tail, sizeof(tail), " smem_kb=%.1f bps=%d waves=%d flush=%s", smem / 1024.0, bps, waves,
                 c.flush_read ? "read" : "write");
   label += tail;
-  std::printf("DPROBE %s check=%s min_us=%.2f us=%.2f tbs=%.3f\n", label.c_str(), ok ? "ok" : "FAIL", us.front(), med,
+  std::printf("DPROBE %s check=%s min_us=%.2f us=%.2f tbs=%.3f\n", label.c_str(), ok ? "ok" : "FAIL", tm.min_us, med,
               tbs);
   std::fflush(stdout);
   return {label, med, tbs, ok};
@@ -671,37 +693,17 @@ Result measure_b64(const B64Cfg& c, const Buffers& B, const B64Buffers& X, cudaE
   a.pages_per_seq = pps;
   a.num_pages = c.table ? kB64Batch * pps : kB64Batch;
 
-  std::vector<uint32_t> got(kB64Blocks);
-  std::vector<double> us;
-  bool ok = true;
   const dim3 grid(1, kHeads, kB64Batch);
-  for (int rep = -1; rep < kB64Reps; ++rep) {  // rep -1: warm-up, checked, not timed
-    CK(cudaMemsetAsync(B.out, 0xA5, kB64Blocks * sizeof(uint32_t)));
-    CK(cudaMemsetAsync(B.flush, rep & 0xff, kFlushBytes));
-    CK(cudaEventRecord(ev0));
-    kern<<<grid, kThreads, smem>>>(a);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(ev1));
-    CK(cudaEventSynchronize(ev1));
-    float ms = 0.f;
-    CK(cudaEventElapsedTime(&ms, ev0, ev1));
-    CK(cudaMemcpy(got.data(), B.out, kB64Blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-    for (int i = 0; i < kB64Blocks && ok; ++i) {
-      if (got[i] != want[i]) {
-        ok = false;
-        std::printf("DPROBE-MISMATCH %s rep=%d block=%d got=0x%08x want=0x%08x\n", label.c_str(), rep, i, got[i],
-                    want[i]);
-      }
-    }
-    if (rep >= 0) us.push_back(ms * 1000.0);
-  }
-  std::sort(us.begin(), us.end());
-  const double med = kB64Reps % 2 ? us[kB64Reps / 2] : 0.5 * (us[kB64Reps / 2 - 1] + us[kB64Reps / 2]);
+  const Timing tm = time_checked(
+      label, kB64Reps, want, B.out, ev0, ev1, [&](int rep) { CK(cudaMemsetAsync(B.flush, rep & 0xff, kFlushBytes)); },
+      [&] { kern<<<grid, kThreads, smem>>>(a); });
+  const bool ok = tm.ok;
+  const double med = tm.median_us;
   const double tbs = 2.0 * kB64Bytes / (med * 1e-6) / 1e12;
   char tail[256];
   std::snprintf(tail, sizeof(tail), " smem_kb=%.1f bps=%d waves=%d flush=write", smem / 1024.0, bps, waves);
   label += tail;
-  std::printf("DPROBE %s check=%s min_us=%.2f us=%.2f tbs=%.3f\n", label.c_str(), ok ? "ok" : "FAIL", us.front(), med,
+  std::printf("DPROBE %s check=%s min_us=%.2f us=%.2f tbs=%.3f\n", label.c_str(), ok ? "ok" : "FAIL", tm.min_us, med,
               tbs);
   std::fflush(stdout);
   return {label, med, tbs, ok, c.variant};
