@@ -225,50 +225,90 @@ static hp::Sm90BwdArgs make_args(const T* q, const T* k, const T* v, const T* o,
   return a;
 }
 
+// One check case: random inputs, the naive fp32 reference's out, lse, Dsum and gradients, all on
+// the device, freed with the case; Grads: one poisoned set of a kernel's dq, dk, dv.
+template <typename T, int D>
+struct RefCase {
+  int b, s, h, h_kv;
+  bool causal;
+  float scale;
+  size_t nq, nkv, nl;
+  T *q, *k, *v, *dout, *o;
+  float *lse, *dsum, *rdq, *rdk, *rdv;
+
+  RefCase(int b_, int s_, int h_, int h_kv_, bool causal_, uint64_t seed)
+      : b(b_), s(s_), h(h_), h_kv(h_kv_), causal(causal_), scale(1.f / std::sqrt(static_cast<float>(D))) {
+    Rng rng(seed);
+    nq = static_cast<size_t>(b) * s * h * D;
+    nkv = static_cast<size_t>(b) * s * h_kv * D;
+    nl = static_cast<size_t>(b) * h * s;
+    q = upload_random<T>(nq, rng, -2.f, 2.f);
+    k = upload_random<T>(nkv, rng, -2.f, 2.f);
+    v = upload_random<T>(nkv, rng, -1.f, 1.f);
+    dout = upload_random<T>(nq, rng, -1.f, 1.f);
+    CK(cudaMalloc(&o, nq * sizeof(T)));
+    CK(cudaMalloc(&lse, nl * sizeof(float)));
+    CK(cudaMalloc(&dsum, nl * sizeof(float)));
+    CK(cudaMalloc(&rdq, nq * sizeof(float)));
+    CK(cudaMalloc(&rdk, nkv * sizeof(float)));
+    CK(cudaMalloc(&rdv, nkv * sizeof(float)));
+    const int c = causal ? 1 : 0;
+    ref_fwd<T, D><<<nblk(nl, 128), 128>>>(q, k, v, o, lse, b, s, h, h_kv, scale, c);
+    CK(cudaGetLastError());
+    ref_dsum<T, D><<<nblk(nl, 128), 128>>>(o, dout, dsum, b, s, h);
+    ref_dq<T, D><<<nblk(nl, 128), 128>>>(q, k, v, dout, lse, dsum, rdq, b, s, h, h_kv, scale, c);
+    ref_dkdv<T, D><<<nblk(static_cast<long long>(b) * h_kv * s, 128), 128>>>(q, k, v, dout, lse, dsum, rdk, rdv, b,
+                                                                               s, h, h_kv, scale, c);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+  }
+  ~RefCase() {
+    for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                    static_cast<void*>(o), static_cast<void*>(lse), static_cast<void*>(dsum), static_cast<void*>(rdq),
+                    static_cast<void*>(rdk), static_cast<void*>(rdv)})
+      CK(cudaFree(p));
+  }
+  RefCase(const RefCase&) = delete;
+  RefCase& operator=(const RefCase&) = delete;
+
+  hp::Sm90BwdArgs args(T* dq, T* dk, T* dv, void* ws) const {
+    return make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal);
+  }
+};
+
+template <typename T>
+struct Grads {
+  T *dq, *dk, *dv;
+  size_t nq, nkv;
+  Grads(size_t nq_, size_t nkv_) : nq(nq_), nkv(nkv_) {
+    CK(cudaMalloc(&dq, nq * sizeof(T)));
+    CK(cudaMalloc(&dk, nkv * sizeof(T)));
+    CK(cudaMalloc(&dv, nkv * sizeof(T)));
+    // Poison: 0xFF.. is NaN in bf16 / fp16, so an element a kernel does not write fails.
+    CK(cudaMemset(dq, 0xFF, nq * sizeof(T)));
+    CK(cudaMemset(dk, 0xFF, nkv * sizeof(T)));
+    CK(cudaMemset(dv, 0xFF, nkv * sizeof(T)));
+  }
+  ~Grads() {
+    for (T* t : {dq, dk, dv}) CK(cudaFree(t));
+  }
+  Grads(const Grads&) = delete;
+  Grads& operator=(const Grads&) = delete;
+};
+
 // ------------------------------------------------------------------- check
 template <typename T, int D>
 static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  Rng rng(seed);
-  const size_t nq = static_cast<size_t>(b) * s * h * D, nkv = static_cast<size_t>(b) * s * h_kv * D;
-  const size_t nl = static_cast<size_t>(b) * h * s;
-  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
-  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
-  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
-  T* dout = upload_random<T>(nq, rng, -1.f, 1.f);
-  T *o, *dq, *dk, *dv;
-  float *lse, *dsum, *rdq, *rdk, *rdv;
-  CK(cudaMalloc(&o, nq * sizeof(T)));
-  CK(cudaMalloc(&dq, nq * sizeof(T)));
-  CK(cudaMalloc(&dk, nkv * sizeof(T)));
-  CK(cudaMalloc(&dv, nkv * sizeof(T)));
-  CK(cudaMalloc(&lse, nl * sizeof(float)));
-  CK(cudaMalloc(&dsum, nl * sizeof(float)));
-  CK(cudaMalloc(&rdq, nq * sizeof(float)));
-  CK(cudaMalloc(&rdk, nkv * sizeof(float)));
-  CK(cudaMalloc(&rdv, nkv * sizeof(float)));
+  const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
+  const Grads<T> g(rc.nq, rc.nkv);
   const size_t wsb = hp::bwd_sm90_workspace_bytes(b, s, h, D);
   void* ws = nullptr;
   CK(cudaMalloc(&ws, wsb));
   CK(cudaMemset(ws, 0xFF, wsb));
-  // Poison the outputs: 0xFF.. is NaN in bf16 / fp16.
-  CK(cudaMemset(dq, 0xFF, nq * sizeof(T)));
-  CK(cudaMemset(dk, 0xFF, nkv * sizeof(T)));
-  CK(cudaMemset(dv, 0xFF, nkv * sizeof(T)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int c = causal ? 1 : 0;
 
-  ref_fwd<T, D><<<nblk(nl, 128), 128>>>(q, k, v, o, lse, b, s, h, h_kv, scale, c);
-  CK(cudaGetLastError());
-  ref_dsum<T, D><<<nblk(nl, 128), 128>>>(o, dout, dsum, b, s, h);
-  ref_dq<T, D><<<nblk(nl, 128), 128>>>(q, k, v, dout, lse, dsum, rdq, b, s, h, h_kv, scale, c);
-  ref_dkdv<T, D><<<nblk(static_cast<long long>(b) * h_kv * s, 128), 128>>>(q, k, v, dout, lse, dsum, rdk, rdv, b, s,
-                                                                             h, h_kv, scale, c);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-
   bool ok = true;
-  cudaError_t le = hp::bwd_sm90<T, D>(make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale,
-                                                      causal));
+  cudaError_t le = hp::bwd_sm90<T, D>(rc.args(g.dq, g.dk, g.dv, ws));
   if (le != cudaSuccess) {
     std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
                 cudaGetErrorString(le));
@@ -280,7 +320,7 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
                   cudaGetErrorString(se));
       std::exit(1);
     }
-    const Err eq = compare(dq, rdq, nq), ek = compare(dk, rdk, nkv), ev = compare(dv, rdv, nkv);
+    const Err eq = compare(g.dq, rc.rdq, rc.nq), ek = compare(g.dk, rc.rdk, rc.nkv), ev = compare(g.dv, rc.rdv, rc.nkv);
     const size_t bad = eq.bad + ek.bad + ev.bad;
     ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2;
     std::printf(
@@ -289,11 +329,7 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
         ok ? "PASS" : "FAIL", Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ek.max_abs, ev.rel,
         ev.max_abs, eq.bad, ek.bad, ev.bad);
   }
-  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
-                  static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                  static_cast<void*>(lse), static_cast<void*>(dsum), static_cast<void*>(rdq),
-                  static_cast<void*>(rdk), static_cast<void*>(rdv), ws})
-    CK(cudaFree(p));
+  CK(cudaFree(ws));
   return ok;
 }
 
@@ -376,55 +412,20 @@ static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndi
 
 template <typename T, int D>
 static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  Rng rng(seed);
-  const size_t nq = static_cast<size_t>(b) * s * h * D, nkv = static_cast<size_t>(b) * s * h_kv * D;
-  const size_t nl = static_cast<size_t>(b) * h * s;
-  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
-  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
-  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
-  T* dout = upload_random<T>(nq, rng, -1.f, 1.f);
-  T *o, *dq, *dk, *dv, *dq0, *dk0, *dv0;
-  float *lse, *dsum, *rdq, *rdk, *rdv;
-  CK(cudaMalloc(&o, nq * sizeof(T)));
-  CK(cudaMalloc(&dq, nq * sizeof(T)));
-  CK(cudaMalloc(&dk, nkv * sizeof(T)));
-  CK(cudaMalloc(&dv, nkv * sizeof(T)));
-  CK(cudaMalloc(&dq0, nq * sizeof(T)));
-  CK(cudaMalloc(&dk0, nkv * sizeof(T)));
-  CK(cudaMalloc(&dv0, nkv * sizeof(T)));
-  CK(cudaMalloc(&lse, nl * sizeof(float)));
-  CK(cudaMalloc(&dsum, nl * sizeof(float)));
-  CK(cudaMalloc(&rdq, nq * sizeof(float)));
-  CK(cudaMalloc(&rdk, nkv * sizeof(float)));
-  CK(cudaMalloc(&rdv, nkv * sizeof(float)));
+  const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
+  const Grads<T> g(rc.nq, rc.nkv), g0(rc.nq, rc.nkv);
   const size_t wsb = hp::bwd_sm90_workspace_bytes(b, s, h, D);
   void* ws = nullptr;
   CK(cudaMalloc(&ws, wsb));
   CK(cudaMemset(ws, 0xFF, wsb));
-  for (T* t : {dq, dq0}) CK(cudaMemset(t, 0xFF, nq * sizeof(T)));
-  for (T* t : {dk, dv, dk0, dv0}) CK(cudaMemset(t, 0xFF, nkv * sizeof(T)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int c = causal ? 1 : 0;
 
-  ref_fwd<T, D><<<nblk(nl, 128), 128>>>(q, k, v, o, lse, b, s, h, h_kv, scale, c);
-  CK(cudaGetLastError());
-  ref_dsum<T, D><<<nblk(nl, 128), 128>>>(o, dout, dsum, b, s, h);
-  ref_dq<T, D><<<nblk(nl, 128), 128>>>(q, k, v, dout, lse, dsum, rdq, b, s, h, h_kv, scale, c);
-  ref_dkdv<T, D><<<nblk(static_cast<long long>(b) * h_kv * s, 128), 128>>>(q, k, v, dout, lse, dsum, rdk, rdv, b, s,
-                                                                             h, h_kv, scale, c);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-
   bool ok = true;
-  // The atomic-dQ kernel (dq0/dk0/dv0), then the DQ_TMA variant (dq/dk/dv) on the same inputs.
-  cudaError_t le =
-      hp::bwd_sm90<T, D, false>(make_args<T, D>(q, k, v, o, dout, lse, dq0, dk0, dv0, ws, b, s, h, h_kv, scale,
-                                                causal));
+  // The atomic-dQ kernel (g0), then the DQ_TMA variant (g) on the same inputs.
+  cudaError_t le = hp::bwd_sm90<T, D, false>(rc.args(g0.dq, g0.dk, g0.dv, ws));
   if (le == cudaSuccess) le = cudaDeviceSynchronize();
   hp::BwdLaunch L;
-  if (le == cudaSuccess)
-    le = hp::bwd_sm90_prepare<T, D, true>(
-        &L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
+  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true>(&L, rc.args(g.dq, g.dk, g.dv, ws));
   if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
   if (le != cudaSuccess) {
     std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
@@ -437,24 +438,19 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
                   cudaGetErrorString(se));
       std::exit(1);
     }
-    const Err eq = compare(dq, rdq, nq), ek = compare(dk, rdk, nkv), ev = compare(dv, rdv, nkv);
+    const Err eq = compare(g.dq, rc.rdq, rc.nq), ek = compare(g.dk, rc.rdk, rc.nkv), ev = compare(g.dv, rc.rdv, rc.nkv);
     const size_t bad = eq.bad + ek.bad + ev.bad;
-    const bool kv_same = same_bytes(dk, dk0, nkv * sizeof(T)) && same_bytes(dv, dv0, nkv * sizeof(T));
+    const bool kv_same = same_bytes(g.dk, g0.dk, rc.nkv * sizeof(T)) && same_bytes(g.dv, g0.dv, rc.nkv * sizeof(T));
     size_t nd = 0;
-    const double rd = max_rel_diff(dq, dq0, nq, &nd);
+    const double rd = max_rel_diff(g.dq, g0.dq, rc.nq, &nd);
     ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && kv_same;
     std::printf(
         "%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
         "vs default: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
         ok ? "PASS2" : "FAIL2", Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
-        kv_same ? "bitwise equal" : "DIFFER", rd, nd, nq);
+        kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
   }
-  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
-                    static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                    static_cast<void*>(dq0), static_cast<void*>(dk0), static_cast<void*>(dv0),
-                    static_cast<void*>(lse), static_cast<void*>(dsum), static_cast<void*>(rdq),
-                    static_cast<void*>(rdk), static_cast<void*>(rdv), ws})
-    CK(cudaFree(ptr));
+  CK(cudaFree(ws));
   return ok;
 }
 
@@ -520,45 +516,15 @@ static size_t count_diff(const std::vector<float>& a, const std::vector<float>& 
 
 template <typename T, int D>
 static bool checkdet_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  Rng rng(seed);
-  const size_t nq = static_cast<size_t>(b) * s * h * D, nkv = static_cast<size_t>(b) * s * h_kv * D;
-  const size_t nl = static_cast<size_t>(b) * h * s;
-  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
-  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
-  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
-  T* dout = upload_random<T>(nq, rng, -1.f, 1.f);
+  const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
+  const size_t nq = rc.nq, nkv = rc.nkv;
   // Outputs: [0] the library's DQ_TMA kernel, [1] the same perturbed, [2] DET, [3] DET perturbed.
-  T *o, *dq[4], *dk[4], *dv[4];
-  float *lse, *dsum, *rdq, *rdk, *rdv;
-  CK(cudaMalloc(&o, nq * sizeof(T)));
-  for (int r = 0; r < 4; ++r) {
-    CK(cudaMalloc(&dq[r], nq * sizeof(T)));
-    CK(cudaMalloc(&dk[r], nkv * sizeof(T)));
-    CK(cudaMalloc(&dv[r], nkv * sizeof(T)));
-    // Poison the outputs: 0xFF.. is NaN in bf16 / fp16.
-    CK(cudaMemset(dq[r], 0xFF, nq * sizeof(T)));
-    CK(cudaMemset(dk[r], 0xFF, nkv * sizeof(T)));
-    CK(cudaMemset(dv[r], 0xFF, nkv * sizeof(T)));
-  }
-  CK(cudaMalloc(&lse, nl * sizeof(float)));
-  CK(cudaMalloc(&dsum, nl * sizeof(float)));
-  CK(cudaMalloc(&rdq, nq * sizeof(float)));
-  CK(cudaMalloc(&rdk, nkv * sizeof(float)));
-  CK(cudaMalloc(&rdv, nkv * sizeof(float)));
+  const Grads<T> g0(nq, nkv), g1(nq, nkv), g2(nq, nkv), g3(nq, nkv);
+  const Grads<T>* g[4] = {&g0, &g1, &g2, &g3};
   const size_t wsb = hp::bwd_sm90_det_workspace_bytes(b, s, h, D);
   void* ws = nullptr;
   CK(cudaMalloc(&ws, wsb));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int c = causal ? 1 : 0;
-
-  ref_fwd<T, D><<<nblk(nl, 128), 128>>>(q, k, v, o, lse, b, s, h, h_kv, scale, c);
-  CK(cudaGetLastError());
-  ref_dsum<T, D><<<nblk(nl, 128), 128>>>(o, dout, dsum, b, s, h);
-  ref_dq<T, D><<<nblk(nl, 128), 128>>>(q, k, v, dout, lse, dsum, rdq, b, s, h, h_kv, scale, c);
-  ref_dkdv<T, D><<<nblk(static_cast<long long>(b) * h_kv * s, 128), 128>>>(q, k, v, dout, lse, dsum, rdk, rdv, b, s,
-                                                                             h, h_kv, scale, c);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
 
   int dev = 0, n_sm = 0;
   CK(cudaGetDevice(&dev));
@@ -575,8 +541,7 @@ static bool checkdet_case(int b, int s, int h, int h_kv, bool causal, uint64_t s
     CK(cudaMemset(ws, 0xFF, wsb));
     CK(cudaDeviceSynchronize());
     hp::BwdLaunch L;
-    const hp::Sm90BwdArgs a =
-        make_args<T, D>(q, k, v, o, dout, lse, dq[r], dk[r], dv[r], ws, b, s, h, h_kv, scale, causal);
+    const hp::Sm90BwdArgs a = rc.args(g[r]->dq, g[r]->dk, g[r]->dv, ws);
     const cudaError_t pe =
         r < 2 ? hp::bwd_sm90_prepare<T, D, true>(&L, a) : hp::bwd_sm90_prepare<T, D, true, true>(&L, a);
     if (pe != cudaSuccess) {
@@ -589,23 +554,18 @@ static bool checkdet_case(int b, int s, int h, int h_kv, bool causal, uint64_t s
   CK(cudaStreamDestroy(st));
   CK(cudaStreamDestroy(so));
 
-  const Err eq = compare(dq[2], rdq, nq), ek = compare(dk[2], rdk, nkv), ev = compare(dv[2], rdv, nkv);
+  const Err eq = compare(g2.dq, rc.rdq, nq), ek = compare(g2.dk, rc.rdk, nkv), ev = compare(g2.dv, rc.rdv, nkv);
   const size_t bad = eq.bad + ek.bad + ev.bad;
-  const bool det_same = same_bytes(dq[2], dq[3], nq * sizeof(T)) && same_bytes(dk[2], dk[3], nkv * sizeof(T)) &&
-                        same_bytes(dv[2], dv[3], nkv * sizeof(T)) && count_diff(acc[2], acc[3]) == 0;
-  const bool kv_same = same_bytes(dk[2], dk[0], nkv * sizeof(T)) && same_bytes(dv[2], dv[0], nkv * sizeof(T));
+  const bool det_same = same_bytes(g2.dq, g3.dq, nq * sizeof(T)) && same_bytes(g2.dk, g3.dk, nkv * sizeof(T)) &&
+                        same_bytes(g2.dv, g3.dv, nkv * sizeof(T)) && count_diff(acc[2], acc[3]) == 0;
+  const bool kv_same = same_bytes(g2.dk, g0.dk, nkv * sizeof(T)) && same_bytes(g2.dv, g0.dv, nkv * sizeof(T));
   const bool ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && det_same && kv_same;
   std::printf(
       "%s %s d=%d s=%d b=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
       "DET run-to-run: %s  dk/dv vs DQ_TMA: %s  DQ_TMA run-to-run: %zu/%zu fp32 dQ differ\n",
       ok ? "PASSDET" : "FAILDET", Conv<T>::name(), D, s, b, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
       det_same ? "bitwise equal" : "DIFFER", kv_same ? "bitwise equal" : "DIFFER", count_diff(acc[0], acc[1]), n_acc);
-  for (int r = 0; r < 4; ++r)
-    for (T* t : {dq[r], dk[r], dv[r]}) CK(cudaFree(t));
-  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
-                    static_cast<void*>(o), static_cast<void*>(lse), static_cast<void*>(dsum), static_cast<void*>(rdq),
-                    static_cast<void*>(rdk), static_cast<void*>(rdv), ws})
-    CK(cudaFree(ptr));
+  CK(cudaFree(ws));
   return ok;
 }
 
