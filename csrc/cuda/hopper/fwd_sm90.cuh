@@ -367,7 +367,8 @@ inline EncodeTiledFn get_encode_fn() {
 // Raises kern's dynamic shared-memory limit to smem on the current device, once per device:
 // the attribute is per device, so a process driving several GPUs sets it on each. `done` is
 // the caller's per-kernel bit set of devices already raised (atomic: launches may come from
-// several host threads).
+// several host threads). Strictly the attribute belongs to the context: a process that drives
+// one device through two contexts (PyTorch uses only the primary one) would need it per context.
 inline cudaError_t raise_smem_limit(const void* kern, int smem, std::atomic<uint64_t>& done) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);

@@ -54,20 +54,6 @@ bool device_is_sm90() {
   return ok;
 }
 
-// The current device's SM count (the persistent forward's grid), kept per device index.
-int device_sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  const bool keep = dev >= 0 && dev < kMaxDevices;
-  if (keep && cached[dev].load(std::memory_order_relaxed) > 0) return cached[dev].load(std::memory_order_relaxed);
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  if (keep) cached[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 // FUSEDATTN_HOPPER_FWD: unset, "" or "auto" lets tuning.h choose; read once. An unknown value
 // is an error at the first Hopper forward, not a silent fallback.
 struct FwdOverride {
@@ -106,8 +92,9 @@ detail::MapDesc map_of(const SeqTensor& t, const Problem& pr, int64_t s, int64_t
                          static_cast<int>(d), t.stride_b, t.stride_s, t.stride_h};
 }
 
+// sm_count: the device's multiprocessors (CudaLaunch::sm_count), the persistent kernel's grid.
 template <typename T, int D>
-Status run_kernel(const FwdParams& p, bool causal, cudaStream_t st) {
+Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st) {
   const Problem& pr = p.prob;
   Sm90Args a{};
   a.q = map_of(p.q, pr, pr.s_q, pr.h_q, D);
@@ -135,9 +122,15 @@ Status run_kernel(const FwdParams& p, bool causal, cudaStream_t st) {
   }
   FwdVariant variant = o.set ? o.variant : choose_fwd_variant(D, causal, pr.s_kv);
   if (variant == FwdVariant::kThreeConsumer && D != 64) variant = choose_fwd_variant(D, causal, pr.s_kv);
+  // The persistent kernel needs the SM count, and its tile indices (one round past the last) must
+  // fit in int; a call without either takes v2, which covers every shape fwd_support admits.
+  const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
+  if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
+    variant = FwdVariant::kV2;
+  }
   cudaError_t e;
   if (variant == FwdVariant::kPersistent) {
-    e = run_fwd_persistent<T, D>(a, device_sm_count(), st);
+    e = run_fwd_persistent<T, D>(a, sm_count, st);
   } else if (variant == FwdVariant::kThreeConsumer) {
     e = run_fwd_three_consumer<T>(a, st);
   } else {
@@ -292,10 +285,14 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   const bool causal = p.mask.window_right == 0;
   auto st = static_cast<cudaStream_t>(launch.stream);
   const bool f16 = p.prob.dtype == DType::kFloat16;
+  const int sms = launch.sm_count;
   switch (p.prob.d_qk) {
-    case 64: return f16 ? run_kernel<__half, 64>(p, causal, st) : run_kernel<__nv_bfloat16, 64>(p, causal, st);
-    case 128: return f16 ? run_kernel<__half, 128>(p, causal, st) : run_kernel<__nv_bfloat16, 128>(p, causal, st);
-    default: return f16 ? run_kernel<__half, 256>(p, causal, st) : run_kernel<__nv_bfloat16, 256>(p, causal, st);
+    case 64:
+      return f16 ? run_kernel<__half, 64>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 64>(p, causal, sms, st);
+    case 128:
+      return f16 ? run_kernel<__half, 128>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 128>(p, causal, sms, st);
+    default:
+      return f16 ? run_kernel<__half, 256>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 256>(p, causal, sms, st);
   }
 }
 
