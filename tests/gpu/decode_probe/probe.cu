@@ -122,6 +122,28 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
       : "memory");
 }
 
+// Consuming a landed tile: this thread's share of its 32-bit words, summed (what the check compares).
+template <int BYTES>
+__device__ __forceinline__ uint32_t sum_tile(const unsigned char* stage, int tid) {
+  const uint4* t = reinterpret_cast<const uint4*>(stage);
+  uint32_t acc = 0;
+#pragma unroll
+  for (int k = 0; k < BYTES / 16 / kThreads; ++k) {
+    const uint4 w = t[tid + k * kThreads];
+    acc += w.x + w.y + w.z + w.w;
+  }
+  return acc;
+}
+
+// The block's sum of every thread's acc, written by thread 0 to *out.
+__device__ __forceinline__ void store_block_sum(uint32_t acc, uint32_t* red, uint32_t* out) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) *out = red[0] + red[1] + red[2] + red[3];
+}
+
 // Block (blockIdx.x, blockIdx.y) of a (splits, heads) grid, as the decode kernel's (split, KV head).
 // Tiles stream through an S-stage ring with the decode kernel's loop: wait for tile x, barrier (every
 // thread is done with tile x - 1's stage), issue tile x + S - 1 into that stage, consume tile x.
@@ -230,20 +252,11 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(const __grid_constant__
       __syncthreads();
       if (x + S - 1 < n) issue(x + S - 1);
       if constexpr (kCp) cp_async_commit();
-      const uint4* t = reinterpret_cast<const uint4*>(stages + (x % S) * kTileBytes);
-#pragma unroll
-      for (int k = 0; k < kTileBytes / 16 / kThreads; ++k) {
-        const uint4 w = t[tid + k * kThreads];
-        acc += w.x + w.y + w.z + w.w;
-      }
+      acc += sum_tile<kTileBytes>(stages + (x % S) * kTileBytes, tid);
     }
   }
 
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if ((tid & 31) == 0) red[tid >> 5] = acc;
-  __syncthreads();
-  if (tid == 0) a.out[b] = red[0] + red[1] + red[2] + red[3];
+  store_block_sum(acc, red, a.out + b);
 }
 
 // Reads the flush buffer so that L2 ends up holding its clean lines (flush=read).
@@ -584,18 +597,9 @@ __global__ void __launch_bounds__(kThreads) b64_kernel(const Args64 a) {
         pid_next = x + S + 1 < n ? page_of(x + S + 1) : -1;
       }
     }
-    const uint4* t = reinterpret_cast<const uint4*>(stages + (x % S) * kTileBytes);
-#pragma unroll
-    for (int k = 0; k < kTileBytes / 16 / kThreads; ++k) {
-      const uint4 w = t[tid + k * kThreads];
-      acc += w.x + w.y + w.z + w.w;
-    }
+    acc += sum_tile<kTileBytes>(stages + (x % S) * kTileBytes, tid);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if ((tid & 31) == 0) red[tid >> 5] = acc;
-  __syncthreads();
-  if (tid == 0) a.out[seq * kHeads + h] = red[0] + red[1] + red[2] + red[3];
+  store_block_sum(acc, red, a.out + seq * kHeads + h);
 }
 
 __host__ __device__ inline uint32_t hash32(uint32_t x) {  // lowbias32
