@@ -670,61 +670,37 @@ static bool bench_point(int s, bool causal) {
       ok = false;
     }
   }
-  for (int i = 0; ok && i < 5; ++i) {
-    const cudaError_t e = hp::bwd_sm90_launch(L);
-    if (e != cudaSuccess) {
-      std::printf("HBWD d=%d s=%d causal=%d launch error: %s\n", D, s, c, cudaGetErrorString(e));
-      ok = false;
-    }
+  const double flops = 2.5 * 4.0 * b * h * static_cast<double>(s) * s * D / (causal ? 2.0 : 1.0);
+  const double med = ok ? time_bwd(L) : -1.0;
+  if (ok && med < 0) {
+    std::printf("HBWD d=%d s=%d causal=%d launch error: %s\n", D, s, c, cudaGetErrorString(cudaGetLastError()));
+    ok = false;
   }
   if (ok) {
-    CK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      CK(cudaEventRecord(e0));
-      CK(hp::bwd_sm90_launch(L));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float t = 0.f;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double med = 0.5 * (ms[9] + ms[10]);
-    const double flops = 2.5 * 4.0 * b * h * static_cast<double>(s) * s * D / (causal ? 2.0 : 1.0);
     std::printf("HBWD d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s\n", D, s, c, med, flops / (med * 1e-3) / 1e12);
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    // The second kernel of bench2 / benchdet on the same inputs, with its ratio to the HBWD line.
+    const auto second = [&](const char* tag, cudaError_t pe, const hp::BwdLaunch& L2, const char* vs) {
+      const double med2 = pe == cudaSuccess ? time_bwd(L2) : -1.0;
+      if (med2 < 0) {
+        std::printf("%s d=%d s=%d causal=%d prepare/launch error: %s\n", tag, D, s, c,
+                    cudaGetErrorString(pe != cudaSuccess ? pe : cudaGetLastError()));
+        ok = false;
+        return;
+      }
+      std::printf("%s d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s (%.3fx %s)\n", tag, D, s, c, med2,
+                  flops / (med2 * 1e-3) / 1e12, med / med2, vs);
+    };
     if constexpr (V2 && D != 256) {
       hp::BwdLaunch L2;
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true>(
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
-      const double med2 = pe == cudaSuccess ? time_bwd(L2) : -1.0;
-      if (med2 < 0) {
-        std::printf("HBWD2 d=%d s=%d causal=%d prepare/launch error: %s\n", D, s, c,
-                    cudaGetErrorString(pe != cudaSuccess ? pe : cudaGetLastError()));
-        ok = false;
-      } else {
-        std::printf("HBWD2 d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s (%.3fx default)\n", D, s, c, med2,
-                    flops / (med2 * 1e-3) / 1e12, med / med2);
-      }
+      second("HBWD2", pe, L2, "default");
     }
     if constexpr (MODE == kBenchDet && D != 256) {
       hp::BwdLaunch L2;
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
-      const double med2 = pe == cudaSuccess ? time_bwd(L2) : -1.0;
-      if (med2 < 0) {
-        std::printf("HBWDDET d=%d s=%d causal=%d prepare/launch error: %s\n", D, s, c,
-                    cudaGetErrorString(pe != cudaSuccess ? pe : cudaGetLastError()));
-        ok = false;
-      } else {
-        std::printf("HBWDDET d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s (%.3fx DQ_TMA)\n", D, s, c, med2,
-                    flops / (med2 * 1e-3) / 1e12, med / med2);
-      }
+      second("HBWDDET", pe, L2, "DQ_TMA");
     }
   }
   for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
