@@ -356,6 +356,56 @@ static int run_check() {
   return fails == 0 ? 0 : 1;
 }
 
+// A variant's outputs (o3, l3) against the naive reference (o_ref, lse_ref: relative error, largest
+// difference, lse error, non-finite count) and against v2's (o2, l2: bit for bit, largest
+// differences), with the pass rule of check3 / checkw3.
+struct VsV2 {
+  double rel = 0.0, max_abs = 0.0, lse_err = 0.0, d_o = 0.0, d_l = 0.0;
+  size_t nan_count = 0;
+  bool bitwise = false, ok = false;
+};
+template <typename T>
+static VsV2 compare_vs_ref_and_v2(const T* o2, const float* l2, const T* o3, const float* l3, const float* o_ref,
+                                  const float* lse_ref, size_t nq, size_t nl) {
+  VsV2 r;
+  std::vector<T> h2(nq), h3(nq);
+  std::vector<float> hor(nq), hl2(nl), hl3(nl), hlr(nl);
+  CK(cudaMemcpy(h2.data(), o2, nq * sizeof(T), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(h3.data(), o3, nq * sizeof(T), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hor.data(), o_ref, nq * sizeof(float), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hl2.data(), l2, nl * sizeof(float), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hl3.data(), l3, nl * sizeof(float), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hlr.data(), lse_ref, nl * sizeof(float), cudaMemcpyDeviceToHost));
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < nq; ++i) {
+    const double a = Conv<T>::to_f(h3[i]);
+    const double ref = hor[i];
+    if (!std::isfinite(a)) {
+      ++r.nan_count;
+      continue;
+    }
+    r.max_abs = std::max(r.max_abs, std::fabs(a - ref));
+    num += (a - ref) * (a - ref);
+    den += ref * ref;
+  }
+  for (size_t i = 0; i < nl; ++i) {
+    if (!std::isfinite(hl3[i])) {
+      ++r.nan_count;
+      continue;
+    }
+    r.lse_err = std::max(r.lse_err, static_cast<double>(std::fabs(hl3[i] - hlr[i])));
+  }
+  r.rel = std::sqrt(num / std::max(den, 1e-30));
+  // Bit for bit vs v2 (o as 16-bit patterns, lse as 32-bit patterns), and the largest difference.
+  r.bitwise = std::memcmp(h2.data(), h3.data(), nq * sizeof(T)) == 0 &&
+              std::memcmp(hl2.data(), hl3.data(), nl * sizeof(float)) == 0;
+  for (size_t i = 0; i < nq; ++i)
+    r.d_o = std::max(r.d_o, static_cast<double>(std::fabs(Conv<T>::to_f(h3[i]) - Conv<T>::to_f(h2[i]))));
+  for (size_t i = 0; i < nl; ++i) r.d_l = std::max(r.d_l, static_cast<double>(std::fabs(hl3[i] - hl2[i])));
+  r.ok = r.nan_count == 0 && r.rel < 1e-2 && r.lse_err < 1e-2 && r.max_abs < 5e-2 && r.bitwise;
+  return r;
+}
+
 // ------------------------------------------------------------------ check3
 // v3 (default config, grid = min(#tiles, sms)) vs the naive reference (same
 // criteria as check_case) and bit for bit vs v2 (default config) on the same
@@ -407,48 +457,13 @@ static bool check3_case(int b, int s, int h, int h_kv, bool causal, int sms, uin
                   Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, cudaGetErrorString(se));
       std::exit(1);
     }
-    std::vector<T> h2(nq), h3(nq);
-    std::vector<float> hor(nq), hl2(nl), hl3(nl), hlr(nl);
-    CK(cudaMemcpy(h2.data(), o2, nq * sizeof(T), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(h3.data(), o3, nq * sizeof(T), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hor.data(), o_ref, nq * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hl2.data(), l2, nl * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hl3.data(), l3, nl * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hlr.data(), lse_ref, nl * sizeof(float), cudaMemcpyDeviceToHost));
-    double max_abs = 0.0, num = 0.0, den = 0.0, lse_err = 0.0;
-    size_t nan_count = 0;
-    for (size_t i = 0; i < nq; ++i) {
-      const double a = Conv<T>::to_f(h3[i]);
-      const double r = hor[i];
-      if (!std::isfinite(a)) {
-        ++nan_count;
-        continue;
-      }
-      max_abs = std::max(max_abs, std::fabs(a - r));
-      num += (a - r) * (a - r);
-      den += r * r;
-    }
-    for (size_t i = 0; i < nl; ++i) {
-      if (!std::isfinite(hl3[i])) {
-        ++nan_count;
-        continue;
-      }
-      lse_err = std::max(lse_err, static_cast<double>(std::fabs(hl3[i] - hlr[i])));
-    }
-    const double rel = std::sqrt(num / std::max(den, 1e-30));
-    // Bit for bit vs v2 (o as 16-bit patterns, lse as 32-bit patterns), and the largest difference.
-    const bool bitwise = std::memcmp(h2.data(), h3.data(), nq * sizeof(T)) == 0 &&
-                         std::memcmp(hl2.data(), hl3.data(), nl * sizeof(float)) == 0;
-    double d_o = 0.0, d_l = 0.0;
-    for (size_t i = 0; i < nq; ++i)
-      d_o = std::max(d_o, static_cast<double>(std::fabs(Conv<T>::to_f(h3[i]) - Conv<T>::to_f(h2[i]))));
-    for (size_t i = 0; i < nl; ++i) d_l = std::max(d_l, static_cast<double>(std::fabs(hl3[i] - hl2[i])));
-    ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2 && max_abs < 5e-2 && bitwise;
+    const VsV2 r = compare_vs_ref_and_v2<T>(o2, l2, o3, l3, o_ref, lse_ref, nq, nl);
+    ok = r.ok;
     std::printf(
         "%s %s %s d=%d s=%d causal=%d h=%d/%d sms=%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu v2diff: bitwise=%d "
         "max_abs_o=%.3e max_abs_lse=%.3e\n",
-        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, rel, max_abs,
-        lse_err, nan_count, bitwise ? 1 : 0, d_o, d_l);
+        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, r.rel, r.max_abs,
+        r.lse_err, r.nan_count, r.bitwise ? 1 : 0, r.d_o, r.d_l);
   }
   CK(cudaFree(q));
   CK(cudaFree(k));
@@ -586,48 +601,13 @@ static bool checkw3_case(const Variant& v3, int b, int s, int h, int h_kv, bool 
                   Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, cudaGetErrorString(se));
       std::exit(1);
     }
-    std::vector<T> h2(nq), h3(nq);
-    std::vector<float> hor(nq), hl2(nl), hl3(nl), hlr(nl);
-    CK(cudaMemcpy(h2.data(), o2, nq * sizeof(T), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(h3.data(), o3, nq * sizeof(T), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hor.data(), o_ref, nq * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hl2.data(), l2, nl * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hl3.data(), l3, nl * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hlr.data(), lse_ref, nl * sizeof(float), cudaMemcpyDeviceToHost));
-    double max_abs = 0.0, num = 0.0, den = 0.0, lse_err = 0.0;
-    size_t nan_count = 0;
-    for (size_t i = 0; i < nq; ++i) {
-      const double a = Conv<T>::to_f(h3[i]);
-      const double r = hor[i];
-      if (!std::isfinite(a)) {
-        ++nan_count;
-        continue;
-      }
-      max_abs = std::max(max_abs, std::fabs(a - r));
-      num += (a - r) * (a - r);
-      den += r * r;
-    }
-    for (size_t i = 0; i < nl; ++i) {
-      if (!std::isfinite(hl3[i])) {
-        ++nan_count;
-        continue;
-      }
-      lse_err = std::max(lse_err, static_cast<double>(std::fabs(hl3[i] - hlr[i])));
-    }
-    const double rel = std::sqrt(num / std::max(den, 1e-30));
-    // Bit for bit vs v2 (o as 16-bit patterns, lse as 32-bit patterns), and the largest difference.
-    const bool bitwise = std::memcmp(h2.data(), h3.data(), nq * sizeof(T)) == 0 &&
-                         std::memcmp(hl2.data(), hl3.data(), nl * sizeof(float)) == 0;
-    double d_o = 0.0, d_l = 0.0;
-    for (size_t i = 0; i < nq; ++i)
-      d_o = std::max(d_o, static_cast<double>(std::fabs(Conv<T>::to_f(h3[i]) - Conv<T>::to_f(h2[i]))));
-    for (size_t i = 0; i < nl; ++i) d_l = std::max(d_l, static_cast<double>(std::fabs(hl3[i] - hl2[i])));
-    ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2 && max_abs < 5e-2 && bitwise;
+    const VsV2 r = compare_vs_ref_and_v2<T>(o2, l2, o3, l3, o_ref, lse_ref, nq, nl);
+    ok = r.ok;
     std::printf(
         "%s %s %s d=%d s=%d causal=%d h=%d/%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu v2diff: bitwise=%d "
         "max_abs_o=%.3e max_abs_lse=%.3e\n",
-        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, rel, max_abs,
-        lse_err, nan_count, bitwise ? 1 : 0, d_o, d_l);
+        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, r.rel, r.max_abs,
+        r.lse_err, r.nan_count, r.bitwise ? 1 : 0, r.d_o, r.d_l);
   }
   CK(cudaFree(q));
   CK(cudaFree(k));
