@@ -407,14 +407,14 @@ static VsV2 compare_vs_ref_and_v2(const T* o2, const float* l2, const T* o3, con
 }
 
 // ------------------------------------------------------------------ check3
-// v3 (default config, grid = min(#tiles, sms)) vs the naive reference (same
-// criteria as check_case) and bit for bit vs v2 (default config) on the same
-// inputs. Line: PASS|FAIL v3:cfg dtype d s causal h sms=.. err max_abs lse_err
-// nan v2diff: bitwise=0|1 max_abs_o max_abs_lse.
+// A variant of v2 (v3 or w3) vs the naive reference (same criteria as
+// check_case) and bit for bit vs v2 (default config) on the same inputs; sms > 0
+// sets the persistent kernel's grid (min(#tiles, sms)). Line: PASS|FAIL cfg
+// dtype d s causal h [sms=..] err max_abs lse_err nan v2diff: bitwise=0|1
+// max_abs_o max_abs_lse.
 template <typename T, int D>
-static bool check3_case(int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed) {
+static bool check_vs_v2_case(const Variant& var, int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed) {
   const Variant v2 = v2_variant<T, D>();
-  const Variant v3 = v3_variant<T, D>();
   Rng rng(seed);
   const size_t nq = static_cast<size_t>(b) * s * h * D;
   const size_t nkv = static_cast<size_t>(b) * s * h_kv * D;
@@ -441,40 +441,40 @@ static bool check3_case(int b, int s, int h, int h_kv, bool causal, int sms, uin
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   const int saved_sms = g_v3_sms;
-  g_v3_sms = sms;
+  if (sms > 0) g_v3_sms = sms;
   const cudaError_t e2 = launch_fast<T, D>(v2, q, k, v, o2, l2, b, s, h, h_kv, scale, causal);
-  const cudaError_t e3 = launch_fast<T, D>(v3, q, k, v, o3, l3, b, s, h, h_kv, scale, causal);
+  const cudaError_t e3 = launch_fast<T, D>(var, q, k, v, o3, l3, b, s, h, h_kv, scale, causal);
   g_v3_sms = saved_sms;
+  // The line's case: the persistent kernel's grid (sms=) where it matters.
+  char where[160];
+  const int wn = std::snprintf(where, sizeof(where), "%s %s d=%d s=%d causal=%d h=%d/%d", var.name.c_str(),
+                               Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv);
+  if (sms > 0) std::snprintf(where + wn, sizeof(where) - wn, " sms=%d", sms);
   bool ok = true;
   if (e2 != cudaSuccess || e3 != cudaSuccess) {
-    std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d sms=%d launch error: v2 %s, v3 %s\n", v3.name.c_str(),
-                Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, cudaGetErrorString(e2), cudaGetErrorString(e3));
+    std::printf("FAIL %s launch error: v2 %s, variant %s\n", where, cudaGetErrorString(e2), cudaGetErrorString(e3));
     ok = false;
   } else {
     const cudaError_t se = cudaDeviceSynchronize();
     if (se != cudaSuccess) {
-      std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d sms=%d kernel error: %s\n", v3.name.c_str(),
-                  Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, cudaGetErrorString(se));
+      std::printf("FAIL %s kernel error: %s\n", where, cudaGetErrorString(se));
       std::exit(1);
     }
     const VsV2 r = compare_vs_ref_and_v2<T>(o2, l2, o3, l3, o_ref, lse_ref, nq, nl);
     ok = r.ok;
-    std::printf(
-        "%s %s %s d=%d s=%d causal=%d h=%d/%d sms=%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu v2diff: bitwise=%d "
-        "max_abs_o=%.3e max_abs_lse=%.3e\n",
-        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, sms, r.rel, r.max_abs,
-        r.lse_err, r.nan_count, r.bitwise ? 1 : 0, r.d_o, r.d_l);
+    std::printf("%s %s err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu v2diff: bitwise=%d max_abs_o=%.3e max_abs_lse=%.3e\n",
+                ok ? "PASS" : "FAIL", where, r.rel, r.max_abs, r.lse_err, r.nan_count, r.bitwise ? 1 : 0, r.d_o, r.d_l);
   }
-  CK(cudaFree(q));
-  CK(cudaFree(k));
-  CK(cudaFree(v));
-  CK(cudaFree(o2));
-  CK(cudaFree(o3));
-  CK(cudaFree(l2));
-  CK(cudaFree(l3));
-  CK(cudaFree(o_ref));
-  CK(cudaFree(lse_ref));
+  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o2),
+                    static_cast<void*>(o3), static_cast<void*>(l2), static_cast<void*>(l3), static_cast<void*>(o_ref),
+                    static_cast<void*>(lse_ref)})
+    CK(cudaFree(ptr));
   return ok;
+}
+
+template <typename T, int D>
+static bool check3_case(int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed) {
+  return check_vs_v2_case<T, D>(v3_variant<T, D>(), b, s, h, h_kv, causal, sms, seed);
 }
 
 template <typename T>
@@ -554,71 +554,11 @@ static int run_check3() {
 }
 
 // ----------------------------------------------------------------- checkw3
-// w3 (d = 64, fwd_sm90_v2w3.cuh) vs the naive reference (check_case's
-// criteria) and bit for bit vs v2's default config (same BN = 128) on the same
-// inputs. Line: PASS|FAIL w3:cfg dtype d s causal h err max_abs lse_err nan
-// v2diff: bitwise=0|1 max_abs_o max_abs_lse (v3/o3 below name the w3 side).
+// w3 (d = 64, fwd_sm90_v2w3.cuh) through check_vs_v2_case: bit for bit vs v2's
+// default config (same BN = 128).
 template <typename T>
-static bool checkw3_case(const Variant& v3, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  constexpr int D = 64;
-  const Variant v2 = v2_variant<T, D>();
-  Rng rng(seed);
-  const size_t nq = static_cast<size_t>(b) * s * h * D;
-  const size_t nkv = static_cast<size_t>(b) * s * h_kv * D;
-  const size_t nl = static_cast<size_t>(b) * h * s;
-  T* q = upload_random<T>(nq, rng, -2.f, 2.f);
-  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
-  T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
-  T *o2 = nullptr, *o3 = nullptr;
-  float *l2 = nullptr, *l3 = nullptr, *o_ref = nullptr, *lse_ref = nullptr;
-  CK(cudaMalloc(&o2, nq * sizeof(T)));
-  CK(cudaMalloc(&o3, nq * sizeof(T)));
-  CK(cudaMalloc(&l2, nl * sizeof(float)));
-  CK(cudaMalloc(&l3, nl * sizeof(float)));
-  CK(cudaMalloc(&o_ref, nq * sizeof(float)));
-  CK(cudaMalloc(&lse_ref, nl * sizeof(float)));
-  CK(cudaMemset(o2, 0xFF, nq * sizeof(T)));
-  CK(cudaMemset(o3, 0xFF, nq * sizeof(T)));
-  CK(cudaMemset(l2, 0xFF, nl * sizeof(float)));
-  CK(cudaMemset(l3, 0xFF, nl * sizeof(float)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const long long total = static_cast<long long>(b) * h * s;
-  ref_attn_kernel<T, D><<<static_cast<unsigned>((total + 127) / 128), 128>>>(q, k, v, o_ref, lse_ref, b, s, s, h,
-                                                                              h_kv, scale, causal ? 1 : 0);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  const cudaError_t e2 = launch_fast<T, D>(v2, q, k, v, o2, l2, b, s, h, h_kv, scale, causal);
-  const cudaError_t e3 = launch_fast<T, D>(v3, q, k, v, o3, l3, b, s, h, h_kv, scale, causal);
-  bool ok = true;
-  if (e2 != cudaSuccess || e3 != cudaSuccess) {
-    std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d launch error: v2 %s, w3 %s\n", v3.name.c_str(),
-                Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, cudaGetErrorString(e2), cudaGetErrorString(e3));
-    ok = false;
-  } else {
-    const cudaError_t se = cudaDeviceSynchronize();
-    if (se != cudaSuccess) {
-      std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", v3.name.c_str(),
-                  Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, cudaGetErrorString(se));
-      std::exit(1);
-    }
-    const VsV2 r = compare_vs_ref_and_v2<T>(o2, l2, o3, l3, o_ref, lse_ref, nq, nl);
-    ok = r.ok;
-    std::printf(
-        "%s %s %s d=%d s=%d causal=%d h=%d/%d err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu v2diff: bitwise=%d "
-        "max_abs_o=%.3e max_abs_lse=%.3e\n",
-        ok ? "PASS" : "FAIL", v3.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, r.rel, r.max_abs,
-        r.lse_err, r.nan_count, r.bitwise ? 1 : 0, r.d_o, r.d_l);
-  }
-  CK(cudaFree(q));
-  CK(cudaFree(k));
-  CK(cudaFree(v));
-  CK(cudaFree(o2));
-  CK(cudaFree(o3));
-  CK(cudaFree(l2));
-  CK(cudaFree(l3));
-  CK(cudaFree(o_ref));
-  CK(cudaFree(lse_ref));
-  return ok;
+static bool checkw3_case(const Variant& w3, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
+  return check_vs_v2_case<T, 64>(w3, b, s, h, h_kv, causal, 0, seed);
 }
 
 // check2's d = 64 grid (tails: s = 17, 200 are < 192 or not a multiple of
