@@ -19,10 +19,15 @@ Bars: batch 1 at context 8192 <= 15 us per call; batch 64 at context 16384
     python bench/bench_decode.py [--out bench/RESULTS.md] [--cases 1x8192,64x16384]
 
 Where the time of a call goes: --profile prints, per case, each CUDA kernel of
-a contiguous-cache call with its mean duration (torch.profiler, eager calls)
-instead of the table:
+a contiguous-cache call with its mean duration (torch.profiler, eager calls,
+L2 flushed by a write between calls) instead of the table:
 
     python bench/bench_decode.py --cases 1x8192 --profile
+
+--profile-graph does the same in the timed conditions (CUDA-graph replay,
+rotating cache copies) for fusedattn (contiguous) and cuDNN side by side, and
+prints each one's kernel time per call next to its replay time per call (the
+difference: the gaps between the graph's kernels).
 """
 
 from __future__ import annotations
@@ -61,8 +66,8 @@ def rotations(b, ctx):
     return int(min(8, max(2, math.ceil(512e6 / cache_bytes(b, ctx)))))
 
 
-def time_graph(calls):
-    """Per-call microseconds of `calls` (a list of CALLS closures) captured in one CUDA graph."""
+def capture(calls):
+    """`calls` (a list of closures) captured in one CUDA graph, after a warm-up on a side stream."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -76,6 +81,12 @@ def time_graph(calls):
             f()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def time_graph(calls):
+    """Per-call microseconds of `calls` (a list of CALLS closures) captured in one CUDA graph."""
+    g = capture(calls)
     ts = []
     for _ in range(REPEATS):
         a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -154,6 +165,57 @@ def profile_case(b, ctx, gen, under_ncu=False):
         print(f"  {mean:8.2f} us x {len(ts) / n:.0f}/call  {name[:110]}")
 
 
+def sdpa_call(q, k, v, backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def f():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return f
+
+
+def profile_graph_case(b, ctx, gen):
+    """Kernel durations per call inside the timed graphs (rotating copies), fusedattn vs cuDNN."""
+    from torch.nn.attention import SDPBackend
+
+    dev = "cuda"
+    nrot = rotations(b, ctx)
+    q = torch.randn(b, 1, H_Q, D, device=dev, dtype=DTYPE, generator=gen)
+    cu_kv = torch.arange(b + 1, device=dev, dtype=torch.int32) * ctx
+    table = torch.arange(b, device=dev, dtype=torch.int32).view(b, 1)
+    kc = [torch.randn(b, ctx, H_KV, D, device=dev, dtype=DTYPE, generator=gen) for _ in range(nrot)]
+    vc = [torch.randn(b, ctx, H_KV, D, device=dev, dtype=DTYPE, generator=gen) for _ in range(nrot)]
+    qs = q.transpose(1, 2).contiguous()
+    ks = [k.transpose(1, 2).contiguous() for k in kc]
+    vs = [v.transpose(1, 2).contiguous() for v in vc]
+    impls = {
+        "fusedattn": [(lambda k=kc[i % nrot], v=vc[i % nrot]: decode_call(q, k, v, cu_kv, table))
+                      for i in range(CALLS)],
+        "cudnn": [sdpa_call(qs, ks[i % nrot], vs[i % nrot], SDPBackend.CUDNN_ATTENTION) for i in range(CALLS)],
+    }
+    print(f"## graph profile b={b} ctx={ctx} ({cache_bytes(b, ctx) / 1e6:.1f} MB of cache per call)")
+    for name, calls in impls.items():
+        g = capture(calls)
+        replays = 5
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(replays):
+                g.replay()
+            e.record()
+            torch.cuda.synchronize()
+        per_call = a.elapsed_time(e) * 1e3 / (replays * CALLS)
+        total = {}
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in ev.name:
+                total.setdefault(ev.name, []).append(ev.device_time)
+        kernel_sum = sum(sum(ts) for ts in total.values()) / (replays * CALLS)
+        print(f"  {name}: {per_call:.2f} us per call in replay, kernels {kernel_sum:.2f} us per call")
+        for kname, ts in sorted(total.items(), key=lambda kv: -sum(kv[1])):
+            print(f"    {sum(ts) / len(ts):8.2f} us x {len(ts) / (replays * CALLS):.0f}/call  {kname[:100]}")
+        del g
+
+
 def run_case(b, ctx, gen):
     dev = "cuda"
     nrot = rotations(b, ctx)
@@ -199,16 +261,11 @@ def run_case(b, ctx, gen):
     vs = [v.transpose(1, 2).contiguous() for v in vc]
     del kc, vc
     sdpa_out = None
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
-        def sd_call(k, v, backend=backend):
-            def f():
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
-            return f
         try:
-            calls = [sd_call(ks[i % nrot], vs[i % nrot]) for i in range(CALLS)]
+            calls = [sdpa_call(qs, ks[i % nrot], vs[i % nrot], backend) for i in range(CALLS)]
             o = calls[0]()
             sdpa_out = o if sdpa_out is None else sdpa_out
             results[name] = (time_graph(calls), time_eager(calls))
@@ -235,9 +292,15 @@ def main():
     ap.add_argument("--cases", help="comma-separated BxCTX list, e.g. 1x8192,64x16384")
     ap.add_argument("--profile", action="store_true", help="print each kernel's mean duration instead of timing")
     ap.add_argument("--ncu", action="store_true", help="with --profile: the calls alone, for bench/profile_decode.sh")
+    ap.add_argument("--profile-graph", action="store_true",
+                    help="kernel durations inside the timed graphs, fusedattn and cuDNN, instead of the table")
     opt = ap.parse_args()
     cases = CASES if not opt.cases else [tuple(int(x) for x in c.split("x")) for c in opt.cases.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if opt.profile_graph:
+        for b, ctx in cases:
+            profile_graph_case(b, ctx, gen)
+        return
     if opt.profile:
         for b, ctx in cases:
             profile_case(b, ctx, gen, under_ncu=opt.ncu)

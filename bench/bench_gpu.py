@@ -6,6 +6,11 @@ inputs. TFLOP/s as FlashAttention counts them: forward 4*b*h*s*s*d, halved when 
 forward+backward 3.5x forward. Times are medians of triton.testing.do_bench (CUDA events).
 
     python bench/bench_gpu.py [--quick] [--out bench/RESULTS.md]
+
+--deterministic times fusedattn's forward+backward alone under
+torch.use_deterministic_algorithms(True) next to its default backward, at d = 64 and 128
+(the head dims of the Hopper deterministic backward); run it again with
+FUSEDATTN_HOPPER_BWD=0 for the sm80-class deterministic backward (the header records it).
 """
 
 from __future__ import annotations
@@ -68,12 +73,60 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
     return row
 
 
+def run_det_point(d, s, causal, dtype=torch.bfloat16):
+    """fusedattn forward+backward TFLOP/s: (deterministic, default)."""
+    b, h = 16384 // s, 2048 // d
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    args = FwdArgs(scale=1 / math.sqrt(d), mask_type="causal" if causal else "no_mask")
+
+    def fb():
+        torch.autograd.grad(attention(q, k, v, args)[0], (q, k, v), dout)
+
+    flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        det = tflops(time_ms(fb), flops)
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    return det, tflops(time_ms(fb), flops)
+
+
+def main_deterministic(out_path):
+    lines = ["| d | s | causal | f+b deterministic | f+b default | deterministic / default |",
+             "|---|---|---|---|---|---|"]
+    for d in (64, 128):
+        for s in (512, 1024, 2048, 4096, 8192, 16384):
+            for causal in (False, True):
+                det, dflt = run_det_point(d, s, causal)
+                lines.append(f"| {d} | {s} | {'yes' if causal else 'no'} | {det:.0f} | {dflt:.0f} | {det / dflt:.2f} |")
+                print(lines[-1], flush=True)
+    switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
+    head = (f"## Deterministic backward, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, "
+            f"torch {torch.__version__}{', ' + switches if switches else ''}\n\n"
+            "fusedattn forward+backward TFLOP/s under torch.use_deterministic_algorithms(True) and without, same "
+            "inputs and process; bf16, b*s = 16384 tokens, h*d = 2048, medians of triton do_bench.\n\n")
+    table = head + "\n".join(lines) + "\n"
+    print("\n" + table)
+    if out_path:
+        with open(out_path, "a") as f:
+            f.write("\n" + table)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="d=128 only")
     ap.add_argument("--dims", help="comma-separated head dims (default 64,128,256)")
     ap.add_argument("--out", help="append the table to this markdown file")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
+    if opts.deterministic:
+        main_deterministic(opts.out)
+        return
     ds = (128,) if opts.quick else (64, 128, 256)
     if opts.dims:
         ds = tuple(int(x) for x in opts.dims.split(","))

@@ -49,7 +49,8 @@ size_t bwd_workspace_bytes(const BwdParams& params) {
 }
 
 // The tensor-core backward always needs scratch (its dQ accumulator), and its
-// workspace size is 0 exactly when it does not take the call.
+// workspace size is 0 exactly when it does not take the call. The Hopper
+// backward's deterministic calls (d = 64/128) are a subset of the ones it takes.
 bool bwd_deterministic_available(const BwdParams& params) {
   return tc_enabled() && tc::bwd_workspace_bytes(params) > 0;
 }

@@ -22,8 +22,9 @@ pytestmark = [
     pytest.mark.usefixtures("require_cuda_kernel"),
 ]
 
-# Up to 1024 the tuned dispatch picks the persistent kernel (d = 64, non-causal d = 128 / 256) or v2;
-# beyond 2048 (d = 64) the three-consumer one. Every variant also runs forced on all of them
+# The tuned dispatch (csrc/cuda/hopper/tuning.h) picks the persistent kernel up to s_kv = 2048 at d = 64,
+# causal d = 128 / 256 up to 8192 and non-causal d = 128 / 256 up to 2048 / 1024, the three-consumer one
+# beyond 2048 at d = 64, v2 elsewhere. Every variant also runs forced on all of them
 # (test_hopper_forward_forced_variant).
 # FUSEDATTN_CUDA_ENGINE=simt or sm80 (scripts/gpu_check.sh's second engine pass) keeps calls off the
 # Hopper kernels: the numerics tests still hold, the tests of which kernel runs do not apply.
@@ -91,9 +92,8 @@ def test_hopper_forward_matches_reference(s_q, s_kv, d, causal, layout, dtype):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_hopper_forward_matches_reference_many_tiles_per_cta(d, causal):
     """b = 8, 32 query heads (GQA 4), s = 512: 1,024 query tiles, about 8 per CTA of the persistent
-    kernel (which tuning.h picks for d = 64 and non-causal d = 128 / 256 here; the forced-variant
-    children run it for every case): its Q slots, K/V rings and ping-pong turns carried across
-    many tiles."""
+    kernel (which tuning.h picks for every case here): its Q slots, K/V rings and ping-pong turns
+    carried across many tiles."""
     gen = torch.Generator(device="cuda").manual_seed(d + causal)
     q, k, v, fmt = _inputs("bshd", 8, 512, 512, 32, 8, d, torch.bfloat16, gen)
     scale = 1 / math.sqrt(d)
@@ -119,6 +119,47 @@ def _forward_kernels(q, k, v, args):
     return " ".join(e.name for e in prof.events())
 
 
+def _reference_by_head(q, k, v, causal, scale):
+    """_reference for bshd inputs one (batch, query head) at a time: long sequences in float64 without
+    a [b, h, s, s] score tensor."""
+    b, s_q, h_q, _ = q.shape
+    group = h_q // k.shape[2]
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float64, device=q.device)
+    for bi in range(b):
+        for h in range(h_q):
+            o, l = _reference(q[bi:bi + 1, :, h:h + 1], k[bi:bi + 1, :, h // group:h // group + 1],
+                              v[bi:bi + 1, :, h // group:h // group + 1], "bshd", causal, scale)
+            out[bi, :, h] = o[0, :, 0]
+            lse[bi, h] = l[0, 0]
+    return out, lse
+
+
+@needs_hopper_engine
+@pytest.mark.skipif(FORCED_FWD, reason="FUSEDATTN_HOPPER_FWD forces one variant")
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).multi_processor_count != 132,
+                    reason="the schedules expected here are tuning.h's model for 132 SMs (H100 / H200 SXM)")
+@pytest.mark.parametrize("d,s,b,h,sched", [(128, 512, 32, 16, 2), (256, 4096, 4, 8, 2), (256, 8192, 2, 8, 1)])
+def test_hopper_forward_causal_schedule(d, s, b, h, sched):
+    """Causal calls on the persistent kernel take the tile schedule tuning.h's balance model picks
+    (the kernel's last template argument: 1 snake, 2 snake head-major; at d = 256, s = 8k head-major
+    would leave the busiest CTA 1.53x the mean), and both schedules match the float64 reference."""
+    gen = torch.Generator(device="cuda").manual_seed(s + d)
+    q, k, v, _ = _inputs("bshd", b, s, s, h, h // 2, d, torch.bfloat16, gen)
+    scale = 1 / math.sqrt(d)
+    args = FwdArgs(scale=scale, mask_type="causal")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, lse, _, _ = torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, None, None, None, None,
+                                                 *args.op_args(), False)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "fwd_sm90_v3_kernel" in e.name]
+    assert names and all(n.replace(" ", "").endswith(f",{sched}>") for n in names), names[:3]
+    ref, ref_lse = _reference_by_head(q, k, v, True, scale)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3)
+
+
 @needs_hopper_engine
 def test_hopper_kernel_runs_for_eligible_calls():
     """A bf16 causal d=128 call launches an sm_90a kernel; a call it declines (dropout) does not."""
@@ -133,8 +174,10 @@ def test_hopper_kernel_runs_for_eligible_calls():
 @pytest.mark.skipif(FORCED_FWD, reason="FUSEDATTN_HOPPER_FWD forces one variant")
 @pytest.mark.parametrize("d,s,causal,variant", [
     (64, 512, False, "persistent"), (64, 2048, True, "persistent"), (64, 4096, False, "three_consumer"),
-    (64, 2304, True, "three_consumer"), (128, 1024, False, "persistent"), (128, 1024, True, "v2"),
-    (128, 4096, False, "v2"), (256, 1024, False, "persistent"), (256, 2048, False, "v2"), (256, 512, True, "v2"),
+    (64, 2304, True, "three_consumer"), (128, 1024, False, "persistent"), (128, 1024, True, "persistent"),
+    (128, 4096, False, "v2"), (128, 8192, True, "persistent"), (128, 16384, True, "v2"),
+    (256, 1024, False, "persistent"), (256, 2048, False, "v2"), (256, 512, True, "persistent"),
+    (256, 16384, True, "v2"),
 ])
 def test_hopper_forward_dispatch_follows_tuning(d, s, causal, variant):
     """The variant csrc/cuda/hopper/tuning.h picks for this shape is the kernel that runs."""
@@ -259,6 +302,46 @@ def test_hopper_backward_kernel_runs(d, kernel):
         torch.cuda.synchronize()
     names = " ".join(e.name for e in prof.events())
     assert kernel in names, names[:500]
+
+
+def _grads_with_kernels(q, k, v, dout, causal, scale):
+    out, _ = attention(q, k, v, FwdArgs(scale=scale, mask_type="causal" if causal else "no_mask"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+    return grads, " ".join(e.name for e in prof.events())
+
+
+@needs_hopper_bwd
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("s", [200, 1000])
+def test_hopper_backward_deterministic(s, d, causal):
+    """Under torch.use_deterministic_algorithms (strict) the backward's gradients are bitwise equal
+    across runs and match the float64 reference; at d = 64 / 128 the Hopper kernel whose dQ
+    reduce-adds take turns runs, at d = 256 (dQ by atomics) the sm80-class backward takes the call."""
+    gen = torch.Generator(device="cuda").manual_seed(s + d)
+    q = torch.randn(2, s, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    k, v = (torch.randn(2, s, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+            for _ in range(2))
+    dout = torch.randn(2, s, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = 1 / math.sqrt(d)
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        first, names = _grads_with_kernels(q, k, v, dout, causal, scale)
+        second, _ = _grads_with_kernels(q, k, v, dout, causal, scale)
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    if HOPPER_ENGINE:
+        det_kernel = "bwd_sm90_dqtma_det_kernel" in names
+        assert det_kernel == (d != 256) and ("bwd_sm90" in names) == (d != 256), names[:500]
+    want = _reference_grads(q, k, v, dout, causal, scale)
+    for name, x, y, w in zip(("dq", "dk", "dv"), first, second, want):
+        assert torch.isfinite(x).all(), f"{name} has non-finite values"
+        assert torch.equal(x, y), f"{name} differs between two deterministic runs"
+        err = ((x.double() - w).norm() / w.norm()).item()
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
 
 
 @needs_hopper_bwd

@@ -11,12 +11,24 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
   return bwd_sm90<T, D>(a, stream);
 }
 
+template <typename T, int D>
+cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
+  BwdLaunch L;
+  const cudaError_t e = bwd_sm90_prepare<T, D, true, true>(&L, a);
+  if (e != cudaSuccess) return e;
+  return bwd_sm90_launch(L, stream);
+}
+
 template cudaError_t run_bwd<__half, 64>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__half, 128>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__half, 256>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__nv_bfloat16, 64>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__nv_bfloat16, 128>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__nv_bfloat16, 256>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_deterministic<__half, 64>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_deterministic<__half, 128>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_deterministic<__nv_bfloat16, 64>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_deterministic<__nv_bfloat16, 128>(const Sm90BwdArgs&, cudaStream_t);
 
 }  // namespace hopper
 }  // namespace fusedattn

@@ -132,17 +132,19 @@ static_assert(FwdV3Cfg<128, 128, 3, true>::QBUF == 1 && FwdV3Cfg<128, 128, 3, tr
 static_assert(FwdV3Cfg<256, 80, 2, false>::QBUF == 1 && FwdV3Cfg<256, 80, 2, false>::kTotal == 230528,
               "d=256 smem: 64 KB Q + 2 x 2 x 40 KB K/V + barriers + slack");
 
-// Work-tile schedules (the kernel's SCHED argument). The library runs kV3RoundRobin; the other two
-// are harness candidates (not yet run on a GPU), both for causal calls only (non-causal tiles all
-// have one length and already use the head-major order):
+// Work-tile schedules (the kernel's SCHED argument), for causal calls (non-causal tiles all have one
+// length and already use the head-major order). The library runs kV3Snake or kV3SnakeHeadMajor,
+// chosen per call by tuning.h's choose_v3_schedule; kV3RoundRobin stays as the harness's baseline:
 //   kV3RoundRobin      (1) above: causal tiles m-major (longest first), CTA i takes j G + i.
 //   kV3Snake           the same order, odd rounds handed out in reverse CTA order (v3_next).
 //   kV3SnakeHeadMajor  snake, and causal tiles head-major (a head's query tiles adjacent, longest
 //                      first within the head). The m-major order puts one query tile of every head
 //                      in a round, so no two concurrent CTAs share a head's K/V in L2; at s = 512
 //                      (b = 32, 16 heads, 4 query tiles a head) each head's K/V is read from DRAM
-//                      up to 4 times, where v2's order (a head's tiles adjacent) reads it about once:
-//                      the likely cause of the persistent kernel's causal losses at short s.
+//                      up to 4 times, where v2's order (a head's tiles adjacent) reads it about once.
+//                      Measured (H200, fifth session): 1.24x v2 at d = 128 s = 512 where the
+//                      m-major snake gave 1.01x, but 0.68x at s = 16k, where its rounds drift
+//                      against the head boundaries (tuning.h).
 constexpr int kV3RoundRobin = 0, kV3Snake = 1, kV3SnakeHeadMajor = 2;
 
 // One work tile of the static schedule (see (1) above).

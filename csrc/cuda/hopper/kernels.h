@@ -21,6 +21,10 @@ template <typename T>
 cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream);  // D = 64
 template <typename T, int D>
 cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
+// dQ, dK, dV bitwise reproducible (bwd_sm90.cuh, variant DET); D = 64, 128; a.ws of
+// bwd_sm90_det_workspace_bytes().
+template <typename T, int D>
+cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
 
 // Whether this build holds sm_90a machine code the current device can run.
 bool kernels_loadable();

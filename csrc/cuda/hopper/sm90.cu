@@ -18,9 +18,11 @@
 // Backward (bwd_sm90.cuh; dQ by TMA reduce-add at d = 64/128), on by default
 // (FUSEDATTN_HOPPER_BWD=0 turns it off): the forward's calls restricted to
 // s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
-// and the gradients), no dbias and no deterministic mode (dQ is summed in an
-// order that varies from run to run); everything else goes to the sm80-class
-// backward.
+// and the gradients), no dbias. Deterministic mode (torch.use_deterministic_
+// algorithms) at d = 64 and 128 runs the variant whose dQ reduce-adds take turns
+// in a fixed order (bwd_sm90.cuh, DET); at d = 256, whose dQ is summed by
+// atomics in an order that varies from run to run, it goes to the sm80-class
+// backward, as does everything else.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -199,7 +201,9 @@ std::string bwd_support(const BwdParams& p) {
   if (!r.empty()) return r;
   const Problem& pr = f.prob;
   if (pr.s_q != pr.s_kv) return "s_q != s_kv";
-  if (p.deterministic) return "deterministic mode (the Hopper backward's dQ summation order varies)";
+  if (p.deterministic && pr.d_qk == 256) {
+    return "deterministic mode at d = 256 (its dQ atomics sum in an order that varies)";
+  }
   if (p.dbias.data != nullptr) return "dbias";
   if (f.q_format != Format::kBSHD || f.kv_format != Format::kBSHD) return "not bshd";
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.q, "q"}, {&f.out, "out"},
@@ -244,7 +248,12 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
   a.h_kv = static_cast<int>(pr.h_kv);
   a.scale = f.scale;
   a.causal = f.mask.window_right == 0;
-  const cudaError_t e = run_bwd<T, D>(a, st);
+  cudaError_t e;
+  if constexpr (D == 256) {
+    e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256
+  } else {
+    e = p.deterministic ? run_bwd_deterministic<T, D>(a, st) : run_bwd<T, D>(a, st);
+  }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
 }
@@ -254,8 +263,9 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
 size_t bwd_workspace_bytes(const BwdParams& p) {
   if (!bwd_support(p).empty()) return 0;
   const Problem& pr = p.fwd.prob;
-  return bwd_sm90_workspace_bytes(static_cast<int>(pr.b), static_cast<int>(pr.s_q), static_cast<int>(pr.h_q),
-                                  static_cast<int>(pr.d_qk));
+  const int b = static_cast<int>(pr.b), s = static_cast<int>(pr.s_q), h = static_cast<int>(pr.h_q);
+  const int d = static_cast<int>(pr.d_qk);
+  return p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
 }
 
 Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) {

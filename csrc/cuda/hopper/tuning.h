@@ -18,18 +18,95 @@ enum class FwdVariant {
 
 inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   if (d == 64) {
-    // Persistent vs v2: +25 / +15 / +10% non-causal and +15 / +10 / +7% causal at s = 512 / 1k / 2k
+    // Persistent vs v2: +25 / +15 / +10% non-causal and +29 / +17 / +10% causal at s = 512 / 1k / 2k
     // (short tiles: the per-CTA prologue and epilogue are a large share). Three consumers vs v2:
     // +7 to +13% at s >= 4k, causal or not (each K/V tile serves 192 rows), but -3 to -6% causal at
     // s <= 1k; at 2k the two tie (438 vs 428 TFLOP/s non-causal, 348 vs 348 causal).
     return s_kv <= 2048 ? FwdVariant::kPersistent : FwdVariant::kThreeConsumer;
   }
-  // Causal at d = 128 / 256: the persistent kernel is 2-20% slower. Its static round-robin hands a
-  // CTA tiles of unequal length, and a CTA's share can exceed the one-tile-per-CTA v2 tail.
-  if (causal) return FwdVariant::kV2;
+  // Causal at d = 128 / 256 with the schedule choose_v3_schedule picks, against v2: d = 128 +24 /
+  // +19 / +12 / +6 / +3% at s = 512 / 1k / 2k / 4k / 8k, d = 256 +19 / +10 / +13 / +12 / +9%; at 16k
+  // both 1-2% slower (2026-11-30 run 1 of the fifth session). With round-robin tiles it was 2-20%
+  // slower: unequal tile lengths and, at short s, one query tile of every head in a round.
+  if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
   // Non-causal d = 128: +14 / +8 / +4% at s = 512 / 1k / 2k, within 1% above; d = 256: +7 / +1.5% at
   // s = 512 / 1k, 1-4% slower from 2k (its 2-stage ring gains nothing from continuing across tiles).
   return s_kv <= (d == 128 ? 2048 : 1024) ? FwdVariant::kPersistent : FwdVariant::kV2;
+}
+
+// The persistent kernel's work-tile schedule for a causal call (fwd_sm90_v3.cuh, kV3Snake and
+// kV3SnakeHeadMajor; non-causal calls have one tile length and one schedule).
+enum class V3Schedule { kSnake, kSnakeHeadMajor };
+
+// The work-tile grid of a persistent causal call: n_m query tiles of bm rows per (batch, head),
+// n_hb (batch, head) pairs, g CTAs; a query tile m sees min(ceil(s_kv / bn), ceil((m + 1) bm / bn))
+// key tiles (the kernel's v3_decode).
+struct V3Grid {
+  int64_t n_m = 0, n_hb = 0, s_kv = 0;
+  int g = 0, bm = 128, bn = 128;
+};
+
+// The busiest CTA's key tiles over the mean under the snake schedule (round j covers tiles
+// [j g, (j + 1) g), odd rounds in reverse CTA order), with the tiles in the head-major causal order
+// (a head's query tiles adjacent, longest first) or the m-major one (longest first over all heads).
+// The same model as tests/gpu/hopper/v3_protocol_model.py's balance(), which matched the measured
+// losses: at d = 128, s = 16k (16 heads, 128 query tiles each, 132 CTAs) head-major gives 1.54,
+// where the rounds drift against the head boundaries, and the kernel ran at 0.68x v2.
+inline double v3_snake_imbalance(const V3Grid& gr, bool head_major) {
+  const int64_t n_tiles = gr.n_m * gr.n_hb;
+  const int64_t full = (gr.s_kv + gr.bn - 1) / gr.bn;
+  const auto work = [&](int64_t t) {
+    const int64_t m = head_major ? gr.n_m - 1 - t % gr.n_m : gr.n_m - 1 - t / gr.n_hb;
+    const int64_t nb = ((m + 1) * gr.bm + gr.bn - 1) / gr.bn;
+    return nb < full ? nb : full;
+  };
+  const int64_t g = gr.g < n_tiles ? gr.g : n_tiles;
+  int64_t busiest = 0, total = 0;
+  for (int64_t cta = 0; cta < g; ++cta) {
+    int64_t sum = 0;
+    for (int64_t r = 0;; ++r) {
+      const int64_t t = r * g + ((r & 1) ? g - 1 - cta : cta);
+      if (t >= n_tiles) break;
+      sum += work(t);
+    }
+    busiest = sum > busiest ? sum : busiest;
+    total += sum;
+  }
+  return total > 0 ? static_cast<double>(busiest) * g / static_cast<double>(total) : 1.0;
+}
+
+// Head-major keeps a round's CTAs on few heads, so they share K/V in L2: at s <= 2k it beat the
+// m-major snake by 10-30% (d = 128 causal: 1.24 / 1.19 / 1.12x v2 against 1.01 / 0.93 / 0.91x at
+// s = 512 / 1k / 2k), and it won even where the model gave it 8% more imbalance (d = 256, s = 1k:
+// 1.10x against 0.83x). Where the model gives it much more (the rounds drifting against the head
+// boundaries: 1.5-1.8 at d = 128 s = 16k and d = 256 s >= 8k), it lost 23-40% and snake wins.
+// Hence: head-major unless its modelled imbalance exceeds snake's by more than 10%. The model costs
+// one pass over the tiles, so it runs for grids of up to 2^17 tiles (a microsecond per thousand
+// tiles on the host) and the last shapes' answers are kept per thread; larger grids take snake,
+// whose modelled imbalance stays within 1% of even on every measured shape.
+inline V3Schedule choose_v3_schedule(const V3Grid& gr) {
+  struct Entry {
+    V3Grid key;
+    V3Schedule value = V3Schedule::kSnake;
+    bool used = false;
+  };
+  constexpr int kCache = 8;
+  thread_local Entry cache[kCache];
+  thread_local int next = 0;
+  const auto same = [&](const V3Grid& k) {
+    return k.n_m == gr.n_m && k.n_hb == gr.n_hb && k.s_kv == gr.s_kv && k.g == gr.g && k.bm == gr.bm &&
+           k.bn == gr.bn;
+  };
+  for (const Entry& e : cache)
+    if (e.used && same(e.key)) return e.value;
+  V3Schedule choice = V3Schedule::kSnake;
+  if (gr.n_m * gr.n_hb <= (int64_t{1} << 17) &&
+      v3_snake_imbalance(gr, true) <= 1.10 * v3_snake_imbalance(gr, false)) {
+    choice = V3Schedule::kSnakeHeadMajor;
+  }
+  cache[next] = Entry{gr, choice, true};
+  next = (next + 1) % kCache;
+  return choice;
 }
 
 }  // namespace hopper

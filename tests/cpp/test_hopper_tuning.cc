@@ -1,0 +1,92 @@
+// The Hopper forward's host-side choices (csrc/cuda/hopper/tuning.h, torch- and CUDA-free): the
+// persistent kernel's tile-balance model against tests/gpu/hopper/v3_protocol_model.py's balance()
+// on the shapes measured on the H200, and the schedule and variant each of those shapes gets.
+#include <cmath>
+#include <cstdio>
+
+#include "../../csrc/cuda/hopper/tuning.h"
+#include "attn_test_util.h"
+
+namespace {
+
+using fusedattn::hopper::choose_fwd_variant;
+using fusedattn::hopper::choose_v3_schedule;
+using fusedattn::hopper::FwdVariant;
+using fusedattn::hopper::V3Grid;
+using fusedattn::hopper::V3Schedule;
+using fusedattn::hopper::v3_snake_imbalance;
+
+// The bench grid's shape at head dim d (b * s = 16k tokens, h * d = 2048) on 132 SMs.
+V3Grid bench_grid(int d, int64_t s) {
+  V3Grid g;
+  g.n_m = (s + 127) / 128;
+  g.n_hb = (2048 / d) * (16384 / s);
+  g.s_kv = s;
+  g.g = 132;
+  g.bm = 128;
+  g.bn = d == 256 ? 80 : 128;
+  return g;
+}
+
+struct ModelCase {
+  int d;
+  int64_t s;
+  double snake, head_major;  // v3_protocol_model.balance(s, h, b, BN, 132)
+  V3Schedule want;
+};
+
+void test_model_and_schedule() {
+  const ModelCase cases[] = {
+      {128, 16384, 1.0023, 1.5429, V3Schedule::kSnake},  // measured: head-major 0.68x v2, snake 0.98x
+      {128, 512, 1.0312, 1.0312, V3Schedule::kSnakeHeadMajor},
+      {256, 8192, 1.0060, 1.5349, V3Schedule::kSnake},  // measured: head-major 0.77x v2, snake 1.09x
+      {256, 1024, 1.0312, 1.0820, V3Schedule::kSnakeHeadMajor},  // measured: head-major 1.10x, snake 0.83x
+      {256, 4096, 1.0000, 1.0337, V3Schedule::kSnakeHeadMajor},
+  };
+  for (const ModelCase& c : cases) {
+    const V3Grid g = bench_grid(c.d, c.s);
+    const double sn = v3_snake_imbalance(g, false), hm = v3_snake_imbalance(g, true);
+    CHECK_MSG(std::fabs(sn - c.snake) < 1e-3, "d=%d s=%lld snake %.4f, model.py %.4f", c.d,
+              static_cast<long long>(c.s), sn, c.snake);
+    CHECK_MSG(std::fabs(hm - c.head_major) < 1e-3, "d=%d s=%lld head-major %.4f, model.py %.4f", c.d,
+              static_cast<long long>(c.s), hm, c.head_major);
+    // Twice: the second answer comes from the per-thread cache and must be the same.
+    for (int rep = 0; rep < 2; ++rep) {
+      CHECK_MSG(choose_v3_schedule(g) == c.want, "d=%d s=%lld rep %d: schedule", c.d, static_cast<long long>(c.s),
+                rep);
+    }
+  }
+  // A grid with fewer tiles than CTAs: every CTA one tile, the busiest is the longest.
+  V3Grid small;
+  small.n_m = 4;
+  small.n_hb = 2;
+  small.s_kv = 512;
+  small.g = 132;
+  const double want = 4.0 / ((4 + 3 + 2 + 1) * 2 / 8.0);
+  CHECK_MSG(std::fabs(v3_snake_imbalance(small, true) - want) < 1e-12, "8 tiles on 132 CTAs: %.4f",
+            v3_snake_imbalance(small, true));
+  // Above 2^17 tiles the model is not run: snake.
+  V3Grid huge = bench_grid(128, 2048);
+  huge.n_hb = (int64_t{1} << 17) / huge.n_m + 1;
+  CHECK(choose_v3_schedule(huge) == V3Schedule::kSnake);
+}
+
+void test_variants() {
+  CHECK(choose_fwd_variant(64, true, 2048) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(64, true, 2049) == FwdVariant::kThreeConsumer);
+  CHECK(choose_fwd_variant(128, true, 8192) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(128, true, 16384) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(256, true, 512) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(128, false, 2048) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(128, false, 4096) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(256, false, 1024) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(256, false, 2048) == FwdVariant::kV2);
+}
+
+}  // namespace
+
+int main() {
+  test_model_and_schedule();
+  test_variants();
+  return fa_test::finish("test_hopper_tuning");
+}
