@@ -23,13 +23,6 @@ CPU engine.
 Forced split counts (FUSEDATTN_DECODE_SPLITS, read once per process):
 test_decode_forced_splits runs the decode tests of this file again in a child
 process with 3 and with 40 splits.
-
-The cluster path (FUSEDATTN_DECODE_CLUSTER=1, sm_90, also read once per
-process): test_decode_cluster_path runs the decode tests again in a child with
-the splits merged in a thread-block cluster (2, 3, 8 and 16 splits), checks
-there that the cluster kernel ran and the combine kernel did not, and compares
-that child's outputs bit for bit with those of a second child that runs the
-default path with the same split count.
 """
 
 from __future__ import annotations
@@ -389,80 +382,6 @@ def test_decode_forced_splits(splits):
                              "not forced_splits and not copy_to_kv_cache and not fp32")
     assert r.returncode == 0, f"run with {splits} splits failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert " passed" in r.stdout, r.stdout[-2000:]
-
-
-# ---------------------------------------------------------------------------
-# The cluster path: the splits of a (sequence, KV head, row chunk) are one thread-block cluster
-# and merge in distributed shared memory, with no combine kernel. FUSEDATTN_DECODE_CLUSTER is
-# read once per process, so the decode tests run again in a child process with it set and the
-# split count forced: 2; 3 (uneven and empty splits, an odd cluster size); 8, the portable
-# cluster limit; 16, the non-portable one. The merge repeats the combine kernel's arithmetic in
-# the same order, so its outputs must equal those of the default path with the same split count
-# bit for bit: a second child records those.
-
-CLUSTER_CHILD = os.environ.get("FUSEDATTN_DECODE_CLUSTER") not in (None, "", "0")
-RECORD_PATH = os.environ.get("FUSEDATTN_TEST_DECODE_RECORD")  # set by test_decode_cluster_path
-# Cases compared bit for bit. Every one has >= 16 key tiles, so the forced split count is the
-# cluster size. At d = 256 a CTA takes a whole SM, and whether a GPC holds 16 of them is the
-# device's answer (the plan then falls back to clusters of 8, a different split count): that case
-# is compared up to 8 splits only.
-BITWISE_CASES = [
-    Dec(dtype="bf16", b=1, h=(32, 8), dims=(128, 128), page=16, lens_kv=(8190,)),
-    # 48 rows of 64 (bshd padded rows: zeros, -inf)
-    Dec(dtype="fp16", b=3, h=(8, 2), dims=(64, 64), page=16, s_q=12, lens_q=(12, 5, 1), lens_kv=(40, 700, 2000)),
-    # thd, an empty cache (rows without keys: lse = the sink), max_logit
-    Dec(dtype="bf16", b=3, h=(16, 2), dims=(128, 128), page=16, q_format="thd", s_q=3, lens_q=(1, 3, 2),
-        lens_kv=(1100, 0, 2500), softmax="learnable", max_logit=True),
-    # d_v = 96: 24 column groups, uneven slices across the cluster
-    Dec(dtype="fp16", b=2, h=(8, 2), dims=(96, 96), page=32, softmax="off-by-one", alibi="bh", lens_kv=(1500, 333)),
-    Dec(dtype="bf16", b=2, h=(8, 2), dims=(256, 256), page=64, lens_kv=(3000, 5), window=(512, 0)),
-]
-
-
-@pytest.mark.skipif(RECORD_PATH is None, reason="runs in test_decode_cluster_path's child processes")
-def test_decode_child_records_outputs():
-    """In a child of test_decode_cluster_path: the decode kernels a call runs (the cluster kernel and
-    no combine kernel on the cluster path; the decode and combine kernels on the default path), and
-    the outputs of BITWISE_CASES, saved for the parent to compare."""
-    t = build(BITWISE_CASES[0], seed=7)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run_op(t, DEV)
-    names = [e.name for e in prof.events()]
-
-    def ran(kernel):
-        return any(kernel in n for n in names)
-
-    if CLUSTER_CHILD:
-        assert ran("decode_cluster_kernel") and not ran("decode_combine_kernel") and not ran("decode_kernel"), names
-    else:
-        assert ran("decode_kernel") and ran("decode_combine_kernel") and not ran("decode_cluster_kernel"), names
-    torch.save([run_op(build(cfg, seed=7), DEV) for cfg in BITWISE_CASES], RECORD_PATH)
-
-
-@pytest.mark.skipif(FORCED_CHILD or CLUSTER_CHILD, reason="already a child process (or the switches set by the caller)")
-@pytest.mark.parametrize("splits", ["2", "3", "8", "16"])
-def test_decode_cluster_path(splits, tmp_path):
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("thread-block clusters need sm_90")
-    recorded = {}
-    # The cluster child runs the decode tests (not the SIMT engine's fp32 cases, the copy kernels or
-    # the rng_state check of the dense engines) and the recording test; the default-path child only
-    # records.
-    for path, switch, select in (
-            ("cluster", {"FUSEDATTN_DECODE_CLUSTER": "1"},
-             "not forced_splits and not cluster_path and not copy_to_kv_cache and not fp32 and not dense"),
-            ("combine", {}, "child_records_outputs")):
-        out = tmp_path / f"{path}.pt"
-        env = dict(switch, FUSEDATTN_DECODE_SPLITS=splits, FUSEDATTN_TEST_DECODE_RECORD=str(out))
-        r = C.run_tests_in_child(__file__, env, select)
-        assert r.returncode == 0, f"{path} run with {splits} splits failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-        assert " passed" in r.stdout, r.stdout[-2000:]
-        recorded[path] = torch.load(out)
-    for cfg, got, want in zip(BITWISE_CASES, recorded["cluster"], recorded["combine"]):
-        if cfg.dims[1] > 128 and int(splits) > 8:
-            continue  # the cluster may have been planned with 8 splits (BITWISE_CASES)
-        for name, g, w in zip(("out", "lse", "max_logit"), got, want):
-            assert torch.equal(g, w), f"{cfg}, {splits} splits: {name} of the cluster path differs from the combine's"
 
 
 # ---------------------------------------------------------------------------

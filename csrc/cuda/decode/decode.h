@@ -8,11 +8,6 @@
 // the device from the actual cache length.
 //
 // Plan (host) -> workspace bytes -> launch (decode kernel [+ combine]).
-//
-// Candidate, opt-in (FUSEDATTN_DECODE_CLUSTER=1, sm_90): the splits of a
-// (sequence, KV head, row chunk) run as one thread-block cluster and merge in
-// distributed shared memory (decode_cluster_kernel, cluster.cuh): no combine
-// kernel and no workspace.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +24,7 @@ struct KernelArgs {
   int splits = 1;      // blocks per (sequence, KV head, row chunk) along the keys
   float scale_log2 = 0.f;  // softmax scale * log2(e)
   bool out_vec = false;    // out rows can take 8-byte stores
-  // Split partials (splits > 1, not the cluster path): O normalised by its own sum, fp32
+  // Split partials (splits > 1): O normalised by its own sum, fp32
   // [splits, b, h_kv, rows, d_v]; lse in log2 units [splits, b, h_kv, rows]
   // (-inf: no visible key in that split).
   float* ws_o = nullptr;
@@ -43,7 +38,6 @@ struct Plan {
   int wm = 1;            // row warps: 16 * wm rows per block
   int chunks = 1;        // row chunks per (sequence, KV head)
   int splits = 1;
-  bool cluster = false;  // the splits are one cluster (decode_cluster_kernel): no workspace, no combine
   size_t ws_o_off = 0, ws_lse_off = 0, bytes = 0;
 };
 
@@ -59,10 +53,6 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled);
 // Typed launchers (decode_<dtype>_hd<D>.cu).
 template <class T, int D>
 Status launch_decode(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream);
-// Clusters of plan.splits CTAs of the cluster kernel (row warps plan.wm) that the current device
-// holds at once (cudaOccupancyMaxActiveClusters); 0 when it cannot run them. Cached per device.
-template <class T, int D>
-int max_active_clusters(const Plan& plan);
 template <class T>
 Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream);
 template <class T>

@@ -6,6 +6,5 @@
 namespace fusedattn {
 namespace decode {
 template Status launch_decode<__nv_bfloat16, 64>(const FwdParams&, const Plan&, const KernelArgs&, void*);
-template int max_active_clusters<__nv_bfloat16, 64>(const Plan&);
 }  // namespace decode
 }  // namespace fusedattn

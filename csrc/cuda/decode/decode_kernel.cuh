@@ -11,15 +11,12 @@
 // warps' partial softmax states merge in shared memory and the block writes
 // either the final output and lse (one split) or its normalised partial O and
 // log2-lse to the workspace (several splits; decode_combine_kernel finishes).
-// decode_cluster_kernel (sm_90, opt-in: run.cu) is the same block with another
-// end: the splits of a cluster merge in distributed shared memory (cluster.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
 
-#include "cluster.cuh"
 #include "decode.h"
 #include "epilogue.cuh"
 #include "ptx.cuh"
@@ -31,22 +28,383 @@ namespace decode {
 
 using simt::SeqInfo;
 
-// The block's code: decode_block.inc (see there why it is included rather than called).
 template <class T, int D, int WM>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, const KernelArgs a) {
-  constexpr bool kCluster = false;
-#include "decode_block.inc"
-}
+  using C = Tile<D, WM>;
+  constexpr int M = C::M, BN = C::BN, KW = C::KW, KS = C::KS, WN = C::kWN, S = C::STAGES, CH = C::CH, OS = C::OS;
+  constexpr int RB = D * 2;  // bytes per smem row of Q, K, V
 
-// Launched with cluster dims (a.splits, 1, 1) over a grid of a.splits blocks along x. run.cu
-// chooses it on sm_90 devices running code built for sm_90 only: the library also builds
-// sm_80, where the cluster instructions do not exist and the body is empty.
-template <class T, int D, int WM>
-__global__ void __launch_bounds__(kThreads) decode_cluster_kernel(const FwdParams p, const KernelArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kCluster = true;
-#include "decode_block.inc"
-#endif
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* q_s = smem;
+  unsigned char* k_s = smem + C::kQBytes;
+  unsigned char* v_s = k_s + S * C::kStageBytes;
+  longlong2* off_s = reinterpret_cast<longlong2*>(v_s + S * C::kStageBytes);  // [S][BN] (k, v) offsets
+  float* o_s = reinterpret_cast<float*>(k_s);                                  // epilogue [WN][M][OS]
+  __shared__ float red_m[WN][M], red_l[WN][M];
+  __shared__ float row_m[M], row_l[M];
+
+  if (p.rng_out_zero != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < 2) {
+    p.rng_out_zero[threadIdx.x] = 0;
+  }
+
+  const Problem& pr = p.prob;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WN, wn = warp % WN;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int split = blockIdx.x;
+  const int h_kv = static_cast<int>(pr.h_kv);
+  const int hk = static_cast<int>(blockIdx.y) % h_kv;
+  const int row0 = (static_cast<int>(blockIdx.y) / h_kv) * M;
+  const int b = blockIdx.z;
+  const int group = a.group;
+  const int dqk = static_cast<int>(pr.d_qk), dv = static_cast<int>(pr.d_v);
+
+  const SeqInfo si = simt::seq_info(p, b);
+
+  // Valid rows of the block: r < rows and query i = r / group < len_q. The
+  // keys any of them may see form [lo, hi) (bounds grow with i).
+  const int r_end = min(row0 + M, a.rows);
+  const int i_first = row0 / group;
+  const int i_last = min((r_end - 1) / group, si.len_q - 1);
+  int lo = 0, hi = 0;
+  if (i_first <= i_last) {
+    lo = simt::key_range(si, i_first).lo;
+    hi = simt::key_range(si, i_last).hi;
+  }
+  // This split's tiles [t0, t0 + n).
+  int t0 = 0, n = 0;
+  if (hi > lo) {
+    const int t_lo = lo / BN, t_hi = (hi + BN - 1) / BN;
+    const int per = (t_hi - t_lo + a.splits - 1) / a.splits;
+    t0 = t_lo + split * per;
+    n = max(0, min(t_hi, t0 + per) - t0);
+  }
+
+  // The thread's two rows (fragment rows g and g + 8 of its warp's tile).
+  int ri[2], rlo[2], rhi[2];
+  float slope[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = row0 + wm * 16 + g + 8 * rr;
+    const int i = r / group;
+    ri[rr] = i;
+    rlo[rr] = 0;
+    rhi[rr] = 0;
+    slope[rr] = 0.f;
+    if (r < a.rows && i < si.len_q) {
+      const simt::KeyRange kr = simt::key_range(si, i);
+      rlo[rr] = kr.lo;
+      rhi[rr] = kr.hi;
+      if (p.bias.type == BiasType::kAlibi) {
+        const int h = hk * group + r % group;
+        slope[rr] = p.bias.alibi_slopes[b * p.bias.alibi_stride_b + h * p.bias.alibi_stride_h] * kLog2e;
+      }
+    }
+  }
+  const bool has_alibi = p.bias.type == BiasType::kAlibi;
+  const int klo = max(rlo[0], rlo[1]), khi = min(rhi[0], rhi[1]);
+
+  const T* qg = static_cast<const T*>(p.q.data);
+  const T* kg = static_cast<const T*>(p.k.data);
+  const T* vg = static_cast<const T*>(p.v.data);
+  const int ps = static_cast<int>(p.paged.page_size);
+  const int32_t* pt = p.paged.page_table + static_cast<int64_t>(b) * p.paged.stride_b;
+  const int64_t last_page = p.paged.num_pages - 1;
+
+  // Page of key `tid` of tile x (threads tid < BN), -1 past the cache. A
+  // page index outside the pool is clamped into it: a bad table gives wrong
+  // numbers, never an out-of-bounds read (the CPU engine reports it).
+  const auto page_of = [&](int x) -> int64_t {
+    const int tok = (t0 + x) * BN + tid;
+    if (tok >= si.len_kv) return -1;
+    const int64_t pg = __ldg(pt + tok / ps);
+    return pg < 0 ? 0 : (pg > last_page ? last_page : pg);
+  };
+  const auto put_offsets = [&](int x, int64_t pg) {
+    const int tok = (t0 + x) * BN + tid;
+    longlong2 o;
+    if (pg < 0) {
+      o.x = -1;
+      o.y = -1;
+    } else {
+      const int64_t slot = tok % ps;
+      o.x = pg * p.k.stride_b + slot * p.k.stride_s + int64_t(hk) * p.k.stride_h;
+      o.y = pg * p.v.stride_b + slot * p.v.stride_s + int64_t(hk) * p.v.stride_h;
+    }
+    off_s[(x % S) * BN + tid] = o;
+  };
+  // cp.async of tile x into stage x % S; keys past the cache and head-dim
+  // chunks past d are zero-filled (no NaN from stale memory reaches P.V).
+  // A thread copies one 16-byte chunk column cc of rows r_first, r_first + kRowStep, ...
+  // (kThreads is a multiple of CH), so the column's bounds and base pointers are set once:
+  // the copies of a tile were about half of a warp's instructions at batch 1.
+  static_assert(kThreads % CH == 0 && BN % (kThreads / CH) == 0, "a thread's chunk column is fixed");
+  constexpr int kRowStep = kThreads / CH;
+  const int cc = tid % CH, r_first = tid / CH;
+  const bool k_col = cc * 8 < dqk, v_col = cc * 8 < dv;
+  const T* kg_c = kg + cc * 8;
+  const T* vg_c = vg + cc * 8;
+  const auto issue = [&](int x) {
+    const int st = x % S;
+    const longlong2* o = off_s + st * BN;
+    const uint32_t kb = smem_u32(k_s + st * C::kStageBytes), vb = smem_u32(v_s + st * C::kStageBytes);
+#pragma unroll
+    for (int k = 0; k < BN / kRowStep; ++k) {
+      const int r = r_first + k * kRowStep;
+      const longlong2 ov = o[r];
+      const uint32_t so = swz<RB>(r, cc);
+      const bool kin = k_col && ov.x >= 0, vin = v_col && ov.y >= 0;
+      cp_async16(kb + so, kin ? kg_c + ov.x : kg, kin ? 16 : 0);
+      cp_async16(vb + so, vin ? vg_c + ov.y : vg, vin ? 16 : 0);
+    }
+  };
+
+  // ---- prologue: offsets of tiles 0..S-1, Q and tiles 0..S-2 in flight ----
+  int64_t pid_next = -1;
+  if (tid < BN) {
+#pragma unroll
+    for (int x = 0; x < S; ++x)
+      if (x < n) put_offsets(x, page_of(x));
+    if (S < n) pid_next = page_of(S);
+  }
+  __syncthreads();
+  const uint32_t qb = smem_u32(q_s);
+  for (int u = tid; u < M * CH; u += kThreads) {
+    const int lr = u / CH, c = u % CH;
+    const int r = row0 + lr, i = r / group;
+    const bool in = r < a.rows && i < si.len_q && c * 8 < dqk;
+    const T* src = in ? qg + simt::row_base(p.q, b, si.tok_q + i, hk * group + r % group) + c * 8 : qg;
+    cp_async16(qb + swz<RB>(lr, c), src, in ? 16 : 0);
+  }
+#pragma unroll
+  for (int x = 0; x < S - 1; ++x) {
+    if (x < n) issue(x);
+    cp_async_commit();
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  // ldmatrix addresses: Q rows of the warp; K rows as the B operand of Q K^T
+  // (matrices: keys 0-7 / 8-15 x d chunks lo / hi); V rows transposed as the
+  // B operand of P V (keys 0-7 / 8-15 x d chunks lo / hi).
+  const SwzRows<RB> q_addr(qb, wm * 16 + (lane & 15), lane >> 4);
+  const SwzRows<RB> k_addr(smem_u32(k_s), ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);
+  const SwzRows<RB> v_addr(smem_u32(v_s), (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);
+
+  for (int x = 0; x < n; ++x) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // tile x landed; every warp is done with tile x - 1's stage and offsets
+    if (x + S - 1 < n) issue(x + S - 1);
+    cp_async_commit();
+    if (tid < BN) {
+      if (x + S < n) put_offsets(x + S, pid_next);  // slot (x + S) % S == x % S: tile x was issued long ago
+      pid_next = x + S + 1 < n ? page_of(x + S + 1) : -1;
+    }
+
+    const uint32_t stage_off = (x % S) * static_cast<uint32_t>(C::kStageBytes);
+
+    // The warp's KW keys of the tile, KS at a time (a rolled loop at d=256,
+    // where interleaving the sub-blocks would spill).
+#pragma unroll(D == 256 ? 1 : KW / KS)
+    for (int sb = 0; sb < KW / KS; ++sb) {
+      const int kr0 = wn * KW + sb * KS;  // first key of the sub-block in the tile
+      const int jw = (t0 + x) * BN + kr0;
+      const uint32_t kv_off = stage_off + kr0 * RB;
+
+      // S = Q K^T.
+      float s[KS / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < KS / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+      // k-steps in groups of 4 (one 128-byte line of every row); rolled at
+      // d=256, where hoisting all 16 steps' fragments would spill.
+#pragma unroll(D == 256 ? 1 : D / 64)
+      for (int kq = 0; kq < D / 64; ++kq) {
+#pragma unroll
+        for (int k4 = 0; k4 < 4; ++k4) {
+          uint32_t qa[4];
+          ldsm_x4(q_addr.p[k4] + kq * 128, qa);
+#pragma unroll
+          for (int nj = 0; nj < KS / 16; ++nj) {
+            uint32_t kf[4];
+            ldsm_x4(k_addr.p[k4] + kq * 128 + kv_off + nj * 16 * RB, kf);
+            mma16816<T>(s[2 * nj], qa, kf[0], kf[1]);
+            mma16816<T>(s[2 * nj + 1], qa, kf[2], kf[3]);
+          }
+        }
+      }
+
+      // Logits in log2 units; invisible keys -inf.
+      const bool full = jw >= klo && jw + KS <= khi;
+#pragma unroll
+      for (int nt = 0; nt < KS / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e >> 1;
+          const int j = jw + nt * 8 + 2 * t4 + (e & 1);
+          float xv = s[nt][e] * a.scale_log2;
+          if (has_alibi) xv -= slope[rr] * fabsf(static_cast<float>(j - ri[rr] - si.diag));
+          if (!full && !(j >= rlo[rr] && j < rhi[rr])) xv = -INFINITY;
+          s[nt][e] = xv;
+        }
+
+      // Online softmax per row (a row's 8 keys of an n-tile sit in one quad).
+      float mu[2], alpha[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < KS / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[rr], mx);
+        mu[rr] = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: p = 0 below
+        alpha[rr] = exp2f(m[rr] - mu[rr]);
+        m[rr] = m_new;
+        l[rr] *= alpha[rr];
+      }
+      // O is rescaled only when some row's running max moved in this warp: otherwise every alpha
+      // is exp2(0) = 1 exactly and skipping the D / 2 multiplications by 1 leaves O bitwise the
+      // same. After a split's first tiles the max rarely moves, and this is a quarter of the
+      // warp's per-tile instructions at M = 16.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+          o[nt][0] *= alpha[0];
+          o[nt][1] *= alpha[0];
+          o[nt][2] *= alpha[1];
+          o[nt][3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < KS / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pv = exp2f(s[nt][e] - mu[e >> 1]);
+          l[e >> 1] += pv;
+          s[nt][e] = pv;
+        }
+
+      // O += P V: the S accumulators of keys 16nj..16nj+15 are the A fragment.
+#pragma unroll
+      for (int nj = 0; nj < KS / 16; ++nj) {
+        const uint32_t pa[4] = {pack2<T>(s[2 * nj][0], s[2 * nj][1]), pack2<T>(s[2 * nj][2], s[2 * nj][3]),
+                                pack2<T>(s[2 * nj + 1][0], s[2 * nj + 1][1]),
+                                pack2<T>(s[2 * nj + 1][2], s[2 * nj + 1][3])};
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {
+          uint32_t vf[4];
+          ldsm_x4_t(v_addr.at(dn) + kv_off + nj * 16 * RB, vf);
+          mma16816<T>(o[2 * dn], pa, vf[0], vf[1]);
+          mma16816<T>(o[2 * dn + 1], pa, vf[2], vf[3]);
+        }
+      }
+    }
+  }
+
+  // ---- merge the warps' softmax states (same rows, different keys) ----
+  const int lr0 = wm * 16 + g;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+    if (t4 == 0) {
+      red_m[wn][lr0 + 8 * rr] = m[rr];
+      red_l[wn][lr0 + 8 * rr] = l[rr];
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // stage buffers free for o_s; red_* complete
+  float f[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int lr = lr0 + 8 * rr;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) mx = fmaxf(mx, red_m[w][lr]);
+    const float mu = mx == -INFINITY ? 0.f : mx;
+    f[rr] = exp2f(m[rr] - mu);
+    if (wn == 0 && t4 == 0) {
+      float L = 0.f;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) L += red_l[w][lr] * exp2f(red_m[w][lr] - mu);
+      row_m[lr] = mx;
+      row_l[lr] = L;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) {
+    const int col = nt * 8 + 2 * t4;
+    *reinterpret_cast<float2*>(o_s + (wn * M + lr0) * OS + col) = make_float2(o[nt][0] * f[0], o[nt][1] * f[0]);
+    *reinterpret_cast<float2*>(o_s + (wn * M + lr0 + 8) * OS + col) = make_float2(o[nt][2] * f[1], o[nt][3] * f[1]);
+  }
+  __syncthreads();
+
+  // ---- write: final rows (one split) or partials (several) ----
+  const bool split_mode = a.splits > 1;
+  const bool q_thd = p.seqlens.q_is_thd;
+  T* out = static_cast<T*>(p.out.data);
+  const int64_t ws_row0 = ((int64_t(split) * pr.b + b) * h_kv + hk) * a.rows;
+  constexpr int C4 = D / 4;
+  for (int u = tid; u < M * C4; u += kThreads) {
+    const int lr = u / C4, c = (u % C4) * 4;
+    const int r = row0 + lr;
+    if (c >= dv || r >= a.rows) continue;
+    const int i = r / group, h = hk * group + r % group;
+    if (i >= si.len_q) {
+      // A padded bshd/sbhd row (thd rows past a sequence belong to others).
+      if (!split_mode && !q_thd) {
+        store4<T>(out + simt::row_base(p.out, b, i, h), p.out.stride_d, c, a.out_vec, 0.f, 0.f, 0.f, 0.f);
+      }
+      continue;
+    }
+    float4 acc = *reinterpret_cast<const float4*>(o_s + lr * OS + c);
+#pragma unroll
+    for (int w = 1; w < WN; ++w) {
+      const float4 x4 = *reinterpret_cast<const float4*>(o_s + (w * M + lr) * OS + c);
+      acc.x += x4.x;
+      acc.y += x4.y;
+      acc.z += x4.z;
+      acc.w += x4.w;
+    }
+    const float L = row_l[lr];
+    if (split_mode) {
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      *reinterpret_cast<float4*>(a.ws_o + (ws_row0 + r) * dv + c) =
+          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    } else {
+      float fct, lse;
+      finalize_row(p, h, L, row_m[lr], &fct, &lse);
+      store4<T>(out + simt::row_base(p.out, b, si.tok_q + i, h), p.out.stride_d, c, a.out_vec, acc.x * fct,
+                acc.y * fct, acc.z * fct, acc.w * fct);
+    }
+  }
+  for (int lr = tid; lr < M; lr += kThreads) {
+    const int r = row0 + lr;
+    if (r >= a.rows) continue;
+    const int i = r / group, h = hk * group + r % group;
+    float* lse_row = p.lse + int64_t(b) * p.lse_stride_b + int64_t(h) * p.lse_stride_h;
+    if (i >= si.len_q) {
+      if (!split_mode && !q_thd) lse_row[int64_t(i) * p.lse_stride_s] = -INFINITY;
+      continue;
+    }
+    const float L = row_l[lr], mx = row_m[lr];
+    if (split_mode) {
+      a.ws_lse[ws_row0 + r] = L > 0.f ? mx + log2f(L) : -INFINITY;
+    } else {
+      float fct, lse;
+      finalize_row(p, h, L, mx, &fct, &lse);
+      lse_row[(si.tok_q + i) * p.lse_stride_s] = lse;
+    }
+    if (p.max_logit != nullptr && L > 0.f) simt::atomic_max_float(p.max_logit + h, mx * kLn2);
+  }
+
 }
 
 // ---- launchers ------------------------------------------------------------------
@@ -63,100 +421,9 @@ Status launch_variant(const FwdParams& p, const Plan& plan, const KernelArgs& a,
   return simt::check_launch("decode kernel");
 }
 
-// The cluster kernel's set-up, once per device and kernel: its dynamic shared-memory limit
-// (prepare_smem) and permission for clusters above the portable 8 CTAs (kMaxCluster). No call
-// synchronises, and after the first none reaches the driver (capture is unaffected).
-template <class T, int D, int WM>
-Status prepare_cluster_kernel() {
-  const auto kernel = decode_cluster_kernel<T, D, WM>;
-  static std::atomic<uint64_t> smem_ready{0}, nonportable_ready{0};
-  FUSEDATTN_RETURN_IF_ERROR(simt::prepare_smem(kernel, Tile<D, WM>::kSmemBytes, "decode cluster", &smem_ready));
-  int dev = 0;
-  FUSEDATTN_RETURN_IF_ERROR(simt::cuda_error(cudaGetDevice(&dev), "decode cluster"));
-  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
-  if (bit != 0 && (nonportable_ready.load(std::memory_order_relaxed) & bit)) return Status::Ok();
-  FUSEDATTN_RETURN_IF_ERROR(simt::cuda_error(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "decode cluster"));
-  nonportable_ready.fetch_or(bit, std::memory_order_relaxed);
-  return Status::Ok();
-}
-
-// Launch configuration of the cluster kernel over `grid`: one cluster per (x extent = splits)
-// row of the grid. *attr holds the cluster attribute the configuration points to.
-inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, size_t smem, cudaStream_t stream,
-                                                cudaLaunchAttribute* attr) {
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = grid.x;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// Clusters of `splits` CTAs of decode_cluster_kernel<T, D, WM> the current device holds at
-// once; 0 when it cannot run them: the kernel's set-up or the query fails, or the code the
-// device runs was built for an architecture below sm_90 (a build without sm_90 code whose PTX
-// the driver compiled: the kernel's body is empty there). Asked once per device and size.
-template <class T, int D, int WM>
-int cluster_fit(int splits) {
-  static std::atomic<int> cache[64][kMaxCluster + 1];  // clusters + 1; 0: not asked yet
-  int dev = 0;
-  if (splits < 2 || splits > kMaxCluster || cudaGetDevice(&dev) != cudaSuccess) return 0;
-  std::atomic<int>* slot = dev >= 0 && dev < 64 ? &cache[dev][splits] : nullptr;
-  if (slot != nullptr && slot->load(std::memory_order_relaxed) > 0) return slot->load(std::memory_order_relaxed) - 1;
-  const auto kernel = decode_cluster_kernel<T, D, WM>;
-  cudaFuncAttributes fa = {};
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg =
-      cluster_launch_config(dim3(static_cast<unsigned>(splits)), Tile<D, WM>::kSmemBytes, nullptr, &attr);
-  int n = 0;
-  // ptxVersion: the virtual architecture (x 10) the function was compiled from.
-  if (!prepare_cluster_kernel<T, D, WM>().ok() || cudaFuncGetAttributes(&fa, kernel) != cudaSuccess ||
-      fa.ptxVersion < 90 || cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    cudaGetLastError();  // a refusal means "no cluster path", not an error for the next launch to report
-    n = 0;
-  }
-  if (slot != nullptr) slot->store(n + 1, std::memory_order_relaxed);
-  return n;
-}
-
-template <class T, int D, int WM>
-Status launch_cluster_variant(const FwdParams& p, const Plan& plan, const KernelArgs& a, cudaStream_t stream) {
-  FUSEDATTN_RETURN_IF_ERROR((prepare_cluster_kernel<T, D, WM>()));
-  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(p.prob.h_kv * plan.chunks),
-                  static_cast<unsigned>(p.prob.b));
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, Tile<D, WM>::kSmemBytes, stream, &attr);
-  // A refused launch sets the last error, which check_launch reports and clears.
-  cudaLaunchKernelEx(&cfg, decode_cluster_kernel<T, D, WM>, p, a);
-  return simt::check_launch("decode cluster kernel");
-}
-
-template <class T, int D>
-int max_active_clusters(const Plan& plan) {
-  switch (plan.wm) {
-    case 1: return cluster_fit<T, D, 1>(plan.splits);
-    case 2: return cluster_fit<T, D, 2>(plan.splits);
-    default: return cluster_fit<T, D, 4>(plan.splits);
-  }
-}
-
 template <class T, int D>
 Status launch_decode(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (plan.cluster) {
-    switch (plan.wm) {
-      case 1: return launch_cluster_variant<T, D, 1>(p, plan, a, st);
-      case 2: return launch_cluster_variant<T, D, 2>(p, plan, a, st);
-      default: return launch_cluster_variant<T, D, 4>(p, plan, a, st);
-    }
-  }
   switch (plan.wm) {
     case 1: return launch_variant<T, D, 1>(p, plan, a, st);
     case 2: return launch_variant<T, D, 2>(p, plan, a, st);

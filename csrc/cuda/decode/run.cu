@@ -21,11 +21,10 @@ namespace {
 struct DeviceInfo {
   int sms = 0;
   int smem_per_sm = 0;
-  int major = 0;  // compute capability
 };
 
 DeviceInfo device_info() {
-  static std::atomic<int> sms_cache[64], smem_cache[64], major_cache[64];
+  static std::atomic<int> sms_cache[64], smem_cache[64];
   DeviceInfo info;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return info;
@@ -33,17 +32,14 @@ DeviceInfo device_info() {
   if (cached && sms_cache[dev].load(std::memory_order_relaxed) > 0) {
     info.sms = sms_cache[dev].load(std::memory_order_relaxed);
     info.smem_per_sm = smem_cache[dev].load(std::memory_order_relaxed);
-    info.major = major_cache[dev].load(std::memory_order_relaxed);
     return info;
   }
   if (cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) info.sms = 0;
   if (cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
     info.smem_per_sm = 0;
   }
-  if (cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) info.major = 0;
   if (cached && info.sms > 0) {
     smem_cache[dev].store(info.smem_per_sm, std::memory_order_relaxed);
-    major_cache[dev].store(info.major, std::memory_order_relaxed);
     sms_cache[dev].store(info.sms, std::memory_order_relaxed);
   }
   return info;
@@ -101,56 +97,6 @@ int forced_splits() {
   return n;
 }
 
-// FUSEDATTN_DECODE_CLUSTER=1 (any value but 0) lets the plan merge the splits in a thread-block
-// cluster (decode_cluster_kernel) instead of the combine kernel: a candidate for an A/B
-// measurement, off by default; read once per process.
-bool cluster_opt_in() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_CLUSTER");
-    return e != nullptr && std::atoi(e) != 0;
-  }();
-  return on;
-}
-
-// max_active_clusters for the plan's dtype and head-dim bucket.
-int cluster_fit(const FwdParams& p, const Plan& pl) {
-  const bool f16 = p.prob.dtype == DType::kFloat16;
-  switch (pl.d) {
-    case 64: return f16 ? max_active_clusters<__half, 64>(pl) : max_active_clusters<__nv_bfloat16, 64>(pl);
-    case 128: return f16 ? max_active_clusters<__half, 128>(pl) : max_active_clusters<__nv_bfloat16, 128>(pl);
-    default: return f16 ? max_active_clusters<__half, 256>(pl) : max_active_clusters<__nv_bfloat16, 256>(pl);
-  }
-}
-
-// The cluster path for a plan of pl->splits > 1 splits over `tiles` key tiles, when the device
-// can hold such a cluster (else *pl stays as it is). A cluster has at most kMaxCluster CTAs
-// (kPortableCluster where the device cannot hold 16 of this kernel: d = 256 takes a whole SM per
-// CTA, and a GPC may have fewer free SMs). When the planner wants more splits than that, the
-// cluster gets the most allowed: the planner asks for many splits only when the grid would
-// otherwise leave SMs idle (batch 1: 8 KV heads x 32 splits), and the measured decode-kernel time
-// at batch 1 is the same with 16 splits as with 32 (docs/perf-notes.md), while 8 (64 CTAs on 132
-// SMs) took 32.5 us per call against 22.2. The count is then the smallest with the same tiles per
-// split, so that no split starts past the last tile of the longest sequence.
-// Co-residency: a cluster's CTAs are scheduled together on one GPC or not at all, and
-// cudaOccupancyMaxActiveClusters says how many such clusters of this kernel (its shared memory
-// and registers) the device holds at once. One is enough for correctness: the clusters do not
-// wait on each other, so more of them than fit at once simply run in waves.
-void plan_cluster(const FwdParams& p, int64_t tiles, Plan* pl) {
-  for (const int limit : {kMaxCluster, kPortableCluster}) {
-    Plan c = *pl;
-    if (c.splits > limit) {
-      const int64_t per = (tiles + limit - 1) / limit;
-      c.splits = static_cast<int>((tiles + per - 1) / per);
-    }
-    c.cluster = true;
-    if (cluster_fit(p, c) > 0) {
-      *pl = c;
-      return;
-    }
-    if (pl->splits <= kPortableCluster) return;  // the second limit would ask the same again
-  }
-}
-
 Plan no(const char* why) {
   Plan p;
   p.why = why;
@@ -191,8 +137,7 @@ Plan make_plan(const FwdParams& p, int sm_count) {
   const int64_t tiles = std::max<int64_t>(1, (pr.s_kv + kBlockN - 1) / kBlockN);
   pl.splits = choose_splits(pr.b * pr.h_kv * pl.chunks, tiles, cap);
   if (const int forced = forced_splits(); forced > 0) pl.splits = static_cast<int>(std::min<int64_t>(forced, tiles));
-  if (pl.splits > 1 && cluster_opt_in() && dev.major >= 9) plan_cluster(p, tiles, &pl);
-  if (pl.splits > 1 && !pl.cluster) {
+  if (pl.splits > 1) {
     const auto up = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t prow = static_cast<size_t>(pl.splits) * pr.b * pr.h_kv * rows;
     pl.ws_o_off = 0;
@@ -218,7 +163,7 @@ Status run_typed(const FwdParams& p, const Plan& plan, const KernelArgs& a, void
     case 128: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 128>(p, plan, a, stream))); break;
     default: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 256>(p, plan, a, stream))); break;
   }
-  if (plan.splits > 1 && !plan.cluster) FUSEDATTN_RETURN_IF_ERROR(launch_combine<T>(p, a, stream));
+  if (plan.splits > 1) FUSEDATTN_RETURN_IF_ERROR(launch_combine<T>(p, a, stream));
   return Status::Ok();
 }
 
@@ -230,7 +175,7 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   // binding allocated fits this plan.
   Plan plan = make_plan(p, 0);
   if (!plan.applies) return Status::Ok();
-  if (plan.splits > 1 && !plan.cluster && (launch.workspace == nullptr || launch.workspace_bytes < plan.bytes)) {
+  if (plan.splits > 1 && (launch.workspace == nullptr || launch.workspace_bytes < plan.bytes)) {
     plan.splits = 1;  // a caller that skipped the workspace query: one split needs none
     plan.bytes = 0;
   }
@@ -240,7 +185,7 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   a.splits = plan.splits;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   a.out_vec = simt::rows_vectorizable<__half>(p.out);
-  if (plan.splits > 1 && !plan.cluster) {
+  if (plan.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
     a.ws_lse = reinterpret_cast<float*>(ws + plan.ws_lse_off);

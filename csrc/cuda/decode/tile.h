@@ -35,12 +35,6 @@ constexpr int kThreads = 128;
 constexpr int kWarps = 4;
 constexpr int kBlockN = 64;        // keys per tile
 constexpr int kMaxSplits = 128;    // bound of the split-KV count (workspace and combine loop)
-// Splits merged in a thread-block cluster (decode_cluster_kernel, cluster.cuh): one CTA per
-// split, so the split count is the cluster size. 8 is the portable limit; H100 / H200 also
-// schedule clusters of 16 CTAs on one GPC when the kernel allows non-portable sizes (whether this
-// kernel's 16 fit is asked of cudaOccupancyMaxActiveClusters when planning, run.cu).
-constexpr int kPortableCluster = 8;
-constexpr int kMaxCluster = 16;
 
 template <int D, int WM>
 struct Tile {
