@@ -24,11 +24,15 @@ using simt::SeqInfo;
 // rows, cu_seqlens) is issued before any is used, so a row costs one memory round trip, then a
 // shared-memory sum of the warps' weighted partials. (Merging in one warp, 16 splits per round
 // trip, took 3.8 / 5.4 / 8.8 us for 16 / 32 / 64 splits at batch 1, one round trip per 16 splits.)
+// PER: the splits a warp holds (registers for PER x CH float4): 4 up to 32 splits, else 16. Sized
+// for 128 splits throughout, the kernel took 171 registers, one 256-thread block per SM, and at
+// batch 8 (256 rows) ran in two waves: 5.6 us.
 constexpr int kCombineWarps = 8;
 
-template <class T, int CH>
+template <class T, int CH, int PER>
 __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(const FwdParams p, const KernelArgs a) {
-  constexpr int kPer = kMaxSplits / kCombineWarps;  // splits per warp, at most
+  constexpr int kPer = PER;  // splits per warp, at most
+  static_assert(PER * kCombineWarps <= kMaxSplits, "splits per warp");
   static_assert(kMaxSplits % 32 == 0 && 32 % kCombineWarps == 0, "split sp = warp + kCombineWarps k sits in lane "
                 "sp % 32 of ls[sp / 32], and sp / 32 = k / (32 / kCombineWarps)");
   __shared__ float4 part[kCombineWarps][32 * CH];
@@ -174,11 +178,10 @@ Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream) {
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(nrows, int64_t(1) << 20));
   if (blocks == 0) return Status::Ok();
   const auto st = static_cast<cudaStream_t>(stream);
-  if (p.prob.d_v > 128) {
-    decode_combine_kernel<T, 2><<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
-  } else {
-    decode_combine_kernel<T, 1><<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
-  }
+  const bool wide = p.prob.d_v > 128, few = a.splits <= 4 * kCombineWarps;
+  const auto kernel = wide ? (few ? decode_combine_kernel<T, 2, 4> : decode_combine_kernel<T, 2, kMaxSplits / kCombineWarps>)
+                           : (few ? decode_combine_kernel<T, 1, 4> : decode_combine_kernel<T, 1, kMaxSplits / kCombineWarps>);
+  kernel<<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
   return simt::check_launch("decode combine kernel");
 }
 
