@@ -114,11 +114,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   // Page of key `tid` of tile x (threads tid < BN), -1 past the cache. A
   // page index outside the pool is clamped into it: a bad table gives wrong
   // numbers, never an out-of-bounds read (the CPU engine reports it).
+  const auto clamp_page = [&](int64_t pg) -> int64_t { return pg < 0 ? 0 : (pg > last_page ? last_page : pg); };
   const auto page_of = [&](int x) -> int64_t {
     const int tok = (t0 + x) * BN + tid;
     if (tok >= si.len_kv) return -1;
-    const int64_t pg = __ldg(pt + tok / ps);
-    return pg < 0 ? 0 : (pg > last_page ? last_page : pg);
+    return clamp_page(__ldg(pt + tok / ps));
   };
   const auto put_offsets = [&](int x, int64_t pg) {
     const int tok = (t0 + x) * BN + tid;
@@ -160,12 +160,24 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   };
 
   // ---- prologue: offsets of tiles 0..S-1, Q and tiles 0..S-2 in flight ----
+  // The page-table reads of tiles 0..S are independent: they are issued back to back (predicated,
+  // no branch between them), and only then clamped and turned into offsets. Written as
+  // put_offsets(x, page_of(x)) per tile, each read sat behind the previous tile's clamp and offsets:
+  // S + 1 dependent round trips ahead of the first copy.
   int64_t pid_next = -1;
   if (tid < BN) {
+    bool live[S + 1];
+    int32_t entry[S + 1];
+#pragma unroll
+    for (int x = 0; x <= S; ++x) {
+      const int tok = (t0 + x) * BN + tid;
+      live[x] = x < n && tok < si.len_kv;
+      entry[x] = live[x] ? __ldg(pt + tok / ps) : 0;
+    }
 #pragma unroll
     for (int x = 0; x < S; ++x)
-      if (x < n) put_offsets(x, page_of(x));
-    if (S < n) pid_next = page_of(S);
+      if (x < n) put_offsets(x, live[x] ? clamp_page(entry[x]) : -1);
+    pid_next = live[S] ? clamp_page(entry[S]) : -1;
   }
   __syncthreads();
   const uint32_t qb = smem_u32(q_s);

@@ -124,7 +124,7 @@ Plan make_plan(const FwdParams& p, int sm_count) {
   if (pr.s_kv >= (int64_t(1) << 30) || pr.s_q >= (int64_t(1) << 30)) return no("sequence extent >= 2^30");
   const int64_t group = pr.h_q / pr.h_kv;
   const int64_t rows = pr.s_q * group;
-  if (rows >= (int64_t(1) << 30)) return no("too many query rows");
+  if (rows >= (int64_t(1) << 30) || pr.s_q * pr.h_q >= (int64_t(1) << 31)) return no("too many query rows");
   Plan pl;
   pl.wm = rows <= 16 ? 1 : (rows <= 32 ? 2 : 4);
   pl.chunks = static_cast<int>((rows + 16 * pl.wm - 1) / (16 * pl.wm));
