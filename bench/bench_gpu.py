@@ -39,13 +39,32 @@ def time_ms(fn):
         return float("nan")
 
 
-def run_point(d, s, causal, dtype=torch.bfloat16):
+def grid_inputs(d, s, causal, dtype):
+    """A grid point's q, k, v (requiring grad), dout [b, s, h, d] and fusedattn's FwdArgs."""
     b, h = 16384 // s, 2048 // d
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_()
-    args = FwdArgs(scale=1 / math.sqrt(d), mask_type="causal" if causal else "no_mask")
+    return q, k, v, dout, FwdArgs(scale=1 / math.sqrt(d), mask_type="causal" if causal else "no_mask")
+
+
+def write_table(title, caption, lines, out_path):
+    """Prints the markdown table (title with date, GPU, torch and the FUSEDATTN_ switches) and
+    appends it to out_path when given."""
+    switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
+    head = (f"## {title}, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+            f"{', ' + switches if switches else ''}\n\n{caption}\n\n")
+    table = head + "\n".join(lines) + "\n"
+    print("\n" + table)
+    if out_path:
+        with open(out_path, "a") as f:
+            f.write("\n" + table)
+
+
+def run_point(d, s, causal, dtype=torch.bfloat16):
+    b, h = 16384 // s, 2048 // d
+    q, k, v, dout, args = grid_inputs(d, s, causal, dtype)
     qt, kt, vt, dt = (t.transpose(1, 2) for t in (q, k, v, dout))
 
     def ours():
@@ -76,11 +95,7 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
 def run_det_point(d, s, causal, dtype=torch.bfloat16):
     """fusedattn forward+backward TFLOP/s: (deterministic, default)."""
     b, h = 16384 // s, 2048 // d
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_()
-    args = FwdArgs(scale=1 / math.sqrt(d), mask_type="causal" if causal else "no_mask")
+    q, k, v, dout, args = grid_inputs(d, s, causal, dtype)
 
     def fb():
         torch.autograd.grad(attention(q, k, v, args)[0], (q, k, v), dout)
@@ -104,16 +119,10 @@ def main_deterministic(out_path):
                 det, dflt = run_det_point(d, s, causal)
                 lines.append(f"| {d} | {s} | {'yes' if causal else 'no'} | {det:.0f} | {dflt:.0f} | {det / dflt:.2f} |")
                 print(lines[-1], flush=True)
-    switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
-    head = (f"## Deterministic backward, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, "
-            f"torch {torch.__version__}{', ' + switches if switches else ''}\n\n"
-            "fusedattn forward+backward TFLOP/s under torch.use_deterministic_algorithms(True) and without, same "
-            "inputs and process; bf16, b*s = 16384 tokens, h*d = 2048, medians of triton do_bench.\n\n")
-    table = head + "\n".join(lines) + "\n"
-    print("\n" + table)
-    if out_path:
-        with open(out_path, "a") as f:
-            f.write("\n" + table)
+    write_table("Deterministic backward",
+                "fusedattn forward+backward TFLOP/s under torch.use_deterministic_algorithms(True) and without, "
+                "same inputs and process; bf16, b*s = 16384 tokens, h*d = 2048, medians of triton do_bench.",
+                lines, out_path)
 
 
 def main():
@@ -144,16 +153,10 @@ def main():
                     f"{r['cudnn_fb']:.0f} | {r['fusedattn_fb'] / r['fa2_fb']:.2f} | "
                     f"{r['fusedattn_fb'] / r['cudnn_fb']:.2f} |")
                 print(lines[-1], flush=True)
-    switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
-    head = (f"## GPU attention, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-            f"{', ' + switches if switches else ''}\n\n"
-            "bf16, b*s = 16384 tokens, h*d = 2048, TFLOP/s (FlashAttention's count: fwd 4bhs^2d, /2 causal; "
-            "fwd+bwd 3.5x fwd), medians of triton do_bench; ratios > 1 mean fusedattn is faster.\n\n")
-    table = head + "\n".join(lines) + "\n"
-    print("\n" + table)
-    if opts.out:
-        with open(opts.out, "a") as f:
-            f.write("\n" + table)
+    write_table("GPU attention",
+                "bf16, b*s = 16384 tokens, h*d = 2048, TFLOP/s (FlashAttention's count: fwd 4bhs^2d, /2 causal; "
+                "fwd+bwd 3.5x fwd), medians of triton do_bench; ratios > 1 mean fusedattn is faster.",
+                lines, opts.out)
 
 
 if __name__ == "__main__":
