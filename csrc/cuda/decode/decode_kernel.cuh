@@ -57,6 +57,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const int row0 = (static_cast<int>(blockIdx.y) / h_kv) * M;
   const int b = blockIdx.z;
   const int group = a.group;
+  // A one-page table (a contiguous cache: s_kv = page_size, so every key is on entry 0) is read
+  // here, alongside cu_seqlens, rather than after the split's tiles are known from the length.
+  const int32_t* pt = p.paged.page_table + static_cast<int64_t>(b) * p.paged.stride_b;
+  const bool one_page = p.paged.max_pages == 1;
+  const int32_t entry0 = one_page ? __ldg(pt) : 0;
   const int dqk = static_cast<int>(pr.d_qk), dv = static_cast<int>(pr.d_v);
 
   const SeqInfo si = simt::seq_info(p, b);
@@ -108,7 +113,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const T* kg = static_cast<const T*>(p.k.data);
   const T* vg = static_cast<const T*>(p.v.data);
   const int ps = static_cast<int>(p.paged.page_size);
-  const int32_t* pt = p.paged.page_table + static_cast<int64_t>(b) * p.paged.stride_b;
   const int64_t last_page = p.paged.num_pages - 1;
 
   // Page of key `tid` of tile x (threads tid < BN), -1 past the cache. A
@@ -118,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const auto page_of = [&](int x) -> int64_t {
     const int tok = (t0 + x) * BN + tid;
     if (tok >= si.len_kv) return -1;
-    return clamp_page(__ldg(pt + tok / ps));
+    return clamp_page(one_page ? entry0 : __ldg(pt + tok / ps));
   };
   const auto put_offsets = [&](int x, int64_t pg) {
     const int tok = (t0 + x) * BN + tid;
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     for (int x = 0; x <= S; ++x) {
       const int tok = (t0 + x) * BN + tid;
       live[x] = x < n && tok < si.len_kv;
-      entry[x] = live[x] ? __ldg(pt + tok / ps) : 0;
+      entry[x] = live[x] ? (one_page ? entry0 : __ldg(pt + tok / ps)) : 0;
     }
 #pragma unroll
     for (int x = 0; x < S; ++x)
