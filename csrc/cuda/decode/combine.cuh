@@ -47,10 +47,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
   const int h_q = static_cast<int>(pr.h_q), nrows = static_cast<int>(pr.s_q) * h_q;
   T* out = static_cast<T*>(p.out.data);
   for (int w = static_cast<int>(blockIdx.x); w < nrows; w += static_cast<int>(gridDim.x)) {
-    const int h = w % h_q, i = w / h_q;
-    const int hk = h / a.group;
+    const int h = static_cast<int>(a.div_hq.mod(w)), i = static_cast<int>(a.div_hq.div(w));
+    const int hk = static_cast<int>(a.div_group.div(h));
     // The workspace row exists for every (b, i < s_q, h); a padded row's values are loaded and ignored.
-    const int64_t wrow = (int64_t(b) * pr.h_kv + hk) * a.rows + int64_t(i) * a.group + h % a.group;
+    const int64_t wrow = (int64_t(b) * pr.h_kv + hk) * a.rows + int64_t(i) * a.group + a.div_group.mod(h);
     float ls[kMaxSplits / 32];  // lane l: the lse of splits l, l + 32, ...
 #pragma unroll
     for (int k = 0; k < kMaxSplits / 32; ++k) {

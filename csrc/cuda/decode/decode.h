@@ -12,6 +12,7 @@
 
 #include <cstddef>
 
+#include "fastdiv.h"
 #include "fusedattn/cuda_api.h"
 
 namespace fusedattn {
@@ -29,6 +30,8 @@ struct KernelArgs {
   // (-inf: no visible key in that split).
   float* ws_o = nullptr;
   float* ws_lse = nullptr;
+  // The kernels' launch-wide divisors: h_kv, group, splits, page_size, h_q.
+  FastDiv div_hkv, div_group, div_splits, div_ps, div_hq;
 };
 
 struct Plan {

@@ -53,8 +53,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const int g = lane >> 2, t4 = lane & 3;
   const int split = blockIdx.x;
   const int h_kv = static_cast<int>(pr.h_kv);
-  const int hk = static_cast<int>(blockIdx.y) % h_kv;
-  const int row0 = (static_cast<int>(blockIdx.y) / h_kv) * M;
+  const int hk = static_cast<int>(a.div_hkv.mod(blockIdx.y));
+  const int row0 = static_cast<int>(a.div_hkv.div(blockIdx.y)) * M;
   const int b = blockIdx.z;
   const int group = a.group;
   // A one-page table (a contiguous cache: s_kv = page_size, so every key is on entry 0) is read
@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   // Valid rows of the block: r < rows and query i = r / group < len_q. The
   // keys any of them may see form [lo, hi) (bounds grow with i).
   const int r_end = min(row0 + M, a.rows);
-  const int i_first = row0 / group;
-  const int i_last = min((r_end - 1) / group, si.len_q - 1);
+  const int i_first = static_cast<int>(a.div_group.div(row0));
+  const int i_last = min(static_cast<int>(a.div_group.div(r_end - 1)), si.len_q - 1);
   int lo = 0, hi = 0;
   if (i_first <= i_last) {
     lo = simt::key_range(si, i_first).lo;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   int t0 = 0, n = 0;
   if (hi > lo) {
     const int t_lo = lo / BN, t_hi = (hi + BN - 1) / BN;
-    const int per = (t_hi - t_lo + a.splits - 1) / a.splits;
+    const int per = static_cast<int>(a.div_splits.div(t_hi - t_lo + a.splits - 1));
     t0 = t_lo + split * per;
     n = max(0, min(t_hi, t0 + per) - t0);
   }
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = row0 + wm * 16 + g + 8 * rr;
-    const int i = r / group;
+    const int i = static_cast<int>(a.div_group.div(r));
     ri[rr] = i;
     rlo[rr] = 0;
     rhi[rr] = 0;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
       rlo[rr] = kr.lo;
       rhi[rr] = kr.hi;
       if (p.bias.type == BiasType::kAlibi) {
-        const int h = hk * group + r % group;
+        const int h = hk * group + static_cast<int>(a.div_group.mod(r));
         slope[rr] = p.bias.alibi_slopes[b * p.bias.alibi_stride_b + h * p.bias.alibi_stride_h] * kLog2e;
       }
     }
@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const T* qg = static_cast<const T*>(p.q.data);
   const T* kg = static_cast<const T*>(p.k.data);
   const T* vg = static_cast<const T*>(p.v.data);
-  const int ps = static_cast<int>(p.paged.page_size);
   const int64_t last_page = p.paged.num_pages - 1;
 
   // Page of key `tid` of tile x (threads tid < BN), -1 past the cache. A
@@ -122,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const auto page_of = [&](int x) -> int64_t {
     const int tok = (t0 + x) * BN + tid;
     if (tok >= si.len_kv) return -1;
-    return clamp_page(one_page ? entry0 : __ldg(pt + tok / ps));
+    return clamp_page(one_page ? entry0 : __ldg(pt + a.div_ps.div(tok)));
   };
   const auto put_offsets = [&](int x, int64_t pg) {
     const int tok = (t0 + x) * BN + tid;
@@ -131,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
       o.x = -1;
       o.y = -1;
     } else {
-      const int64_t slot = tok % ps;
+      const int64_t slot = a.div_ps.mod(tok);
       o.x = pg * p.k.stride_b + slot * p.k.stride_s + int64_t(hk) * p.k.stride_h;
       o.y = pg * p.v.stride_b + slot * p.v.stride_s + int64_t(hk) * p.v.stride_h;
     }
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     for (int x = 0; x <= S; ++x) {
       const int tok = (t0 + x) * BN + tid;
       live[x] = x < n && tok < si.len_kv;
-      entry[x] = live[x] ? (one_page ? entry0 : __ldg(pt + tok / ps)) : 0;
+      entry[x] = live[x] ? (one_page ? entry0 : __ldg(pt + a.div_ps.div(tok))) : 0;
     }
 #pragma unroll
     for (int x = 0; x < S; ++x)
@@ -187,9 +186,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const uint32_t qb = smem_u32(q_s);
   for (int u = tid; u < M * CH; u += kThreads) {
     const int lr = u / CH, c = u % CH;
-    const int r = row0 + lr, i = r / group;
+    const int r = row0 + lr, i = static_cast<int>(a.div_group.div(r));
     const bool in = r < a.rows && i < si.len_q && c * 8 < dqk;
-    const T* src = in ? qg + simt::row_base(p.q, b, si.tok_q + i, hk * group + r % group) + c * 8 : qg;
+    const T* src =
+        in ? qg + simt::row_base(p.q, b, si.tok_q + i, hk * group + static_cast<int>(a.div_group.mod(r))) + c * 8 : qg;
     cp_async16(qb + swz<RB>(lr, c), src, in ? 16 : 0);
   }
 #pragma unroll
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     const int lr = u / C4, c = (u % C4) * 4;
     const int r = row0 + lr;
     if (c >= dv || r >= a.rows) continue;
-    const int i = r / group, h = hk * group + r % group;
+    const int i = static_cast<int>(a.div_group.div(r)), h = hk * group + static_cast<int>(a.div_group.mod(r));
     if (i >= si.len_q) {
       // A padded bshd/sbhd row (thd rows past a sequence belong to others).
       if (!split_mode && !q_thd) {
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   for (int lr = tid; lr < M; lr += kThreads) {
     const int r = row0 + lr;
     if (r >= a.rows) continue;
-    const int i = r / group, h = hk * group + r % group;
+    const int i = static_cast<int>(a.div_group.div(r)), h = hk * group + static_cast<int>(a.div_group.mod(r));
     float* lse_row = p.lse + int64_t(b) * p.lse_stride_b + int64_t(h) * p.lse_stride_h;
     if (i >= si.len_q) {
       if (!split_mode && !q_thd) lse_row[int64_t(i) * p.lse_stride_s] = -INFINITY;

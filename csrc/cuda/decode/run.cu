@@ -185,6 +185,11 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   a.splits = plan.splits;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   a.out_vec = simt::rows_vectorizable<__half>(p.out);
+  a.div_hkv = FastDiv(static_cast<uint32_t>(p.prob.h_kv));
+  a.div_group = FastDiv(static_cast<uint32_t>(a.group));
+  a.div_splits = FastDiv(static_cast<uint32_t>(plan.splits));
+  a.div_ps = FastDiv(static_cast<uint32_t>(p.paged.page_size));
+  a.div_hq = FastDiv(static_cast<uint32_t>(p.prob.h_q));
   if (plan.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
