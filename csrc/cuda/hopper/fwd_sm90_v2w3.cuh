@@ -329,28 +329,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   }
 
   // ---------------------------------------------------------------- epilogue
-  T* out = reinterpret_cast<T*>(p.o);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float l = row_l[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = (l > 0.f) ? 1.f / l : 0.f;
-    const int row = row_base + 8 * hf;
-    if (row < p.s_q) {
-      T* orow = out + batch * p.o_sb + row * p.o_ss + head * p.o_sh;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const uint32_t v = pack2<F16>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
-        *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * qd) = v;
-      }
-      if (qd == 0) {
-        float lse = (l > 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
-        if (timed_out) lse = __int_as_float(0x7fffffff);
-        p.lse[batch * p.lse_sb + head * p.lse_sh + row * p.lse_ss] = lse;
-      }
-    }
-  }
+  fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, batch, head, qd, timed_out);
 #endif
 }
 

@@ -299,7 +299,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int qd = lane & 3;
   const int row_in_tile = cw * 64 + warp * 16 + (lane >> 2);
   const float sl2 = p.scale_log2;
-  T* out = reinterpret_cast<T*>(p.o);
 
   // Ping-pong: consumer 0 takes the first turn of the whole persistent loop.
   if (PP && cw == 1) v2_pp_pass_turn(cw);
@@ -431,27 +430,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // ---------------------------------------------------------- epilogue
     // Runs while the producer's next Q / K_0 loads are in flight and the
     // other consumer issues its GEMMs.
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float l = row_l[hf];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = (l > 0.f) ? 1.f / l : 0.f;
-      const int row = row_base + 8 * hf;
-      if (row < p.s_q) {
-        T* orow = out + ti.batch * p.o_sb + row * p.o_ss + ti.head * p.o_sh;
-#pragma unroll
-        for (int jj = 0; jj < D / 8; ++jj) {
-          const uint32_t v = pack2<F16>(o[4 * jj + 2 * hf] * inv, o[4 * jj + 2 * hf + 1] * inv);
-          *reinterpret_cast<uint32_t*>(orow + 8 * jj + 2 * qd) = v;
-        }
-        if (qd == 0) {
-          float lse = (l > 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
-          if (timed_out) lse = __int_as_float(0x7fffffff);
-          p.lse[ti.batch * p.lse_sb + ti.head * p.lse_sh + row * p.lse_ss] = lse;
-        }
-      }
-    }
+    fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, ti.batch, ti.head, qd, timed_out);
     __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
   }
 #endif
