@@ -24,10 +24,12 @@ using simt::SeqInfo;
 // rows, cu_seqlens) is issued before any is used, so a row costs one memory round trip, then a
 // shared-memory sum of the warps' weighted partials. (Merging in one warp, 16 splits per round
 // trip, took 3.8 / 5.4 / 8.8 us for 16 / 32 / 64 splits at batch 1, one round trip per 16 splits.)
-// PER: the splits a warp holds (registers for PER x CH float4): 4 up to 32 splits, else 16. Sized
-// for 128 splits throughout, the kernel took 171 registers, one 256-thread block per SM, and at
-// batch 8 (256 rows) ran in two waves: 5.6 us.
-constexpr int kCombineWarps = 8;
+// PER: the splits a warp holds (registers for PER x CH float4): 8 up to 32 splits, else 32. Sized
+// for 128 splits throughout, an 8-warp block took 171 registers, one block per SM, and at batch 8
+// (256 rows) ran in two waves: 5.6 us. Four warps (~11 K registers a block at PER = 8) also fit
+// beside two decode blocks on an SM, where a programmatic dependent launch (FUSEDATTN_DECODE_PDL)
+// places them before the decode grid ends.
+constexpr int kCombineWarps = 4;
 
 template <class T, int CH, int PER>
 __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(const FwdParams p, const KernelArgs a) {
@@ -51,6 +53,11 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
     const int hk = static_cast<int>(a.div_group.div(h));
     // The workspace row exists for every (b, i < s_q, h); a padded row's values are loaded and ignored.
     const int64_t wrow = (int64_t(b) * pr.h_kv + hk) * a.rows + int64_t(i) * a.group + a.div_group.mod(h);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Launched as a programmatic dependent of the decode kernel (KernelArgs::pdl): wait for its
+    // grid to complete and its partials to be visible. Otherwise this returns at once.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     float ls[kMaxSplits / 32];  // lane l: the lse of splits l, l + 32, ...
 #pragma unroll
     for (int k = 0; k < kMaxSplits / 32; ++k) {
@@ -180,11 +187,26 @@ Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream) {
   if (nrows <= 0 || p.prob.b <= 0) return Status::Ok();
   const dim3 blocks(static_cast<unsigned>(std::min<int64_t>(nrows, int64_t(1) << 16)), static_cast<unsigned>(p.prob.b));
   const auto st = static_cast<cudaStream_t>(stream);
-  const bool wide = p.prob.d_v > 128, few = a.splits <= 4 * kCombineWarps;
-  const auto kernel = wide ? (few ? decode_combine_kernel<T, 2, 4> : decode_combine_kernel<T, 2, kMaxSplits / kCombineWarps>)
-                           : (few ? decode_combine_kernel<T, 1, 4> : decode_combine_kernel<T, 1, kMaxSplits / kCombineWarps>);
-  kernel<<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
-  return simt::check_launch("decode combine kernel");
+  constexpr int kFew = 32 / kCombineWarps, kAll = kMaxSplits / kCombineWarps;
+  const bool wide = p.prob.d_v > 128, few = a.splits <= 32;
+  const auto kernel = wide ? (few ? decode_combine_kernel<T, 2, kFew> : decode_combine_kernel<T, 2, kAll>)
+                           : (few ? decode_combine_kernel<T, 1, kFew> : decode_combine_kernel<T, 1, kAll>);
+  if (!a.pdl) {
+    kernel<<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
+    return simt::check_launch("decode combine kernel");
+  }
+  // Programmatic dependent launch (stream capture records a programmatic graph edge).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = blocks;
+  cfg.blockDim = dim3(kCombineWarps * 32);
+  cfg.stream = st;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, p, a);  // a refused launch sets the error check_launch reports
+  return simt::check_launch("decode combine kernel (programmatic launch)");
 }
 
 }  // namespace decode

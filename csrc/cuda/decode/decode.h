@@ -32,6 +32,9 @@ struct KernelArgs {
   float* ws_lse = nullptr;
   // The kernels' launch-wide divisors: h_kv, group, splits, page_size, h_q.
   FastDiv div_hkv, div_group, div_splits, div_ps, div_hq;
+  // Candidate, opt-in (FUSEDATTN_DECODE_PDL=1, sm_90): the combine is launched as a programmatic
+  // dependent of the decode kernel.
+  bool pdl = false;
 };
 
 struct Plan {

@@ -324,6 +324,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     }
   }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Every key of the block is read: a combine launched as a programmatic dependent
+  // (FUSEDATTN_DECODE_PDL=1, run.cu) may start launching once every block is here, so that its
+  // launch overlaps the blocks' epilogues (it waits for this grid's completion before reading the
+  // partials). Without such a dependent this does nothing.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   // ---- merge the warps' softmax states (same rows, different keys) ----
   const int lr0 = wm * 16 + g;
 #pragma unroll

@@ -16,15 +16,16 @@ namespace fusedattn {
 namespace decode {
 namespace {
 
-// Multiprocessors and shared memory per multiprocessor of the current device
+// Multiprocessors, shared memory per multiprocessor and compute capability of the current device
 // (attribute queries: no synchronisation, legal during graph capture; cached).
 struct DeviceInfo {
   int sms = 0;
   int smem_per_sm = 0;
+  int major = 0;
 };
 
 DeviceInfo device_info() {
-  static std::atomic<int> sms_cache[64], smem_cache[64];
+  static std::atomic<int> sms_cache[64], smem_cache[64], major_cache[64];
   DeviceInfo info;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return info;
@@ -32,14 +33,17 @@ DeviceInfo device_info() {
   if (cached && sms_cache[dev].load(std::memory_order_relaxed) > 0) {
     info.sms = sms_cache[dev].load(std::memory_order_relaxed);
     info.smem_per_sm = smem_cache[dev].load(std::memory_order_relaxed);
+    info.major = major_cache[dev].load(std::memory_order_relaxed);
     return info;
   }
   if (cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) info.sms = 0;
   if (cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
     info.smem_per_sm = 0;
   }
+  if (cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) info.major = 0;
   if (cached && info.sms > 0) {
     smem_cache[dev].store(info.smem_per_sm, std::memory_order_relaxed);
+    major_cache[dev].store(info.major, std::memory_order_relaxed);
     sms_cache[dev].store(info.sms, std::memory_order_relaxed);
   }
   return info;
@@ -101,6 +105,17 @@ Plan no(const char* why) {
   Plan p;
   p.why = why;
   return p;
+}
+
+// FUSEDATTN_DECODE_PDL=1 (any value but 0) launches the combine as a programmatic dependent of
+// the decode kernel on sm_90+: a candidate for an A/B measurement, off by default; read once per
+// process.
+bool pdl_opt_in() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDATTN_DECODE_PDL");
+    return e != nullptr && std::atoi(e) != 0;
+  }();
+  return on;
 }
 
 }  // namespace
@@ -190,6 +205,7 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   a.div_splits = FastDiv(static_cast<uint32_t>(plan.splits));
   a.div_ps = FastDiv(static_cast<uint32_t>(p.paged.page_size));
   a.div_hq = FastDiv(static_cast<uint32_t>(p.prob.h_q));
+  a.pdl = plan.splits > 1 && pdl_opt_in() && device_info().major >= 9;
   if (plan.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
