@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -327,9 +328,10 @@ def main():
         print(rows[-1], flush=True)
 
     gpu = torch.cuda.get_device_name(0)
+    switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
     head = [
         f"### Decode (h_q={H_Q}, h_kv={H_KV}, d={D}, bf16, 1 query token) - {datetime.date.today().isoformat()}, "
-        f"{gpu}, torch {torch.__version__}",
+        f"{gpu}, torch {torch.__version__}{', ' + switches if switches else ''}",
         "",
         "Per-call us from CUDA-graph replay (20 calls per graph, median of 15 replays; the cache rotates over copies "
         "so L2 does not serve the next call). Ratios: peer time / fusedattn contiguous time (> 1: fusedattn faster). "

@@ -20,8 +20,14 @@ if [ "${BENCH_HOPPER_BWD_AB:-0}" = "1" ]; then
   # shellcheck disable=SC2086
   FUSEDATTN_HOPPER_BWD=0 "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --out "$OUT/RESULTS_gpu.md"
 fi
-# BENCH_DECODE=0 skips the decode benchmark.
+# BENCH_DECODE=0 skips the decode benchmark. BENCH_DECODE_AB="VAR=value ..." runs it once more in
+# a process with those variables (a candidate's switch): both tables, each headed with its
+# FUSEDATTN_ switches, in one file.
 if [ "${BENCH_DECODE:-1}" = "1" ] && [ -f bench/bench_decode.py ]; then
   # shellcheck disable=SC2086
   "$PY" bench/bench_decode.py ${BENCH_DECODE_ARGS:-} --out "$OUT/RESULTS_gpu.md"
+  if [ -n "${BENCH_DECODE_AB:-}" ]; then
+    # shellcheck disable=SC2086
+    env ${BENCH_DECODE_AB} "$PY" bench/bench_decode.py ${BENCH_DECODE_ARGS:-} --out "$OUT/RESULTS_gpu.md"
+  fi
 fi

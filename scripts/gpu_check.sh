@@ -17,12 +17,14 @@
 #   GPU_CHECK_SANITIZER    a pytest -k expression: those tests of tests/gpu also run
 #                          under compute-sanitizer memcheck and racecheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
-#   GPU_CHECK_BENCH=0      skip the benchmarks and timings
+#   GPU_CHECK_BENCH=0      skip the benchmarks and timings; bench/run_gpu.sh's own variables pass
+#                          through (BENCH_GPU_ARGS, BENCH_DECODE=0, BENCH_DECODE_ARGS, and
+#                          BENCH_DECODE_AB="VAR=value": the decode table again with a switch set)
 #   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "v2 v3 w3 bwd"; bwd-check:
 #                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
 #                          d=64 with three consumer warpgroups, the backward's dQ by TMA
 #                          reduce-add against the atomic one; bwd-det: the deterministic dQ
-#                          candidate; "" skips). A backward check that fails
+#                          kernel (now the library's deterministic mode); "" skips). A backward check that fails
 #                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the Hopper backward turned off (the
 #                          sm80-class backward on the shapes the Hopper one takes)
