@@ -10,11 +10,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FUSEDATTN_HD __host__ __device__ __forceinline__
-#else
-#define FUSEDATTN_HD inline
-#endif
+#include "fusedattn/host_device.h"
 
 namespace fusedattn {
 namespace decode {
@@ -42,5 +38,3 @@ struct FastDiv {
 
 }  // namespace decode
 }  // namespace fusedattn
-
-#undef FUSEDATTN_HD

@@ -8,11 +8,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FUSEDATTN_HD __host__ __device__ __forceinline__
-#else
-#define FUSEDATTN_HD inline
-#endif
+#include "fusedattn/host_device.h"
 
 namespace fusedattn {
 
