@@ -64,6 +64,7 @@ class Dec:
     alibi: str = "none"          # none | h | bh
     max_logit: bool = False
     max_pages: int = 0           # page-table width (0: just enough for the longest sequence)
+    slot_perm: bool = False      # non-paged: sequence i in cache slot (i + 1) % b (table not arange)
 
     def __str__(self):
         f = [self.dtype, f"b{self.b}", f"h{self.h[0]}-{self.h[1]}", f"d{self.dims[0]}-{self.dims[1]}",
@@ -72,6 +73,8 @@ class Dec:
             f.append(f"w{self.window[0]}_{self.window[1]}")
         if self.softmax != "vanilla":
             f.append(self.softmax)
+        if self.slot_perm:
+            f.append("slotperm")
         if self.alibi != "none":
             f.append(f"alibi_{self.alibi}")
         if self.max_logit:
@@ -113,11 +116,13 @@ def build(cfg: Dec, seed: int = 0):
     if cfg.page == "none":
         # A non-paged cache [max_batch, max_seqlen, h_kv, d]: one page per sequence.
         ps = s_max
-        pool_k, pool_v = k_dense.clone(), v_dense.clone()
-        for bi, n in enumerate(lens_kv):  # slots past the length are never read
-            pool_k[bi, n:] = float("nan")
-            pool_v[bi, n:] = float("nan")
-        table = torch.arange(b, dtype=torch.int32).view(b, 1)
+        slot = [(bi + 1) % b if cfg.slot_perm else bi for bi in range(b)]
+        pool_k = torch.full((b, s_max, h_kv, d_qk), float("nan"), dtype=dt)
+        pool_v = torch.full((b, s_max, h_kv, d_v), float("nan"), dtype=dt)
+        for bi, n in enumerate(lens_kv):  # slots past the length stay NaN: never read
+            pool_k[slot[bi], :n] = k_dense[bi, :n]
+            pool_v[slot[bi], :n] = v_dense[bi, :n]
+        table = torch.tensor(slot, dtype=torch.int32).view(b, 1)
     else:
         ps = int(cfg.page)
         pages = max(cfg.max_pages, math.ceil(s_max / ps))
@@ -231,6 +236,8 @@ CASES = [
     Dec(dtype="bf16", b=2, h=(4, 1), dims=(256, 256), page=256, s_q=3, lens_kv=(3, 700)),
     Dec(dtype="bf16", b=3, h=(16, 4), dims=(128, 128), page="none", lens_kv=(64, 200, 9)),
     Dec(dtype="fp16", b=2, h=(8, 8), dims=(128, 128), page="none", s_q=2, mask="padding", lens_kv=(40, 90)),
+    # non-paged with sequences in other slots than their index (the one-page entry is read per row)
+    Dec(dtype="bf16", b=3, h=(32, 8), dims=(128, 128), page="none", lens_kv=(700, 0, 64), slot_perm=True),
     # several queries per sequence: ragged, bottom-right causal with a window, padded rows
     Dec(dtype="fp16", b=3, h=(8, 2), dims=(128, 128), page=16, s_q=5, lens_q=(5, 1, 3), lens_kv=(20, 140, 65),
         window=(40, 0)),
