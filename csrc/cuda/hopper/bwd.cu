@@ -13,10 +13,7 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
 
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
-  BwdLaunch L;
-  const cudaError_t e = bwd_sm90_prepare<T, D, true, true>(&L, a);
-  if (e != cudaSuccess) return e;
-  return bwd_sm90_launch(L, stream);
+  return bwd_sm90<T, D, true, true>(a, stream);
 }
 
 template cudaError_t run_bwd<__half, 64>(const Sm90BwdArgs&, cudaStream_t);

@@ -317,6 +317,20 @@ struct Buffers {
   int sms;
 };
 
+// A kernel's dynamic shared memory raised to smem, then its resident blocks per SM (occupancy API)
+// and the waves `blocks` blocks take on sms SMs.
+struct Residency {
+  int bps = 0, waves = 0;
+};
+template <class Kernel>
+static Residency residency(Kernel kern, int smem, int blocks, int sms) {
+  Residency r;
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.bps, kern, kThreads, smem));
+  r.waves = r.bps > 0 ? (blocks + r.bps * sms - 1) / (r.bps * sms) : 0;
+  return r;
+}
+
 // One measurement's timing loop: rep -1 is a warm-up (module load), checked but not timed; before
 // every launch the output words are poisoned (a block that writes nothing fails) and `flush(rep)`
 // evicts L2; each launch is timed alone with events, and every block's word is compared with the
@@ -464,10 +478,7 @@ Result measure(const Cfg& c, const Buffers& B, cudaEvent_t ev0, cudaEvent_t ev1)
     }
   }
 
-  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  int bps = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, kThreads, smem));
-  const int waves = bps > 0 ? (blocks + bps * B.sms - 1) / (bps * B.sms) : 0;
+  const Residency res = residency(kern, smem, blocks, B.sms);
 
   Args a{};
   a.k = B.k;
@@ -498,7 +509,7 @@ Result measure(const Cfg& c, const Buffers& B, cudaEvent_t ev0, cudaEvent_t ev1)
   const double med = tm.median_us;
   const double tbs = bytes / (med * 1e-6) / 1e12;
   char tail[256];
-  std::snprintf(tail, sizeof(tail), " smem_kb=%.1f bps=%d waves=%d flush=%s", smem / 1024.0, bps, waves,
+  std::snprintf(tail, sizeof(tail), " smem_kb=%.1f bps=%d waves=%d flush=%s", smem / 1024.0, res.bps, res.waves,
                 c.flush_read ? "read" : "write");
   label += tail;
   std::printf("DPROBE %s check=%s min_us=%.2f us=%.2f tbs=%.3f\n", label.c_str(), ok ? "ok" : "FAIL", tm.min_us, med,
@@ -683,10 +694,7 @@ Result measure_b64(const B64Cfg& c, const Buffers& B, const B64Buffers& X, cudaE
 
   const auto kern = c.table ? b64_kernel<true> : b64_kernel<false>;
   const int smem = kDecodeSmem;
-  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  int bps = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, kThreads, smem));
-  const int waves = bps > 0 ? (kB64Blocks + bps * B.sms - 1) / (bps * B.sms) : 0;
+  const Residency res = residency(kern, smem, kB64Blocks, B.sms);
 
   Args64 a{};
   a.k = X.k;
@@ -705,7 +713,7 @@ Result measure_b64(const B64Cfg& c, const Buffers& B, const B64Buffers& X, cudaE
   const double med = tm.median_us;
   const double tbs = 2.0 * kB64Bytes / (med * 1e-6) / 1e12;
   char tail[256];
-  std::snprintf(tail, sizeof(tail), " smem_kb=%.1f bps=%d waves=%d flush=write", smem / 1024.0, bps, waves);
+  std::snprintf(tail, sizeof(tail), " smem_kb=%.1f bps=%d waves=%d flush=write", smem / 1024.0, res.bps, res.waves);
   label += tail;
   std::printf("DPROBE %s check=%s min_us=%.2f us=%.2f tbs=%.3f\n", label.c_str(), ok ? "ok" : "FAIL", tm.min_us, med,
               tbs);
