@@ -382,7 +382,7 @@ def test_rng_state_output_is_zero_without_dropout_across_replays(kind):
 FORCED_CHILD = os.environ.get("FUSEDATTN_DECODE_SPLITS") not in (None, "", "0")
 
 
-@pytest.mark.skipif(FORCED_CHILD or os.environ.get("FUSEDATTN_DECODE_PDL") not in (None, "", "0"),
+@pytest.mark.skipif(FORCED_CHILD or os.environ.get("FUSEDATTN_DECODE_PDL") not in (None, ""),
                     reason="already a child process (or the switches set by the caller)")
 @pytest.mark.parametrize("splits", ["3", "40"])
 def test_decode_forced_splits(splits):
@@ -392,19 +392,21 @@ def test_decode_forced_splits(splits):
     assert " passed" in r.stdout, r.stdout[-2000:]
 
 
-# The combine launched as a programmatic dependent of the decode kernel (FUSEDATTN_DECODE_PDL=1,
-# sm_90; a candidate, off by default, also read once per process): the decode tests again in a
-# child, eager and in CUDA graphs (a programmatic edge in the captured graph).
-PDL_CHILD = os.environ.get("FUSEDATTN_DECODE_PDL") not in (None, "", "0")
+# Launch modes (FUSEDATTN_DECODE_PDL, read once per process): the default on sm_90 launches the
+# combine as a programmatic dependent of the decode kernel; the decode tests run again in a child
+# with plain launches (0) and with the decode kernel also a programmatic dependent of the work
+# before it (2), eager and in CUDA graphs (programmatic edges in the captured graph).
+PDL_CHILD = os.environ.get("FUSEDATTN_DECODE_PDL") not in (None, "")
 
 
 @pytest.mark.skipif(FORCED_CHILD or PDL_CHILD, reason="already a child process (or the switches set by the caller)")
-def test_decode_programmatic_combine():
-    if torch.cuda.get_device_capability()[0] < 9:
+@pytest.mark.parametrize("mode", ["0", "2"])
+def test_decode_launch_modes(mode):
+    if mode == "2" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90")
-    r = C.run_tests_in_child(__file__, {"FUSEDATTN_DECODE_PDL": "1"},
-                             "not forced_splits and not programmatic and not copy_to_kv_cache and not fp32")
-    assert r.returncode == 0, f"run with FUSEDATTN_DECODE_PDL=1 failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    r = C.run_tests_in_child(__file__, {"FUSEDATTN_DECODE_PDL": mode},
+                             "not forced_splits and not launch_modes and not copy_to_kv_cache and not fp32")
+    assert r.returncode == 0, f"run with FUSEDATTN_DECODE_PDL={mode} failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert " passed" in r.stdout, r.stdout[-2000:]
 
 

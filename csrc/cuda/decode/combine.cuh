@@ -8,6 +8,7 @@
 
 #include "decode.h"
 #include "epilogue.cuh"
+#include "launch.cuh"
 #include "simt/aux_kernels.cuh"
 #include "simt/common.cuh"
 #include "tile.h"
@@ -57,6 +58,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
     // Launched as a programmatic dependent of the decode kernel (KernelArgs::pdl): wait for its
     // grid to complete and its partials to be visible. Otherwise this returns at once.
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    // The next call's decode kernel, when a programmatic dependent (KernelArgs::pdl_main), may
+    // start launching: it waits for this grid's completion before touching memory.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     float ls[kMaxSplits / 32];  // lane l: the lse of splits l, l + 32, ...
 #pragma unroll
@@ -195,17 +199,7 @@ Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream) {
     kernel<<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
     return simt::check_launch("decode combine kernel");
   }
-  // Programmatic dependent launch (stream capture records a programmatic graph edge).
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = blocks;
-  cfg.blockDim = dim3(kCombineWarps * 32);
-  cfg.stream = st;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, kernel, p, a);  // a refused launch sets the error check_launch reports
+  launch_programmatic(kernel, blocks, dim3(kCombineWarps * 32), 0, st, p, a);
   return simt::check_launch("decode combine kernel (programmatic launch)");
 }
 

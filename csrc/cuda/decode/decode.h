@@ -32,9 +32,11 @@ struct KernelArgs {
   float* ws_lse = nullptr;
   // The kernels' launch-wide divisors: h_kv, group, splits, page_size, h_q.
   FastDiv div_hkv, div_group, div_splits, div_ps, div_hq;
-  // Candidate, opt-in (FUSEDATTN_DECODE_PDL=1, sm_90): the combine is launched as a programmatic
-  // dependent of the decode kernel.
+  // sm_90 (FUSEDATTN_DECODE_PDL, run.cu): the combine is launched as a programmatic dependent of
+  // the decode kernel (pdl), the decode kernel as one of the work before it (pdl_main).
   bool pdl = false;
+  bool pdl_main = false;
+  int pt_ahead = 0;  // tiles between a tile and the one whose page-table entries it prefetches
 };
 
 struct Plan {

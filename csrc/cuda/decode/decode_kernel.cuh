@@ -19,6 +19,7 @@
 
 #include "decode.h"
 #include "epilogue.cuh"
+#include "launch.cuh"
 #include "ptx.cuh"
 #include "simt/common.cuh"
 #include "tile.h"
@@ -43,6 +44,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   __shared__ float red_m[WN][M], red_l[WN][M];
   __shared__ float row_m[M], row_l[M];
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the work before it (KernelArgs::pdl_main): nothing of
+  // global memory is touched until that work is complete and visible (its outputs may be this
+  // call's inputs, and this call's outputs may reuse its memory). Otherwise this returns at once.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   if (p.rng_out_zero != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < 2) {
     p.rng_out_zero[threadIdx.x] = 0;
   }
@@ -220,6 +227,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (tid < BN) {
       if (x + S < n) put_offsets(x + S, pid_next);  // slot (x + S) % S == x % S: tile x was issued long ago
       pid_next = x + S + 1 < n ? page_of(x + S + 1) : -1;
+      if (a.pt_ahead > 0) {
+        // The entry read above is consumed one tile later; under a saturated memory system an
+        // evicted page-table line takes longer than that. Warm the line of a later tile in L2.
+        const int xa = x + S + 1 + a.pt_ahead, tok = (t0 + xa) * BN + tid;
+        if (xa < n && tok < si.len_kv) prefetch_l2_evict_last(pt + a.div_ps.div(tok));
+      }
     }
 
     const uint32_t stage_off = (x % S) * static_cast<uint32_t>(C::kStageBytes);
@@ -440,8 +453,12 @@ Status launch_variant(const FwdParams& p, const Plan& plan, const KernelArgs& a,
   FUSEDATTN_RETURN_IF_ERROR(simt::prepare_smem(kernel, C::kSmemBytes, "decode", &smem_ready));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(p.prob.h_kv * plan.chunks),
                   static_cast<unsigned>(p.prob.b));
-  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, a);
-  return simt::check_launch("decode kernel");
+  if (!a.pdl_main) {
+    kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, a);
+    return simt::check_launch("decode kernel");
+  }
+  launch_programmatic(kernel, grid, dim3(kThreads), C::kSmemBytes, stream, p, a);
+  return simt::check_launch("decode kernel (programmatic launch)");
 }
 
 template <class T, int D>
