@@ -128,14 +128,38 @@ def decode_call(q, k, v, cu_kv, table):
                                    *DECODE_ARGS.op_args(), False, table)
 
 
-def profile_case(b, ctx, gen, under_ncu=False):
-    """Mean CUDA duration of each kernel of a contiguous-cache call (eager, 50 calls). under_ncu: the
-    same calls without torch.profiler (Nsight Compute needs the profiling interface to itself)."""
+def page_table(b, ctx, gen):
+    """[b, ctx / PAGE] int32: every sequence's pages, a random permutation of the pool's."""
+    pages = ctx // PAGE
+    return torch.randperm(b * pages, device="cuda", generator=gen).to(torch.int32).view(b, pages).contiguous()
+
+
+def paged_pools(k, v, table):
+    """K and V caches [b, ctx, h_kv, d] copied into page pools [b * ctx / PAGE, PAGE, h_kv, d] laid
+    out by `table`."""
+    b, ctx = k.shape[:2]
+    pos = torch.arange(ctx, device=k.device)
+    k_pool = torch.empty(table.numel(), PAGE, H_KV, D, device=k.device, dtype=k.dtype)
+    v_pool = torch.empty_like(k_pool)
+    for bi in range(b):
+        pg = table[bi, pos // PAGE].long()
+        k_pool[pg, pos % PAGE] = k[bi]
+        v_pool[pg, pos % PAGE] = v[bi]
+    return k_pool, v_pool
+
+
+def profile_case(b, ctx, gen, under_ncu=False, paged=False):
+    """Mean CUDA duration of each kernel of a contiguous-cache call (paged: the paged-16 cache of the
+    table) (eager, 50 calls). under_ncu: the same calls without torch.profiler (Nsight Compute needs
+    the profiling interface to itself)."""
     dev = "cuda"
     q = torch.randn(b, 1, H_Q, D, device=dev, dtype=DTYPE, generator=gen)
     cu_kv = torch.arange(b + 1, device=dev, dtype=torch.int32) * ctx
     k, v = (torch.randn(b, ctx, H_KV, D, device=dev, dtype=DTYPE, generator=gen) for _ in range(2))
     table = torch.arange(b, device=dev, dtype=torch.int32).view(b, 1)
+    if paged:
+        table = page_table(b, ctx, gen)
+        k, v = paged_pools(k, v, table)
     flush = torch.empty(256 << 20, device=dev, dtype=torch.int8)
 
     def call():
@@ -160,7 +184,7 @@ def profile_case(b, ctx, gen, under_ncu=False):
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name:
             total.setdefault(e.name, []).append(e.device_time)
-    print(f"## profile b={b} ctx={ctx} ({cache_bytes(b, ctx) / 1e6:.1f} MB of cache per call)")
+    print(f"## profile b={b} ctx={ctx}{' paged-16' if paged else ''} ({cache_bytes(b, ctx) / 1e6:.1f} MB of cache per call)")
     for name, ts in sorted(total.items(), key=lambda kv: -sum(kv[1])):
         mean = sum(ts) / len(ts)
         print(f"  {mean:8.2f} us x {len(ts) / n:.0f}/call  {name[:110]}")
@@ -237,18 +261,10 @@ def run_case(b, ctx, gen):
     results["fa_contig"] = (time_graph(calls), time_eager(calls))
 
     # fusedattn, paged cache (page 16, pages randomly permuted), the same keys as copy 0.
-    pages = ctx // PAGE
-    perm = torch.randperm(b * pages, device=dev, generator=gen).to(torch.int32)
-    table_p = perm.view(b, pages).contiguous()
-    pos = torch.arange(ctx, device=dev)
+    table_p = page_table(b, ctx, gen)
     pk, pv = [], []
     for r in range(nrot):
-        k_pool = torch.empty(b * pages, PAGE, H_KV, D, device=dev, dtype=DTYPE)
-        v_pool = torch.empty_like(k_pool)
-        for bi in range(b):
-            pg = table_p[bi, pos // PAGE].long()
-            k_pool[pg, pos % PAGE] = kc[r][bi]
-            v_pool[pg, pos % PAGE] = vc[r][bi]
+        k_pool, v_pool = paged_pools(kc[r], vc[r], table_p)
         pk.append(k_pool)
         pv.append(v_pool)
     calls = [fa_call(pk[i % nrot], pv[i % nrot], table_p) for i in range(CALLS)]
@@ -293,6 +309,7 @@ def main():
     ap.add_argument("--cases", help="comma-separated BxCTX list, e.g. 1x8192,64x16384")
     ap.add_argument("--profile", action="store_true", help="print each kernel's mean duration instead of timing")
     ap.add_argument("--ncu", action="store_true", help="with --profile: the calls alone, for bench/profile_decode.sh")
+    ap.add_argument("--paged", action="store_true", help="with --profile: the paged-16 cache instead of the contiguous one")
     ap.add_argument("--profile-graph", action="store_true",
                     help="kernel durations inside the timed graphs, fusedattn and cuDNN, instead of the table")
     opt = ap.parse_args()
@@ -304,7 +321,7 @@ def main():
         return
     if opt.profile:
         for b, ctx in cases:
-            profile_case(b, ctx, gen, under_ncu=opt.ncu)
+            profile_case(b, ctx, gen, under_ncu=opt.ncu, paged=opt.paged)
         return
 
     rows, bars = [], []

@@ -204,6 +204,30 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (x < n) issue(x);
     cp_async_commit();
   }
+  // Candidate (KernelArgs::l2_tiles): the rows of the next tiles, past those the stages hold, are
+  // requested into L2 now, so that DRAM streams them while the first tiles are consumed instead
+  // of when a stage frees up (a batch-1 split has only a few tiles, and its stages refill one
+  // tile's math apart). Their page-table entries are read back to back first.
+  if (a.l2_tiles > 0 && tid < BN) {
+    bool live[kL2MaxTiles];
+    int32_t entry[kL2MaxTiles];
+#pragma unroll
+    for (int j = 0; j < kL2MaxTiles; ++j) {
+      const int x = S - 1 + j, tok = (t0 + x) * BN + tid;
+      live[j] = j < a.l2_tiles && x < n && tok < si.len_kv;
+      entry[j] = live[j] ? (one_page ? entry0 : __ldg(pt + a.div_ps.div(tok))) : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kL2MaxTiles; ++j) {
+      if (!live[j]) continue;
+      const int tok = (t0 + S - 1 + j) * BN + tid;
+      const int64_t pg = clamp_page(entry[j]), slot = a.div_ps.mod(tok);
+      const char* kr = reinterpret_cast<const char*>(kg + pg * p.k.stride_b + slot * p.k.stride_s + int64_t(hk) * p.k.stride_h);
+      const char* vr = reinterpret_cast<const char*>(vg + pg * p.v.stride_b + slot * p.v.stride_s + int64_t(hk) * p.v.stride_h);
+      for (int c = 0; c < dqk * 2; c += 128) prefetch_l2(kr + c);
+      for (int c = 0; c < dv * 2; c += 128) prefetch_l2(vr + c);
+    }
+  }
 
   float o[D / 8][4];
 #pragma unroll
@@ -227,12 +251,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (tid < BN) {
       if (x + S < n) put_offsets(x + S, pid_next);  // slot (x + S) % S == x % S: tile x was issued long ago
       pid_next = x + S + 1 < n ? page_of(x + S + 1) : -1;
-      if (a.pt_ahead > 0) {
-        // The entry read above is consumed one tile later; under a saturated memory system an
-        // evicted page-table line takes longer than that. Warm the line of a later tile in L2.
-        const int xa = x + S + 1 + a.pt_ahead, tok = (t0 + xa) * BN + tid;
-        if (xa < n && tok < si.len_kv) prefetch_l2_evict_last(pt + a.div_ps.div(tok));
-      }
     }
 
     const uint32_t stage_off = (x % S) * static_cast<uint32_t>(C::kStageBytes);
@@ -339,7 +357,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Every key of the block is read: a combine launched as a programmatic dependent
-  // (FUSEDATTN_DECODE_PDL=1, run.cu) may start launching once every block is here, so that its
+  // (KernelArgs::pdl, run.cu) may start launching once every block is here, so that its
   // launch overlaps the blocks' epilogues (it waits for this grid's completion before reading the
   // partials). Without such a dependent this does nothing.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -29,10 +29,8 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
-// Fetch the 128-byte line of `p` into L2 with the evict-last priority, without waiting for it.
-__device__ __forceinline__ void prefetch_l2_evict_last(const void* p) {
-  asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
-}
+// Fetch the 128-byte line of `p` into L2, without waiting for it.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 // c += a * b for one m16n8k16 tile (tc::mma under the name the decode kernels use).
 template <class T>

@@ -108,25 +108,27 @@ Plan no(const char* why) {
 }
 
 // Programmatic dependent launches on sm_90+ (FUSEDATTN_DECODE_PDL, read once per process):
-// 1 (the default): the combine is a programmatic dependent of the decode kernel, so its launch
-// overlaps the decode blocks' epilogues (measured: batch 1 / ctx 8192 16.8 -> 15.3 us per call).
-// 2: the decode kernel is also a programmatic dependent of whatever precedes it on the stream (it
-// waits for that work before its first global access; candidate for an A/B). 0: plain launches.
+// 2 (the default): the decode kernel is a programmatic dependent of whatever precedes it on the
+// stream (it waits for that work before its first global access, so only its launch overlaps), and
+// the combine one of the decode kernel (its launch overlaps the decode blocks' epilogues).
+// 1: the combine only. 0: plain launches. Measured (H200, bench_decode.py, per call): batch 1 /
+// ctx 8192 16.8 us plain, 15.3 with the combine's, 15.2 with both; batch 8 70.7 -> 68.9 us
+// from 1 to 2.
 int pdl_mode() {
   static const int mode = [] {
     const char* e = std::getenv("FUSEDATTN_DECODE_PDL");
-    return e == nullptr || *e == '\0' ? 1 : std::clamp(std::atoi(e), 0, 2);
+    return e == nullptr || *e == '\0' ? 2 : std::clamp(std::atoi(e), 0, 2);
   }();
   return mode;
 }
 
-// FUSEDATTN_DECODE_PT_AHEAD=n (tiles, default 0): each tile also prefetches into L2 (evict-last)
-// the page-table entries of the tile n tiles past the one it reads, for an A/B of the paged path;
-// read once per process.
-int pt_ahead() {
+// FUSEDATTN_DECODE_L2_TILES=n (default 0, at most kL2MaxTiles): a candidate for an A/B; each block
+// requests the rows of its n tiles after the stages' first fill into L2 at its start; read once per
+// process.
+int l2_tiles() {
   static const int n = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_PT_AHEAD");
-    return e == nullptr ? 0 : std::clamp(std::atoi(e), 0, 64);
+    const char* e = std::getenv("FUSEDATTN_DECODE_L2_TILES");
+    return e == nullptr ? 0 : std::clamp(std::atoi(e), 0, kL2MaxTiles);
   }();
   return n;
 }
@@ -221,7 +223,7 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   const bool sm90 = device_info().major >= 9;
   a.pdl = plan.splits > 1 && pdl_mode() >= 1 && sm90;
   a.pdl_main = pdl_mode() >= 2 && sm90;
-  a.pt_ahead = p.paged.max_pages > 1 ? pt_ahead() : 0;
+  a.l2_tiles = l2_tiles();
   if (plan.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
