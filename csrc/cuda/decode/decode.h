@@ -36,7 +36,7 @@ struct KernelArgs {
   // the decode kernel (pdl), the decode kernel as one of the work before it (pdl_main).
   bool pdl = false;
   bool pdl_main = false;
-  int l2_tiles = 0;  // candidate: tiles past the stages' first fill requested into L2 at the start
+  bool l2_next = false;  // each tile's rows also requested into L2 one iteration before their copy
 };
 
 struct Plan {
