@@ -36,7 +36,6 @@ struct KernelArgs {
   // the decode kernel (pdl), the decode kernel as one of the work before it (pdl_main).
   bool pdl = false;
   bool pdl_main = false;
-  bool l2_next = false;  // each tile's rows also requested into L2 one iteration before their copy
 };
 
 struct Plan {

@@ -143,17 +143,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     }
     off_s[(x % S) * BN + tid] = o;
   };
-  // Requests key `tid` of tile x's K and V rows into L2 (KernelArgs::l2_next): the tile is copied
-  // one iteration later, and DRAM has that much more of the cache in flight than the stages hold.
-  const auto prefetch_rows = [&](int x, int64_t pg) {
-    const int tok = (t0 + x) * BN + tid;
-    if (pg < 0) return;
-    const int64_t slot = a.div_ps.mod(tok);
-    const char* kr = reinterpret_cast<const char*>(kg + pg * p.k.stride_b + slot * p.k.stride_s + int64_t(hk) * p.k.stride_h);
-    const char* vr = reinterpret_cast<const char*>(vg + pg * p.v.stride_b + slot * p.v.stride_s + int64_t(hk) * p.v.stride_h);
-    for (int c = 0; c < dqk * 2; c += 128) prefetch_l2(kr + c);
-    for (int c = 0; c < dv * 2; c += 128) prefetch_l2(vr + c);
-  };
   // cp.async of tile x into stage x % S; keys past the cache and head-dim
   // chunks past d are zero-filled (no NaN from stale memory reaches P.V).
   // A thread copies one 16-byte chunk column cc of rows r_first, r_first + kRowStep, ...
@@ -236,10 +225,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (x + S - 1 < n) issue(x + S - 1);
     cp_async_commit();
     if (tid < BN) {
-      if (x + S < n) {
-        put_offsets(x + S, pid_next);  // slot (x + S) % S == x % S: tile x was issued long ago
-        if (a.l2_next) prefetch_rows(x + S, pid_next);
-      }
+      if (x + S < n) put_offsets(x + S, pid_next);  // slot (x + S) % S == x % S: tile x was issued long ago
       pid_next = x + S + 1 < n ? page_of(x + S + 1) : -1;
     }
 

@@ -122,17 +122,6 @@ int pdl_mode() {
   return mode;
 }
 
-// FUSEDATTN_DECODE_L2_NEXT (candidate for an A/B; read once per process): 1 requests each tile's
-// rows into L2 one iteration before their copy (KernelArgs::l2_next), 0 never, unset: when a split
-// has at least kL2NextMinTiles tiles.
-int l2_next_mode() {
-  static const int m = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_L2_NEXT");
-    return e == nullptr || *e == '\0' ? -1 : (std::atoi(e) != 0 ? 1 : 0);
-  }();
-  return m;
-}
-
 }  // namespace
 
 Plan make_plan(const FwdParams& p, int sm_count) {
@@ -223,8 +212,6 @@ Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) 
   const bool sm90 = device_info().major >= 9;
   a.pdl = plan.splits > 1 && pdl_mode() >= 1 && sm90;
   a.pdl_main = pdl_mode() >= 2 && sm90;
-  const int64_t split_tiles = (std::max<int64_t>(1, (p.prob.s_kv + kBlockN - 1) / kBlockN) + plan.splits - 1) / plan.splits;
-  a.l2_next = l2_next_mode() < 0 ? split_tiles >= kL2NextMinTiles : l2_next_mode() == 1;
   if (plan.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);

@@ -34,7 +34,6 @@ namespace decode {
 constexpr int kThreads = 128;
 constexpr int kWarps = 4;
 constexpr int kBlockN = 64;        // keys per tile
-constexpr int kL2NextMinTiles = 16;  // tiles per split from which each tile is also prefetched into L2
 constexpr int kMaxSplits = 128;    // bound of the split-KV count (workspace and combine loop)
 
 template <int D, int WM>
