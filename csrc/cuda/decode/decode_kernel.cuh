@@ -121,14 +121,18 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const T* vg = static_cast<const T*>(p.v.data);
   const int64_t last_page = p.paged.num_pages - 1;
 
-  // Page of key `tid` of tile x (threads tid < BN), -1 past the cache. A
-  // page index outside the pool is clamped into it: a bad table gives wrong
-  // numbers, never an out-of-bounds read (the CPU engine reports it).
+  // Page-table entry of key `tid` of tile x (threads tid < BN) and whether that key is in the
+  // cache. The entry is read raw and clamped only where it is used, a tile later: a clamp right
+  // behind the read made the warp wait for the read's round trip in every tile (SASS: the compare
+  // followed the LDG), which at batch 64 cost the paged path ~10% of its bandwidth. A page index
+  // outside the pool is clamped into it: a bad table gives wrong numbers, never an out-of-bounds
+  // read (the CPU engine reports it).
   const auto clamp_page = [&](int64_t pg) -> int64_t { return pg < 0 ? 0 : (pg > last_page ? last_page : pg); };
-  const auto page_of = [&](int x) -> int64_t {
-    const int tok = (t0 + x) * BN + tid;
-    if (tok >= si.len_kv) return -1;
-    return clamp_page(one_page ? entry0 : __ldg(pt + a.div_ps.div(tok)));
+  const auto key_live = [&](int x) { return x < n && (t0 + x) * BN + tid < si.len_kv; };
+  const auto entry_of = [&](int x, bool live) -> int32_t {
+    int32_t e = 0;
+    if (live) e = one_page ? entry0 : __ldg(pt + a.div_ps.div((t0 + x) * BN + tid));
+    return e;
   };
   const auto put_offsets = [&](int x, int64_t pg) {
     const int tok = (t0 + x) * BN + tid;
@@ -174,20 +178,21 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   // no branch between them), and only then clamped and turned into offsets. Written as
   // put_offsets(x, page_of(x)) per tile, each read sat behind the previous tile's clamp and offsets:
   // S + 1 dependent round trips ahead of the first copy.
-  int64_t pid_next = -1;
+  bool next_live = false;  // tile x + S's key tid (the loop's next put_offsets): in the cache, entry
+  int32_t next_entry = 0;
   if (tid < BN) {
     bool live[S + 1];
     int32_t entry[S + 1];
 #pragma unroll
     for (int x = 0; x <= S; ++x) {
-      const int tok = (t0 + x) * BN + tid;
-      live[x] = x < n && tok < si.len_kv;
-      entry[x] = live[x] ? (one_page ? entry0 : __ldg(pt + a.div_ps.div(tok))) : 0;
+      live[x] = key_live(x);
+      entry[x] = entry_of(x, live[x]);
     }
 #pragma unroll
     for (int x = 0; x < S; ++x)
       if (x < n) put_offsets(x, live[x] ? clamp_page(entry[x]) : -1);
-    pid_next = live[S] ? clamp_page(entry[S]) : -1;
+    next_live = live[S];
+    next_entry = entry[S];
   }
   __syncthreads();
   const uint32_t qb = smem_u32(q_s);
@@ -225,8 +230,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (x + S - 1 < n) issue(x + S - 1);
     cp_async_commit();
     if (tid < BN) {
-      if (x + S < n) put_offsets(x + S, pid_next);  // slot (x + S) % S == x % S: tile x was issued long ago
-      pid_next = x + S + 1 < n ? page_of(x + S + 1) : -1;
+      // slot (x + S) % S == x % S: tile x was issued long ago
+      if (x + S < n) put_offsets(x + S, next_live ? clamp_page(next_entry) : -1);
+      next_live = key_live(x + S + 1);
+      next_entry = entry_of(x + S + 1, next_live);
     }
 
     const uint32_t stage_off = (x % S) * static_cast<uint32_t>(C::kStageBytes);
