@@ -92,30 +92,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     n = max(0, min(t_hi, t0 + per) - t0);
   }
 
-  // The thread's two rows (fragment rows g and g + 8 of its warp's tile).
-  int ri[2], rlo[2], rhi[2];
-  float slope[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int r = row0 + wm * 16 + g + 8 * rr;
-    const int i = static_cast<int>(a.div_group.div(r));
-    ri[rr] = i;
-    rlo[rr] = 0;
-    rhi[rr] = 0;
-    slope[rr] = 0.f;
-    if (r < a.rows && i < si.len_q) {
-      const simt::KeyRange kr = simt::key_range(si, i);
-      rlo[rr] = kr.lo;
-      rhi[rr] = kr.hi;
-      if (p.bias.type == BiasType::kAlibi) {
-        const int h = hk * group + static_cast<int>(a.div_group.mod(r));
-        slope[rr] = p.bias.alibi_slopes[b * p.bias.alibi_stride_b + h * p.bias.alibi_stride_h] * kLog2e;
-      }
-    }
-  }
-  const bool has_alibi = p.bias.type == BiasType::kAlibi;
-  const int klo = max(rlo[0], rlo[1]), khi = min(rhi[0], rhi[1]);
-
   const T* qg = static_cast<const T*>(p.q.data);
   const T* kg = static_cast<const T*>(p.k.data);
   const T* vg = static_cast<const T*>(p.v.data);
@@ -209,6 +185,32 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (x < n) issue(x);
     cp_async_commit();
   }
+
+  // The thread's two rows (fragment rows g and g + 8 of its warp's tile): their key ranges and
+  // ALiBi slopes are first needed by the first tile's math, so they are worked out here, after the
+  // first copies are in flight, not on the path from cu_seqlens to them.
+  int ri[2], rlo[2], rhi[2];
+  float slope[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = row0 + wm * 16 + g + 8 * rr;
+    const int i = static_cast<int>(a.div_group.div(r));
+    ri[rr] = i;
+    rlo[rr] = 0;
+    rhi[rr] = 0;
+    slope[rr] = 0.f;
+    if (r < a.rows && i < si.len_q) {
+      const simt::KeyRange kr = simt::key_range(si, i);
+      rlo[rr] = kr.lo;
+      rhi[rr] = kr.hi;
+      if (p.bias.type == BiasType::kAlibi) {
+        const int h = hk * group + static_cast<int>(a.div_group.mod(r));
+        slope[rr] = p.bias.alibi_slopes[b * p.bias.alibi_stride_b + h * p.bias.alibi_stride_h] * kLog2e;
+      }
+    }
+  }
+  const bool has_alibi = p.bias.type == BiasType::kAlibi;
+  const int klo = max(rlo[0], rlo[1]), khi = min(rhi[0], rhi[1]);
 
   float o[D / 8][4];
 #pragma unroll
