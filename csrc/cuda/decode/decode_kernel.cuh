@@ -134,18 +134,29 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const bool k_col = cc * 8 < dqk, v_col = cc * 8 < dv;
   const T* kg_c = kg + cc * 8;
   const T* vg_c = vg + cc * 8;
+  // A batch's row offsets are read from shared memory before any of its copies is issued: the
+  // copies are volatile asm, which the compiler does not move loads across, so reading each row's
+  // offsets just before its copies made every row wait a shared-memory round trip (SASS: LDS.128,
+  // compare, LDGSTS, eight times a tile). Batches of kRowBatch rows bound the registers held.
+  constexpr int kRows = BN / kRowStep, kRowBatch = kRows < 4 ? kRows : 4;
+  static_assert(kRows % kRowBatch == 0, "whole batches of rows");
   const auto issue = [&](int x) {
     const int st = x % S;
     const longlong2* o = off_s + st * BN;
     const uint32_t kb = smem_u32(k_s + st * C::kStageBytes), vb = smem_u32(v_s + st * C::kStageBytes);
 #pragma unroll
-    for (int k = 0; k < BN / kRowStep; ++k) {
-      const int r = r_first + k * kRowStep;
-      const longlong2 ov = o[r];
-      const uint32_t so = swz<RB>(r, cc);
-      const bool kin = k_col && ov.x >= 0, vin = v_col && ov.y >= 0;
-      cp_async16(kb + so, kin ? kg_c + ov.x : kg, kin ? 16 : 0);
-      cp_async16(vb + so, vin ? vg_c + ov.y : vg, vin ? 16 : 0);
+    for (int k0 = 0; k0 < kRows; k0 += kRowBatch) {
+      longlong2 ov[kRowBatch];
+#pragma unroll
+      for (int k = 0; k < kRowBatch; ++k) ov[k] = o[r_first + (k0 + k) * kRowStep];
+#pragma unroll
+      for (int k = 0; k < kRowBatch; ++k) {
+        const int r = r_first + (k0 + k) * kRowStep;
+        const uint32_t so = swz<RB>(r, cc);
+        const bool kin = k_col && ov[k].x >= 0, vin = v_col && ov[k].y >= 0;
+        cp_async16(kb + so, kin ? kg_c + ov[k].x : kg, kin ? 16 : 0);
+        cp_async16(vb + so, vin ? vg_c + ov[k].y : vg, vin ? 16 : 0);
+      }
     }
   };
 
