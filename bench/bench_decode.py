@@ -36,7 +36,6 @@ import argparse
 import datetime
 import math
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -49,6 +48,7 @@ try:
 except ImportError:  # not installed: the source tree
     sys.path.insert(0, str(REPO / "python"))
 from fusedattn._ops import FwdArgs  # noqa: E402
+from bench_timing import median_event_ms  # noqa: E402  (bench/ is the script's directory)
 
 H_Q, H_KV, D = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -88,16 +88,9 @@ def capture(calls):
 def time_graph(calls):
     """Per-call microseconds of `calls` (a list of CALLS closures) captured in one CUDA graph."""
     g = capture(calls)
-    ts = []
-    for _ in range(REPEATS):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(e) * 1e3 / len(calls))
+    us = median_event_ms(g.replay, REPEATS) * 1e3 / len(calls)
     del g
-    return statistics.median(ts)
+    return us
 
 
 def time_eager(calls):
@@ -105,16 +98,11 @@ def time_eager(calls):
     for f in calls[:3]:
         f()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(REPEATS):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+    def run_all():
         for f in calls:
             f()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(e) * 1e3 / len(calls))
-    return statistics.median(ts)
+
+    return median_event_ms(run_all, REPEATS) * 1e3 / len(calls)
 
 
 # One query token per sequence against the cache lengths cu_kv, bottom-right causal.

@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from fusedattn._ops import FwdArgs, attention
+from bench_timing import median_event_ms
 
 
 def tflops(ms, flops):
@@ -42,16 +43,7 @@ def time_loop_ms(fn, warmup=5, reps=20):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(a.elapsed_time(e))
-    ts.sort()
-    return 0.5 * (ts[(reps - 1) // 2] + ts[reps // 2])
+    return median_event_ms(fn, reps)
 
 
 def time_ms(fn):
