@@ -24,7 +24,7 @@
 #                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
 #                          d=64 with three consumer warpgroups, the backward's dQ by TMA
 #                          reduce-add against the atomic one; bwd-det: the deterministic dQ
-#                          kernel (now the library's deterministic mode); bwd-ovl: the d=128
+#                          kernel (now the library's deterministic mode); bwd-ovl: the d=64/128
 #                          candidate computing P under the dP^T wgmmas; "" skips). A backward check that fails
 #                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the Hopper backward turned off (the
@@ -73,7 +73,7 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 # forward: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer forward: checkw3,
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
 # dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
-# checkdet, benchdet), bwd-ovl (P under the dP^T wgmmas, d = 128: checkovl, benchovl); "" skips them.
+# checkdet, benchdet), bwd-ovl (P under the dP^T wgmmas, d = 64/128: checkovl, benchovl); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-v2 v3 w3 bwd}" ;; *) hopper_steps="" ;; esac

@@ -428,6 +428,8 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
   static_assert(!DET || DQ_TMA, "DET orders the DQ_TMA reduces");
   static_assert(!OVL || DQ_TMA, "OVL: a DQ_TMA variant");
+  constexpr int kOvlSteps = OVL ? 4 : 0;  // k-steps (16 queries each) whose P is computed under dP^T
+  static_assert(kOvlSteps <= BM / 16, "OVL steps within the query tile");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -609,8 +611,10 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         }
       };
       if constexpr (OVL) {
+        // The first kOvlSteps k-steps' P under dP^T (all of them at d = 128; half of the 128-query
+        // tile at d = 64, where S and dP held together for all of it would spill), the rest after.
 #pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
+        for (int t = 0; t < kOvlSteps; ++t) {
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * t + jj;
@@ -629,21 +633,28 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         for (int i = 0; i < BM / 2; ++i) reg_fence(pacc[i]);
 #pragma unroll
         for (int t = 0; t < BM / 16; ++t) {
+          const bool late = t >= kOvlSteps;  // P of this step not computed yet
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
             const int j = 2 * t + jj;
             const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
+            float2 l2 = make_float2(0.f, 0.f);
+            if (late) l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int idx = 4 * j + 2 * hf + e;
+                if (late) sacc[idx] = p_of(j, hf, e, l2);
                 pacc[idx] = sacc[idx] * (pacc[idx] - (e ? dd.y : dd.x));
               }
             }
           }
 #pragma unroll
-          for (int i = 0; i < 4; ++i) da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
+          for (int i = 0; i < 4; ++i) {
+            if (late) pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
+            da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
+          }
           store_ds(t);
         }
       }
@@ -947,14 +958,13 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel (d = 64, 128 only); DET = true (with
 // DQ_TMA): its deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); OVL = true (with
-// DQ_TMA, not DET, d = 128): the candidate bwd_sm90_dqtma_ovl_kernel.
+// DQ_TMA, not DET): the candidate bwd_sm90_dqtma_ovl_kernel.
 template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool OVL = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DQ_TMA || D != 256, "DQ_TMA: d = 64, 128");
   static_assert(!DET || DQ_TMA, "DET: a DQ_TMA variant");
-  static_assert(!OVL || (DQ_TMA && !DET && D == 128), "OVL: a DQ_TMA variant at d = 128 (at d = 64 the 128-query "
-                                                     "tile's S and dP held together spill)");
+  static_assert(!OVL || (DQ_TMA && !DET), "OVL: a DQ_TMA variant");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)

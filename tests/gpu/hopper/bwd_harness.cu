@@ -19,9 +19,9 @@
 //   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDDET (the DET variant)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
-//   bwd_harness checkovl         OVL candidate (P computed under the dP^T wgmmas, d = 128) as
+//   bwd_harness checkovl         OVL candidate (P computed under the dP^T wgmmas, d = 64/128) as
 //                                check2, against the library's DQ_TMA kernel (dk/dv bitwise equal)
-//   bwd_harness benchovl         per point (d = 128): HBWD (the library's DQ_TMA kernel) and
+//   bwd_harness benchovl         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDOVL (the OVL candidate)
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
@@ -350,7 +350,7 @@ static int run_check() {
   const int ds[] = {64, 128};
   const int ss[] = {1, 17, 128, 200, 1024};
   const int hkvs[] = {4, 2};
-  for (int d : ds)
+  for (int d : {64, 128})
     for (int s : ss)
       for (int causal = 0; causal < 2; ++causal)
         for (int hkv : hkvs) {
@@ -358,7 +358,7 @@ static int run_check() {
           if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, seed++)) ++fails;
         }
   const int s16[] = {17, 200};
-  for (int d : ds)
+  for (int d : {64, 128})
     for (int s : s16)
       for (int causal = 0; causal < 2; ++causal) {
         ++n;
@@ -469,22 +469,21 @@ static int run_check2() {
   uint64_t seed = 4321;
   const int ss[] = {1, 17, 128, 200, 1024};
   const int hkvs[] = {4, 2};
-  const std::vector<int> ds = OVL ? std::vector<int>{128} : std::vector<int>{64, 128};
-  for (int d : ds)
+  for (int d : {64, 128})
     for (int s : ss)
       for (int causal = 0; causal < 2; ++causal)
         for (int hkv : hkvs) {
           ++n;
-          const bool ok = d == 64 ? check2_case<__nv_bfloat16, 64, false>(2, s, 4, hkv, causal != 0, seed++)
+          const bool ok = d == 64 ? check2_case<__nv_bfloat16, 64, OVL>(2, s, 4, hkv, causal != 0, seed++)
                                   : check2_case<__nv_bfloat16, 128, OVL>(2, s, 4, hkv, causal != 0, seed++);
           if (!ok) ++fails;
         }
   const int s16[] = {17, 200};
-  for (int d : ds)
+  for (int d : {64, 128})
     for (int s : s16)
       for (int causal = 0; causal < 2; ++causal) {
         ++n;
-        const bool ok = d == 64 ? check2_case<__half, 64, false>(2, s, 4, 2, causal != 0, seed++)
+        const bool ok = d == 64 ? check2_case<__half, 64, OVL>(2, s, 4, 2, causal != 0, seed++)
                                 : check2_case<__half, 128, OVL>(2, s, 4, 2, causal != 0, seed++);
         if (!ok) ++fails;
       }
@@ -712,7 +711,7 @@ static bool bench_point(int s, bool causal) {
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
       second("HBWDDET", pe, L2, "DQ_TMA");
     }
-    if constexpr (MODE == kBenchOvl && D == 128) {
+    if constexpr (MODE == kBenchOvl && D != 256) {
       hp::BwdLaunch L2;
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, false, true>(
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
@@ -737,9 +736,9 @@ static bool bench_d(int d, int s, bool causal) {
 // A second kernel against a baseline (kBench2, kBenchDet, kBenchOvl) at one point, d = 64 / 128.
 template <BenchMode MODE>
 static bool bench_pair_d(int d, int s, bool causal) {
-  if (d == 64 && MODE != kBenchOvl) return bench_point<64, MODE>(s, causal);
+  if (d == 64) return bench_point<64, MODE>(s, causal);
   if (d == 128) return bench_point<128, MODE>(s, causal);
-  std::printf("unsupported d=%d for this mode (64, 128; OVL: 128)\n", d);
+  std::printf("unsupported d=%d for this mode (64, 128)\n", d);
   return false;
 }
 
@@ -747,8 +746,7 @@ template <BenchMode MODE>
 static int run_bench_pair() {
   bool ok = true;
   const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
-  const std::vector<int> ds = MODE == kBenchOvl ? std::vector<int>{128} : std::vector<int>{64, 128};
-  for (int d : ds)
+  for (int d : {64, 128})
     for (int s : ss)
       for (int causal = 0; causal < 2; ++causal) ok = bench_pair_d<MODE>(d, s, causal != 0) && ok;
   return ok ? 0 : 1;
