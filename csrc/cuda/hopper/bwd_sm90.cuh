@@ -1072,11 +1072,11 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
 }
 
 // The library's Hopper backward: DQ_TMA where it exists (d = 64, 128; see above); DET = true: its
-// deterministic variant (a.ws of bwd_sm90_det_workspace_bytes()).
-template <typename T, int D, bool DQ_TMA = (D != 256), bool DET = false>
+// deterministic variant (a.ws of bwd_sm90_det_workspace_bytes()); OVL = true: the OVL candidate.
+template <typename T, int D, bool DQ_TMA = (D != 256), bool DET = false, bool OVL = false>
 inline cudaError_t bwd_sm90(const Sm90BwdArgs& a, cudaStream_t stream = 0) {
   BwdLaunch L;
-  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET>(&L, a);
+  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET, OVL>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_sm90_launch(L, stream);
 }
