@@ -18,7 +18,8 @@
 #                          under compute-sanitizer memcheck and racecheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings; bench/run_gpu.sh's own variables pass
-#                          through (BENCH_GPU_ARGS, BENCH_DECODE=0, BENCH_DECODE_ARGS, and
+#                          through (BENCH_GPU_ARGS, BENCH_GPU_AB="VAR=value": the grid again with a
+#                          switch set, BENCH_DECODE=0, BENCH_DECODE_ARGS, and
 #                          BENCH_DECODE_AB="VAR=value": the decode table again with a switch set)
 #   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "v2 v3 w3 bwd"; bwd-check:
 #                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
