@@ -195,8 +195,7 @@ Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream) {
   const bool wide = p.prob.d_v > 128, few = a.splits <= 32;
   const auto kernel = wide ? (few ? decode_combine_kernel<T, 2, kFew> : decode_combine_kernel<T, 2, kAll>)
                            : (few ? decode_combine_kernel<T, 1, kFew> : decode_combine_kernel<T, 1, kAll>);
-  static std::atomic<uint64_t> waits{0};  // the four instantiations share one translation unit's architectures
-  if (!a.pdl || !waits_for_dependency(kernel, &waits)) {
+  if (!a.pdl || !built_with_dependency_wait()) {
     kernel<<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
     return simt::check_launch("decode combine kernel");
   }

@@ -467,8 +467,7 @@ Status launch_variant(const FwdParams& p, const Plan& plan, const KernelArgs& a,
   FUSEDATTN_RETURN_IF_ERROR(simt::prepare_smem(kernel, C::kSmemBytes, "decode", &smem_ready));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(p.prob.h_kv * plan.chunks),
                   static_cast<unsigned>(p.prob.b));
-  static std::atomic<uint64_t> waits{0};
-  if (!a.pdl_main || !waits_for_dependency(kernel, &waits)) {
+  if (!a.pdl_main || !built_with_dependency_wait()) {
     kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, a);
     return simt::check_launch("decode kernel");
   }

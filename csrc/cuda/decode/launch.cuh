@@ -6,27 +6,20 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
-
 namespace fusedattn {
 namespace decode {
 
-// Whether `kernel`, as loaded on the current device, was compiled from sm_90+ code and so holds its
-// griddepcontrol.wait (which the kernels compile only for __CUDA_ARCH__ >= 900). A build for older
-// architectures that the driver JIT-compiles from their PTX on a Hopper GPU does not: launched as a
-// programmatic dependent it could read before the work it depends on is done, so it is launched
-// plainly. Cached per process and device (devices 0-31) in *cache: bit 2d known, bit 2d+1 capable.
-template <class Kernel>
-bool waits_for_dependency(Kernel kernel, std::atomic<uint64_t>* cache) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const uint64_t known = dev < 32 ? uint64_t(1) << (2 * dev) : 0, capable = known << 1;
-  const uint64_t c = cache->load(std::memory_order_relaxed);
-  if (known != 0 && (c & known)) return (c & capable) != 0;
-  cudaFuncAttributes attr{};
-  const bool ok = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
-  if (known != 0) cache->fetch_or(known | (ok ? capable : 0), std::memory_order_relaxed);
-  return ok;
+// Whether this translation unit's kernels hold their griddepcontrol.wait on a Hopper (or newer)
+// GPU: they compile it only for __CUDA_ARCH__ >= 900. A build whose architectures all precede 9.0
+// runs there from its PTX, JIT-compiled without the wait: launched as a programmatic dependent it
+// could read before the work it depends on is done, so it must be launched plainly. With any
+// architecture >= 9.0 in the build, a 9.x device runs that code (older SASS does not run on 9.x),
+// and a newer device JIT-compiles the newest PTX, which has the wait.
+constexpr int kBuiltArchs[] = {__CUDA_ARCH_LIST__};
+constexpr bool built_with_dependency_wait() {
+  for (int a : kBuiltArchs)
+    if (a >= 900) return true;
+  return false;
 }
 
 template <class Kernel, class... Args>
