@@ -280,6 +280,38 @@ def test_decode_d256_long():
     check(Dec(dtype="fp16", b=2, h=(8, 2), dims=(256, 256), page=16, lens_kv=(2000, 513)), with_cpu=False)
 
 
+def test_decode_bad_page_entries_are_clamped():
+    """Page-table entries outside the pool (negative, or past its end) read the pool's first / last
+    page instead, on the tiles the kernel's start reads and on those its loop reads a tile ahead: the
+    output is bitwise that of the same table clamped into the pool, and no read leaves the pool (the
+    CPU engine reports such tables; the CUDA engine cannot without a host synchronisation)."""
+    g = torch.Generator().manual_seed(11)
+    b, h_q, h_kv, d, ps, ctx = 2, 8, 2, 128, 16, 3000
+    pages = math.ceil(ctx / ps)
+    num_pages = b * pages
+    pool_k, pool_v = (torch.randn(num_pages, ps, h_kv, d, generator=g).to(torch.bfloat16).to(DEV) for _ in range(2))
+    table = torch.randperm(num_pages, generator=g).to(torch.int32).view(b, pages)
+    bad = table.clone()
+    bad[:, ::7] = -3
+    bad[:, 3::11] = num_pages + 1000
+    clamped = bad.clamp(0, num_pages - 1)
+    q = torch.randn(b, 1, h_q, d, generator=g).to(torch.bfloat16).to(DEV)
+    cu_kv = torch.tensor([0, ctx, 2 * ctx - 5], dtype=torch.int32, device=DEV)
+    args = FwdArgs(scale=1.0 / math.sqrt(d), q_format="bshd", kv_format="bshd",
+                   mask_type="padding_causal_bottom_right")
+
+    def call(tab):
+        out, lse, _rng, _ml = torch.ops.fusedattn.fwd(q, pool_k, pool_v, None, None, None, None, None, cu_kv, None,
+                                                      None, None, *args.op_args(), False, tab.to(DEV).contiguous())
+        torch.cuda.synchronize()
+        return out, lse
+
+    out_bad, lse_bad = call(bad)
+    out_ok, lse_ok = call(clamped)
+    assert torch.isfinite(out_bad).all()
+    assert torch.equal(out_bad, out_ok) and torch.equal(lse_bad, lse_ok)
+
+
 def test_decode_cuda_graph_replay_new_lengths():
     """Capture one decode step; replay it after copying new lengths / queries into the same buffers."""
     cfg = Dec(dtype="bf16", b=4, h=(16, 4), dims=(128, 128), page=16, lens_kv=(100, 200, 300, 400), max_pages=40)
