@@ -289,25 +289,18 @@ def test_decode_bad_page_entries_are_clamped():
     b, h_q, h_kv, d, ps, ctx = 2, 8, 2, 128, 16, 3000
     pages = math.ceil(ctx / ps)
     num_pages = b * pages
-    pool_k, pool_v = (torch.randn(num_pages, ps, h_kv, d, generator=g).to(torch.bfloat16).to(DEV) for _ in range(2))
     table = torch.randperm(num_pages, generator=g).to(torch.int32).view(b, pages)
     bad = table.clone()
     bad[:, ::7] = -3
     bad[:, 3::11] = num_pages + 1000
-    clamped = bad.clamp(0, num_pages - 1)
-    q = torch.randn(b, 1, h_q, d, generator=g).to(torch.bfloat16).to(DEV)
-    cu_kv = torch.tensor([0, ctx, 2 * ctx - 5], dtype=torch.int32, device=DEV)
-    args = FwdArgs(scale=1.0 / math.sqrt(d), q_format="bshd", kv_format="bshd",
-                   mask_type="padding_causal_bottom_right")
-
-    def call(tab):
-        out, lse, _rng, _ml = torch.ops.fusedattn.fwd(q, pool_k, pool_v, None, None, None, None, None, cu_kv, None,
-                                                      None, None, *args.op_args(), False, tab.to(DEV).contiguous())
-        torch.cuda.synchronize()
-        return out, lse
-
-    out_bad, lse_bad = call(bad)
-    out_ok, lse_ok = call(clamped)
+    t = dict(q=torch.randn(b, 1, h_q, d, generator=g).to(torch.bfloat16),
+             pool_k=torch.randn(num_pages, ps, h_kv, d, generator=g).to(torch.bfloat16),
+             pool_v=torch.randn(num_pages, ps, h_kv, d, generator=g).to(torch.bfloat16),
+             cu_q=None, cu_kv=_cu([ctx, ctx - 5]), softmax_offset=None, alibi_slopes=None,
+             args=FwdArgs(scale=1.0 / math.sqrt(d), q_format="bshd", kv_format="bshd",
+                          mask_type="padding_causal_bottom_right"))
+    out_bad, lse_bad, _ = run_op(dict(t, table=bad), DEV)
+    out_ok, lse_ok, _ = run_op(dict(t, table=bad.clamp(0, num_pages - 1)), DEV)
     assert torch.isfinite(out_bad).all()
     assert torch.equal(out_bad, out_ok) and torch.equal(lse_bad, lse_ok)
 

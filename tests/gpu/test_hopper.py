@@ -247,6 +247,14 @@ def _reference_grads(q, k, v, dout, causal, scale):
     return torch.autograd.grad(out, leaves, dout.double())
 
 
+def _grads_with_kernels(q, k, v, dout, causal, scale):
+    out, _ = attention(q, k, v, FwdArgs(scale=scale, mask_type="causal" if causal else "no_mask"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+    return grads, " ".join(e.name for e in prof.events())
+
+
 @needs_hopper_bwd
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -283,11 +291,8 @@ def test_hopper_backward_misaligned_dout_falls_back():
     dout = buf[1:].view(2, 128, 4, 64)
     assert dout.is_contiguous() and dout.data_ptr() % 16 != 0
     scale = 0.125
-    out, _ = attention(q, k, v, FwdArgs(scale=scale, mask_type="causal"))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        got = torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-    assert "bwd_sm90" not in " ".join(e.name for e in prof.events())
+    got, names = _grads_with_kernels(q, k, v, dout, True, scale)
+    assert "bwd_sm90" not in names
     want = _reference_grads(q, k, v, dout, True, scale)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = ((g.double() - w).norm() / w.norm()).item()
@@ -302,20 +307,8 @@ def test_hopper_backward_kernel_runs(d, kernel):
     if HOPPER_BWD_OVL and d != 256:
         kernel = "bwd_sm90_dqtma_ovl_kernel"
     q, k, v = (torch.randn(2, 256, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    out, _ = attention(q, k, v, FwdArgs(scale=0.1, mask_type="causal"))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-        torch.cuda.synchronize()
-    names = " ".join(e.name for e in prof.events())
+    _, names = _grads_with_kernels(q, k, v, torch.randn_like(q), True, 0.1)
     assert kernel in names, names[:500]
-
-
-def _grads_with_kernels(q, k, v, dout, causal, scale):
-    out, _ = attention(q, k, v, FwdArgs(scale=scale, mask_type="causal" if causal else "no_mask"))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        grads = torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-    return grads, " ".join(e.name for e in prof.events())
 
 
 @needs_hopper_bwd
