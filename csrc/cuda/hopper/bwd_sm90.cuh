@@ -405,9 +405,10 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 // DET (with DQ_TMA; bwd_sm90_dqtma_det_kernel): the reduces take turns on the
 // counters dq_cnt (see "Variant DET" at the top); the key tiles run in
 // reverse blockIdx.x order.
-// OVL (candidate, with DQ_TMA; bwd_sm90_dqtma_ovl_kernel, the harness's checkovl / benchovl):
-// S^T and dP^T are committed as two wgmma groups, and P = exp2(...) (with its masks) is computed
-// and packed once S^T is complete, while dP^T still runs; dS waits for dP^T. The default waits for
+// OVL (candidate, with DQ_TMA; bwd_sm90_dqtma_ovl_kernel: the harness's checkovl / benchovl and
+// the library's FUSEDATTN_HOPPER_BWD_OVL=1): S^T and dP^T are committed as two wgmma groups, and
+// P = exp2(...) (with its masks) of the first kOvlSteps k-steps is computed and packed once S^T is
+// complete, while dP^T still runs; dS waits for dP^T. The default waits for
 // both before any of that math, so each consumer's tensor-core work stops for the whole
 // elementwise phase. Same operations on the same values: outputs bitwise those of DQ_TMA (dQ up
 // to the reduce-adds' order).
