@@ -21,7 +21,7 @@ if [ "${BENCH_HOPPER_BWD_AB:-0}" = "1" ]; then
   FUSEDATTN_HOPPER_BWD=0 "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --out "$OUT/RESULTS_gpu.md"
 fi
 # BENCH_GPU_AB="VAR=value ...": the grid once more in a process with those variables (a
-# candidate's switch, e.g. FUSEDATTN_HOPPER_BWD_OVL=1), headed with its FUSEDATTN_ switches.
+# candidate's switch, e.g. FUSEDATTN_HOPPER_BWD=0), headed with its FUSEDATTN_ switches.
 if [ -n "${BENCH_GPU_AB:-}" ]; then
   # shellcheck disable=SC2086
   env ${BENCH_GPU_AB} "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --out "$OUT/RESULTS_gpu.md"

@@ -236,9 +236,6 @@ def test_hopper_forward_forced_kernel_runs(s):
 _HOPPER_BWD_ENV = os.environ.get("FUSEDATTN_HOPPER_BWD", "").strip()
 HOPPER_BWD = _HOPPER_BWD_ENV == "" or (_HOPPER_BWD_ENV.lstrip("+-").isdigit() and int(_HOPPER_BWD_ENV) != 0)
 needs_hopper_bwd = pytest.mark.skipif(not HOPPER_BWD, reason="FUSEDATTN_HOPPER_BWD=0")
-# FUSEDATTN_HOPPER_BWD_OVL=1: the OVL candidate takes the non-deterministic calls at d = 64 / 128
-# (test_hopper_backward_overlap_candidate runs the backward tests again in a child with it set).
-HOPPER_BWD_OVL = os.environ.get("FUSEDATTN_HOPPER_BWD_OVL", "").strip() not in ("", "0")
 
 
 def _reference_grads(q, k, v, dout, causal, scale):
@@ -304,8 +301,6 @@ def test_hopper_backward_misaligned_dout_falls_back():
 @pytest.mark.parametrize("d,kernel", [(64, "bwd_sm90_dqtma_kernel"), (128, "bwd_sm90_dqtma_kernel"),
                                       (256, "bwd_sm90_d256_kernel")])
 def test_hopper_backward_kernel_runs(d, kernel):
-    if HOPPER_BWD_OVL and d != 256:
-        kernel = "bwd_sm90_dqtma_ovl_kernel"
     q, k, v = (torch.randn(2, 256, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     _, names = _grads_with_kernels(q, k, v, torch.randn_like(q), True, 0.1)
     assert kernel in names, names[:500]
@@ -341,19 +336,6 @@ def test_hopper_backward_deterministic(s, d, causal):
         assert torch.equal(x, y), f"{name} differs between two deterministic runs"
         err = ((x.double() - w).norm() / w.norm()).item()
         assert err < 1e-2, f"{name}: relative error {err:.2e}"
-
-
-@needs_hopper_engine
-@needs_hopper_bwd
-@pytest.mark.skipif(HOPPER_BWD_OVL, reason="already the child process (or the switch set by the caller)")
-def test_hopper_backward_overlap_candidate():
-    """The OVL candidate (FUSEDATTN_HOPPER_BWD_OVL=1, P computed under the dP^T wgmmas) on every
-    shape of the backward reference test, in a child process; the child also checks that the OVL
-    kernel is the one that runs at d = 64 / 128 and that deterministic mode keeps its own kernel."""
-    r = C.run_tests_in_child(__file__, {"FUSEDATTN_HOPPER_BWD_OVL": "1"},
-                             "backward_matches_reference or backward_kernel_runs or backward_deterministic")
-    assert r.returncode == 0, f"run with FUSEDATTN_HOPPER_BWD_OVL=1 failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    assert " passed" in r.stdout, r.stdout[-2000:]
 
 
 @needs_hopper_bwd

@@ -405,14 +405,7 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 // DET (with DQ_TMA; bwd_sm90_dqtma_det_kernel): the reduces take turns on the
 // counters dq_cnt (see "Variant DET" at the top); the key tiles run in
 // reverse blockIdx.x order.
-// OVL (candidate, with DQ_TMA; bwd_sm90_dqtma_ovl_kernel: the harness's checkovl / benchovl and
-// the library's FUSEDATTN_HOPPER_BWD_OVL=1): S^T and dP^T are committed as two wgmma groups, and
-// P = exp2(...) (with its masks) of the first kOvlSteps k-steps is computed and packed once S^T is
-// complete, while dP^T still runs; dS waits for dP^T. The default waits for
-// both before any of that math, so each consumer's tensor-core work stops for the whole
-// elementwise phase. Same operations on the same values: outputs bitwise those of DQ_TMA (dQ up
-// to the reduce-adds' order).
-template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false, bool OVL = false>
+template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false>
 __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                               const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
                                               const BwdKParams& p, int* dq_cnt = nullptr) {
@@ -428,9 +421,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
   static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
   static_assert(!DET || DQ_TMA, "DET orders the DQ_TMA reduces");
-  static_assert(!OVL || DQ_TMA, "OVL: a DQ_TMA variant");
-  constexpr int kOvlSteps = OVL ? 4 : 0;  // k-steps (16 queries each) whose P is computed under dP^T
-  static_assert(kOvlSteps <= BM / 16, "OVL steps within the query tile");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -546,7 +536,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         const uint32_t b_addr = sQ + (k / 4) * (BM * 128) + (k % 4) * 32;
         Wgmma<BM, F16>::ss(sacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
       }
-      if constexpr (OVL) wgmma_commit();  // group S^T
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         const uint32_t a_addr = sV + (k / 4) * (BN * 128) + cw * (64 * 128) + (k % 4) * 32;
@@ -564,17 +553,11 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           st_release_gpu(rel_cnt, rel_val);
         }
       }
-      if constexpr (OVL) {
-        wgmma_wait<1>();  // S^T complete; dP^T may still run
+      wgmma_wait<0>();
 #pragma unroll
-        for (int i = 0; i < BM / 2; ++i) reg_fence(sacc[i]);
-      } else {
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < BM / 2; ++i) {
-          reg_fence(sacc[i]);
-          reg_fence(pacc[i]);
-        }
+      for (int i = 0; i < BM / 2; ++i) {
+        reg_fence(sacc[i]);
+        reg_fence(pacc[i]);
       }
 
       // ---------------- P^T, dS^T (fragment: rows key_l (+8 hf), cols 8j + 2qd + e),
@@ -587,80 +570,8 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
       const bool ktail = (n_blk + 1) * BN > p.s_kv;
       uint32_t pa[BM / 16][4], da[BM / 16][4];
-      // P^T (OVL: the whole tile, while dP^T runs; sacc keeps P in fp32 for dS^T).
-      const auto p_of = [&](int j, int hf, int e, float2 l2) {
-        const int idx = 4 * j + 2 * hf + e;
-        float sv = sacc[idx];
-        if (diag) {
-          const int q = m * BM + 8 * j + 2 * qd + e;
-          if (key_g + 8 * hf > q) sv = -INFINITY;
-        }
-        if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
-        return fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
-      };
-      // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
-      // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
-      const auto store_ds = [&](int t) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
-          const int kl = key_l + 8 * (i & 1);
-          const int cc = c & 63;
-          const uint32_t addr =
-              sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
-          st_shared_b32(addr, da[t][i]);
-        }
-      };
-      if constexpr (OVL) {
-        // The first kOvlSteps k-steps' P under dP^T (all of them at d = 128; half of the 128-query
-        // tile at d = 64, where S and dP held together for all of it would spill), the rest after.
-#pragma unroll
-        for (int t = 0; t < kOvlSteps; ++t) {
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * t + jj;
-            const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) sacc[4 * j + 2 * hf + e] = p_of(j, hf, e, l2);
-            }
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
-        }
-        wgmma_wait<0>();  // dP^T complete
-#pragma unroll
-        for (int i = 0; i < BM / 2; ++i) reg_fence(pacc[i]);
-#pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
-          const bool late = t >= kOvlSteps;  // P of this step not computed yet
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * t + jj;
-            const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
-            float2 l2 = make_float2(0.f, 0.f);
-            if (late) l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int idx = 4 * j + 2 * hf + e;
-                if (late) sacc[idx] = p_of(j, hf, e, l2);
-                pacc[idx] = sacc[idx] * (pacc[idx] - (e ? dd.y : dd.x));
-              }
-            }
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (late) pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
-            da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
-          }
-          store_ds(t);
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < (OVL ? 0 : BM / 16); ++t) {
+      for (int t = 0; t < BM / 16; ++t) {
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
           const int j = 2 * t + jj;
@@ -671,7 +582,13 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int idx = 4 * j + 2 * hf + e;
-              const float pv = p_of(j, hf, e, l2);
+              float sv = sacc[idx];
+              if (diag) {
+                const int q = m * BM + 8 * j + 2 * qd + e;
+                if (key_g + 8 * hf > q) sv = -INFINITY;
+              }
+              if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
+              const float pv = fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
               sacc[idx] = pv;
               pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
             }
@@ -682,7 +599,17 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
           da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
         }
-        store_ds(t);
+        // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
+        // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
+          const int kl = key_l + 8 * (i & 1);
+          const int cc = c & 63;
+          const uint32_t addr =
+              sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
+          st_shared_b32(addr, da[t][i]);
+        }
       }
       fence_proxy_async_smem();
       if constexpr (DQ_TMA) {
@@ -849,15 +776,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   bwd_sm90_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
-// OVL candidate (see bwd_sm90_main): the DQ_TMA kernel with P computed under the dP^T wgmmas.
-template <typename T, int D, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_dqtma_ovl_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                              const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                              const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_sm90_main<T, D, CAUSAL, true, false, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
-}
-
 // DET variant (deterministic dQ): as the DQ_TMA kernel, plus dq_cnt, the turn counters of
 // bwd_sm90_det_workspace_bytes (zeroed by bwd_pre_det_kernel).
 template <typename T, int D, bool CAUSAL>
@@ -958,14 +876,12 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel (d = 64, 128 only); DET = true (with
-// DQ_TMA): its deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); OVL = true (with
-// DQ_TMA, not DET): the candidate bwd_sm90_dqtma_ovl_kernel.
-template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool OVL = false>
+// DQ_TMA): its deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
+template <typename T, int D, bool DQ_TMA = false, bool DET = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DQ_TMA || D != 256, "DQ_TMA: d = 64, 128");
   static_assert(!DET || DQ_TMA, "DET: a DQ_TMA variant");
-  static_assert(!OVL || (DQ_TMA && !DET), "OVL: a DQ_TMA variant");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -1033,8 +949,6 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       L->pre_det = bwd_pre_det_kernel<T, D>;
       L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
       L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
-    } else if constexpr (OVL) {
-      L->kern_dq = a.causal ? bwd_sm90_dqtma_ovl_kernel<T, D, true> : bwd_sm90_dqtma_ovl_kernel<T, D, false>;
     } else {
       L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
     }
@@ -1073,11 +987,11 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
 }
 
 // The library's Hopper backward: DQ_TMA where it exists (d = 64, 128; see above); DET = true: its
-// deterministic variant (a.ws of bwd_sm90_det_workspace_bytes()); OVL = true: the OVL candidate.
-template <typename T, int D, bool DQ_TMA = (D != 256), bool DET = false, bool OVL = false>
+// deterministic variant (a.ws of bwd_sm90_det_workspace_bytes()).
+template <typename T, int D, bool DQ_TMA = (D != 256), bool DET = false>
 inline cudaError_t bwd_sm90(const Sm90BwdArgs& a, cudaStream_t stream = 0) {
   BwdLaunch L;
-  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET, OVL>(&L, a);
+  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_sm90_launch(L, stream);
 }

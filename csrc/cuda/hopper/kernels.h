@@ -25,10 +25,6 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
 // bwd_sm90_det_workspace_bytes().
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
-// Candidate (FUSEDATTN_HOPPER_BWD_OVL=1): the backward with P computed under the dP^T wgmmas
-// (bwd_sm90.cuh, variant OVL); D = 64, 128.
-template <typename T, int D>
-cudaError_t run_bwd_overlap(const Sm90BwdArgs& a, cudaStream_t stream);
 
 // Whether this build holds sm_90a machine code the current device can run.
 bool kernels_loadable();

@@ -190,17 +190,6 @@ bool bwd_enabled() {
   return on;
 }
 
-// FUSEDATTN_HOPPER_BWD_OVL=1 (candidate, off by default; read once): non-deterministic backward
-// calls at d = 64 / 128 run the OVL kernel (P computed under the dP^T wgmmas), for an A/B of the
-// operator against the default kernel.
-bool bwd_overlap_opt_in() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_OVL");
-    return e != nullptr && std::atoi(e) != 0;
-  }();
-  return on;
-}
-
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
@@ -263,9 +252,7 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
   if constexpr (D == 256) {
     e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256
   } else {
-    e = p.deterministic        ? run_bwd_deterministic<T, D>(a, st)
-        : bwd_overlap_opt_in() ? run_bwd_overlap<T, D>(a, st)
-                               : run_bwd<T, D>(a, st);
+    e = p.deterministic ? run_bwd_deterministic<T, D>(a, st) : run_bwd<T, D>(a, st);
   }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();

@@ -19,10 +19,6 @@
 //   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDDET (the DET variant)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
-//   bwd_harness checkovl         OVL candidate (P computed under the dP^T wgmmas, d = 64/128) as
-//                                check2, against the library's DQ_TMA kernel (dk/dv bitwise equal)
-//   bwd_harness benchovl         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
-//                                HBWDOVL (the OVL candidate)
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -350,7 +346,7 @@ static int run_check() {
   const int ds[] = {64, 128};
   const int ss[] = {1, 17, 128, 200, 1024};
   const int hkvs[] = {4, 2};
-  for (int d : {64, 128})
+  for (int d : ds)
     for (int s : ss)
       for (int causal = 0; causal < 2; ++causal)
         for (int hkv : hkvs) {
@@ -358,7 +354,7 @@ static int run_check() {
           if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, seed++)) ++fails;
         }
   const int s16[] = {17, 200};
-  for (int d : {64, 128})
+  for (int d : ds)
     for (int s : s16)
       for (int causal = 0; causal < 2; ++causal) {
         ++n;
@@ -414,9 +410,7 @@ static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndi
   return r;
 }
 
-// OVL = false: the atomic-dQ kernel (g0) against the DQ_TMA variant (g); OVL = true: the library's
-// DQ_TMA kernel (g0) against the OVL candidate (g).
-template <typename T, int D, bool OVL = false>
+template <typename T, int D>
 static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
   const Grads<T> g(rc.nq, rc.nkv), g0(rc.nq, rc.nkv);
@@ -427,22 +421,21 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
   const int c = causal ? 1 : 0;
 
   bool ok = true;
-  const char* tag = OVL ? "OVL" : "2";
-  // The baseline (g0), then the variant (g) on the same inputs.
-  cudaError_t le = hp::bwd_sm90<T, D, OVL>(rc.args(g0.dq, g0.dk, g0.dv, ws));
+  // The atomic-dQ kernel (g0), then the DQ_TMA variant (g) on the same inputs.
+  cudaError_t le = hp::bwd_sm90<T, D, false>(rc.args(g0.dq, g0.dk, g0.dv, ws));
   if (le == cudaSuccess) le = cudaDeviceSynchronize();
   hp::BwdLaunch L;
-  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true, false, OVL>(&L, rc.args(g.dq, g.dk, g.dv, ws));
+  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true>(&L, rc.args(g.dq, g.dk, g.dv, ws));
   if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
   if (le != cudaSuccess) {
-    std::printf("FAIL%s %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", tag, Conv<T>::name(), D, s, c, h,
-                h_kv, cudaGetErrorString(le));
+    std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
+                cudaGetErrorString(le));
     ok = false;
   } else {
     const cudaError_t se = cudaDeviceSynchronize();
     if (se != cudaSuccess) {
-      std::printf("FAIL%s %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", tag, Conv<T>::name(), D, s, c, h,
-                  h_kv, cudaGetErrorString(se));
+      std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
+                  cudaGetErrorString(se));
       std::exit(1);
     }
     const Err eq = compare(g.dq, rc.rdq, rc.nq), ek = compare(g.dk, rc.rdk, rc.nkv), ev = compare(g.dv, rc.rdv, rc.nkv);
@@ -452,18 +445,16 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
     const double rd = max_rel_diff(g.dq, g0.dq, rc.nq, &nd);
     ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && kv_same;
     std::printf(
-        "%s%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
-        "vs %s: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
-        ok ? "PASS" : "FAIL", tag, Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
-        OVL ? "DQ_TMA" : "default",
+        "%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
+        "vs default: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
+        ok ? "PASS2" : "FAIL2", Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
         kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
   }
   CK(cudaFree(ws));
   return ok;
 }
 
-// check's d = 64 / 128 cases, DQ_TMA variant (OVL: the OVL candidate against DQ_TMA).
-template <bool OVL = false>
+// check's d = 64 / 128 cases, DQ_TMA variant.
 static int run_check2() {
   int fails = 0, n = 0;
   uint64_t seed = 4321;
@@ -474,8 +465,8 @@ static int run_check2() {
       for (int causal = 0; causal < 2; ++causal)
         for (int hkv : hkvs) {
           ++n;
-          const bool ok = d == 64 ? check2_case<__nv_bfloat16, 64, OVL>(2, s, 4, hkv, causal != 0, seed++)
-                                  : check2_case<__nv_bfloat16, 128, OVL>(2, s, 4, hkv, causal != 0, seed++);
+          const bool ok = d == 64 ? check2_case<__nv_bfloat16, 64>(2, s, 4, hkv, causal != 0, seed++)
+                                  : check2_case<__nv_bfloat16, 128>(2, s, 4, hkv, causal != 0, seed++);
           if (!ok) ++fails;
         }
   const int s16[] = {17, 200};
@@ -483,11 +474,11 @@ static int run_check2() {
     for (int s : s16)
       for (int causal = 0; causal < 2; ++causal) {
         ++n;
-        const bool ok = d == 64 ? check2_case<__half, 64, OVL>(2, s, 4, 2, causal != 0, seed++)
-                                : check2_case<__half, 128, OVL>(2, s, 4, 2, causal != 0, seed++);
+        const bool ok = d == 64 ? check2_case<__half, 64>(2, s, 4, 2, causal != 0, seed++)
+                                : check2_case<__half, 128>(2, s, 4, 2, causal != 0, seed++);
         if (!ok) ++fails;
       }
-  std::printf("%s: %d/%d passed\n", OVL ? "checkovl" : "check2", n - fails, n);
+  std::printf("check2: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
@@ -633,9 +624,9 @@ static double time_bwd(const hp::BwdLaunch& L) {
 }
 
 // bench: HBWD = the library's kernel. kBench2 (d = 64/128): HBWD = the atomic-dQ kernel, then an
-// HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet / kBenchOvl (d = 64/128): HBWD =
-// the library's DQ_TMA kernel, then an HBWDDET / HBWDOVL line for the DET variant / OVL candidate.
-enum BenchMode { kBench, kBench2, kBenchDet, kBenchOvl };
+// HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
+// DQ_TMA kernel, then an HBWDDET line for the DET variant.
+enum BenchMode { kBench, kBench2, kBenchDet };
 template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
   constexpr bool V2 = MODE == kBench2;
@@ -711,12 +702,6 @@ static bool bench_point(int s, bool causal) {
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
       second("HBWDDET", pe, L2, "DQ_TMA");
     }
-    if constexpr (MODE == kBenchOvl && D != 256) {
-      hp::BwdLaunch L2;
-      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, false, true>(
-          &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
-      second("HBWDOVL", pe, L2, "DQ_TMA");
-    }
   }
   for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
                   static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
@@ -733,22 +718,35 @@ static bool bench_d(int d, int s, bool causal) {
   return false;
 }
 
-// A second kernel against a baseline (kBench2, kBenchDet, kBenchOvl) at one point, d = 64 / 128.
-template <BenchMode MODE>
-static bool bench_pair_d(int d, int s, bool causal) {
-  if (d == 64) return bench_point<64, MODE>(s, causal);
-  if (d == 128) return bench_point<128, MODE>(s, causal);
-  std::printf("unsupported d=%d for this mode (64, 128)\n", d);
+static bool bench2_d(int d, int s, bool causal) {
+  if (d == 64) return bench_point<64, kBench2>(s, causal);
+  if (d == 128) return bench_point<128, kBench2>(s, causal);
+  std::printf("bench2: unsupported d=%d (64, 128)\n", d);
   return false;
 }
 
-template <BenchMode MODE>
-static int run_bench_pair() {
+static bool benchdet_d(int d, int s, bool causal) {
+  if (d == 64) return bench_point<64, kBenchDet>(s, causal);
+  if (d == 128) return bench_point<128, kBenchDet>(s, causal);
+  std::printf("benchdet: unsupported d=%d (64, 128)\n", d);
+  return false;
+}
+
+static int run_benchdet() {
   bool ok = true;
   const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
   for (int d : {64, 128})
     for (int s : ss)
-      for (int causal = 0; causal < 2; ++causal) ok = bench_pair_d<MODE>(d, s, causal != 0) && ok;
+      for (int causal = 0; causal < 2; ++causal) ok = benchdet_d(d, s, causal != 0) && ok;
+  return ok ? 0 : 1;
+}
+
+static int run_bench2() {
+  bool ok = true;
+  const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
+  for (int d : {64, 128})
+    for (int s : ss)
+      for (int causal = 0; causal < 2; ++causal) ok = bench2_d(d, s, causal != 0) && ok;
   return ok ? 0 : 1;
 }
 
@@ -776,24 +774,22 @@ int main(int argc, char** argv) {
   if (mode == "check") return run_check();
   if (mode == "bench") return run_bench();
   if (mode == "check2") return run_check2();
-  if (mode == "bench2") return run_bench_pair<kBench2>();
+  if (mode == "bench2") return run_bench2();
   if (mode == "checkdet") return run_checkdet();
-  if (mode == "benchdet") return run_bench_pair<kBenchDet>();
-  if (mode == "checkovl") return run_check2<true>();
-  if (mode == "benchovl") return run_bench_pair<kBenchOvl>();
+  if (mode == "benchdet") return run_benchdet();
   if (mode == "onedet") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s onedet D S CAUSAL\n", argv[0]);
       return 2;
     }
-    return bench_pair_d<kBenchDet>(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
+    return benchdet_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
   }
   if (mode == "one2") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s one2 D S CAUSAL\n", argv[0]);
       return 2;
     }
-    return bench_pair_d<kBench2>(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
+    return bench2_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
   }
   if (mode == "one") {
     if (argc < 5) {
@@ -804,7 +800,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL | checkdet | benchdet | "
-               "onedet D S CAUSAL | checkovl | benchovl\n",
+               "onedet D S CAUSAL\n",
                argv[0]);
   return 2;
 }
