@@ -299,7 +299,7 @@ def test_hopper_backward_misaligned_dout_falls_back():
 @needs_hopper_engine
 @needs_hopper_bwd
 @pytest.mark.parametrize("d,kernel", [(64, "bwd_sm90_dqtma_kernel"), (128, "bwd_sm90_dqtma_kernel"),
-                                      (256, "bwd_sm90_d256_kernel")])
+                                      (256, "bwd_sm90_d256_dqtma_kernel")])
 def test_hopper_backward_kernel_runs(d, kernel):
     q, k, v = (torch.randn(2, 256, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     _, names = _grads_with_kernels(q, k, v, torch.randn_like(q), True, 0.1)

@@ -390,6 +390,24 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
   }
 }
 
+// A consumer's fp32 dQ_part fragments (64 query rows x 8 NJ columns: thread rows
+// 16 warp + r0 (+ 8), columns 8j + 2qd (+1)) -> a shared staging tile of NJ / 4 boxes of
+// [64 rows][32 fp32] (128 B rows, 128B swizzle: 16-byte chunk index XOR row & 7), box j / 4
+// at stg + (j / 4) * 8 KB, the layout of the tmdQ map's box for cp.reduce.async.bulk.tensor.
+template <int NJ>
+__device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {
+  const uint32_t trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8;
+  const int x = (qd >> 1) ^ r0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const uint32_t addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
+      st_shared_v2_f32(addr, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+    }
+  }
+}
+
 // ------------------------------------------------------------ main kernel
 // The body of both entries below. DQ_TMA = false: dQ_part goes to the fp32
 // accumulator by atomicAdd(float2) (bwd_sm90_kernel, the harness's baseline).
@@ -664,19 +682,9 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
 
       if constexpr (DQ_TMA) {
-        // dQ partial -> staging tile (row = local query 16 warp + r0 + 8 hf,
-        // col = 8j + 2qd: box j / 4, 16-byte chunk 2 (j % 4) + qd / 2 ^ r0) -> TMA reduce-add.
+        // dQ partial -> this consumer's staging tile (two boxes) -> TMA reduce-adds.
         const uint32_t stg = sbase + Smem::kStg + cw * Smem::kStgBytes;
-        const uint32_t trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8;
-        const int x = (qd >> 1) ^ r0;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-          for (int j = 0; j < NDQ / 8; ++j) {
-            const uint32_t addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
-            st_shared_v2_f32(addr, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
-          }
-        }
+        stage_dq_part<NDQ / 8>(stg, warp, r0, qd, dq);
         fence_proxy_async_smem();
         // This consumer's 4 warps have written the tile (barrier 2 + cw; literal ids,
         // so that ptxas counts 4 barriers rather than all 16 for a register id).
@@ -875,13 +883,12 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }
 }  // namespace detail
 
-// DQ_TMA = true: the dQ-by-TMA-reduce main kernel (d = 64, 128 only); DET = true (with
-// DQ_TMA): its deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
+// DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
+// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
 template <typename T, int D, bool DQ_TMA = false, bool DET = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
-  static_assert(!DQ_TMA || D != 256, "DQ_TMA: d = 64, 128");
-  static_assert(!DET || DQ_TMA, "DET: a DQ_TMA variant");
+  static_assert(!DET || (DQ_TMA && D != 256), "DET: a DQ_TMA variant at d = 64, 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -938,7 +945,11 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->kern_det = nullptr;
   L->dq_cnt = nullptr;
   L->n_cnt = 0;
-  if constexpr (D == 256) {
+  if constexpr (D == 256 && DQ_TMA) {
+    if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
+    L->kern = nullptr;
+    L->kern_dq = a.causal ? bwd_sm90_d256_dqtma_kernel<T, true> : bwd_sm90_d256_dqtma_kernel<T, false>;
+  } else if constexpr (D == 256) {
     L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
   } else if constexpr (DQ_TMA) {
     if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
@@ -986,9 +997,9 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
   return cudaGetLastError();
 }
 
-// The library's Hopper backward: DQ_TMA where it exists (d = 64, 128; see above); DET = true: its
-// deterministic variant (a.ws of bwd_sm90_det_workspace_bytes()).
-template <typename T, int D, bool DQ_TMA = (D != 256), bool DET = false>
+// The library's Hopper backward: DQ_TMA (see above); DET = true (d = 64, 128): its deterministic
+// variant (a.ws of bwd_sm90_det_workspace_bytes()).
+template <typename T, int D, bool DQ_TMA = true, bool DET = false>
 inline cudaError_t bwd_sm90(const Sm90BwdArgs& a, cudaStream_t stream = 0) {
   BwdLaunch L;
   cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET>(&L, a);

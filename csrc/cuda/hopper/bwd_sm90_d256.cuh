@@ -34,10 +34,24 @@
 //   (e) Both: dQ_part[:, half] = dS K[:, half]   (WgmmaNT, SS: A = dS, M =
 //       queries, K-major from sdS; B = K, MN-major), commit;
 //       dK[:, half] += dS^T Q[:, half]  (WgmmaTT: A = dS^T M-major from sdS;
-//       B = Q MN-major), commit; wait_group 1 (dV, dQ done) -> dQ_part by
-//       fp32 atomicAdd(float2) into the workspace while dK runs; wait_group 0;
-//       each warp releases the stage.
+//       B = Q MN-major), commit; wait_group 1 (dV, dQ done) -> dQ_part into
+//       the workspace's fp32 accumulator (TMA reduce-add, see below, or
+//       atomicAdd(float2)) while dK runs; wait_group 0; each warp releases the stage.
 //   Epilogue: WG cw stores dK[:, half] * scale, dV[:, half] (plain stores).
+//
+// dQ by TMA reduce-add (bwd_sm90_d256_dqtma_kernel, the library's; bwd_sm90_d256_kernel keeps
+// the atomics above as the harness's baseline): shared memory has no room for 64 KB of fp32
+// staging, but a stage's Q and dO tiles are 32 KB each, exactly one consumer's 64 x 128 fp32
+// dQ_part, and are dead once the iteration's wgmmas have read them. cw 0 waits for both
+// consumers' dV (barrier 3: cw 1 arrives after its wait_group 1) and stages its dQ_part in the
+// dO tile while the dK wgmmas run; cw 1 waits for both consumers' dK (barrier 4: cw 0 arrives
+// after its wait_group 0) and stages in the Q tile. Each writes four [64][32] fp32 boxes (128B
+// swizzle, stage_dq_part), fences, syncs its own 4 warps (barrier 5 / 6), and one thread issues
+// four cp.reduce.async.bulk.tensor adds (rows >= s_q are out of bounds and skipped). The stage
+// is released when the reduces have read it: warp 0 of each consumer defers its arrival on the
+// stage's empty barrier to the next iteration, after that thread's wait_group.read (issued
+// under the next S / dP wgmmas). The stage is refilled for the iteration after next, so the
+// deferral costs the producer nothing while one iteration outlasts the reads.
 //
 // sP and sdS are double-buffered by iteration parity, so barriers 1 and 2 are
 // the only consumer-consumer synchronisation: WG0 writes sP(i+2) only after
@@ -46,6 +60,10 @@
 // sdS(i+2) only after barrier 1 of i+2, which WG0 reaches after its wait_group 0
 // of i+1. Both consumers pass barriers 1 and 2 exactly once per iteration and
 // run the same iterations (no early exits), so the barrier counts balance.
+// Barriers 3 and 4 (one side arrives, the other syncs) cannot take a second
+// arrival from the arriving side before the syncing side's sync of the same
+// iteration: that would need the arriving side to pass barrier 1 of the next
+// iteration, which the syncing side reaches only after its sync.
 //
 // Registers per consumer thread at the peak (e), fp32 accumulators:
 //   dK half 64 + dV half 64 + dQ half 64 = 192 (+ ~25 addresses/indices);
@@ -97,6 +115,11 @@ template <int ID, int NTHREADS>
 __device__ __forceinline__ void bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
 }
+// Arrive without waiting (the other side of a bar_sync with the same count).
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void bar_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
+}
 
 __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   uint32_t v;
@@ -125,11 +148,11 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
 
 }  // namespace d256
 
-template <typename T, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_d256_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                         const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                         const BwdKParams p) {
+// The body of both entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top.
+template <typename T, bool CAUSAL, bool DQ_TMA>
+__device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const CUtensorMap& tmK,
+                                                   const CUtensorMap& tmV, const CUtensorMap& tmdO,
+                                                   const CUtensorMap* tmdQ, const BwdKParams& p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
   using Smem = BwdSmemD256;
@@ -177,6 +200,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     tma_prefetch_desc(&tmK);
     tma_prefetch_desc(&tmV);
     tma_prefetch_desc(&tmdO);
+    if constexpr (DQ_TMA) tma_prefetch_desc(tmdQ);
   }
   __syncthreads();
 
@@ -218,6 +242,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   bool timed_out = !mbar_wait<false>(bar_kv, 0);
   __syncwarp();
 
+  // DQ_TMA, thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
+  // for this thread's reduces to have read their staging tile (-1: none).
+  int pend = -1;
+
   int it = 0;
   for (int g = 0; g < G; ++g) {
     const int head = hk * G + g;
@@ -246,6 +274,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         Wgmma<BN, F16>::ss(acc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
       }
       wgmma_commit();
+      if constexpr (DQ_TMA) {
+        // Release the previous tile's stage while these wgmmas run: its reduces have had the dK
+        // wgmmas' time to read the staging tile.
+        if (ltid == 0 && pend >= 0) {
+          bulk_wait_group_read<0>();
+          mbar_arrive(bar_empty(pend));
+        }
+      }
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
@@ -347,29 +383,74 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int i = 0; i < DH / 2; ++i) reg_fence(dq[i]);
 
-      // dQ partial -> fp32 accumulator (rows: queries; cols: d).
+      if constexpr (DQ_TMA) {
+        // cw 0 stages its dQ_part in stage s's dO tile once both consumers' dV wgmmas are done
+        // (barrier 3), while the dK wgmmas run; cw 1 stages in the Q tile once both consumers'
+        // dK wgmmas are done (barrier 4). Then one thread per consumer reduce-adds the four boxes.
+        const auto stage_and_reduce = [&](uint32_t stg) {
+          stage_dq_part<DH / 8>(stg, warp, r0, qd, dq);
+          fence_proxy_async_smem();
+          if (cw == 0)
+            d256::bar_sync<5, 128>();
+          else
+            d256::bar_sync<6, 128>();
+          if (ltid == 0) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int qrow = m * BM + row_l + 8 * hf;
-        if (qrow < p.s_q) {
-          float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + qrow) * p.h + head) * D + cw * DH + 2 * qd;
-#pragma unroll
-          for (int j = 0; j < DH / 8; ++j)
-            atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]));
+            for (int bx = 0; bx < DH / 32; ++bx)
+              tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
+            bulk_commit_group();
+          }
+        };
+        if (cw == 0) {
+          d256::bar_sync<3, 256>();
+          stage_and_reduce(sdO);
+        } else {
+          d256::bar_arrive<3, 256>();
         }
+        wgmma_wait<0>();
+        if (cw == 0) {
+          d256::bar_arrive<4, 256>();
+        } else {
+          d256::bar_sync<4, 256>();
+          stage_and_reduce(sQ);
+        }
+      } else {
+        // dQ partial -> fp32 accumulator (rows: queries; cols: d).
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int qrow = m * BM + row_l + 8 * hf;
+          if (qrow < p.s_q) {
+            float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + qrow) * p.h + head) * D + cw * DH + 2 * qd;
+#pragma unroll
+            for (int j = 0; j < DH / 8; ++j)
+              atomicAdd(reinterpret_cast<float2*>(dst + 8 * j),
+                        make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]));
+          }
+        }
+        wgmma_wait<0>();
       }
-
-      wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < DH / 2; ++i) {
         reg_fence(dk[i]);
         reg_fence(dv[i]);
       }
       // All wgmma reading stage s (Q, dO) have completed in this warp, and its
-      // generic reads of the stage's lse2 / Dsum slices are done.
+      // generic reads of the stage's lse2 / Dsum slices are done. DQ_TMA: warp 0's
+      // arrival waits for its reduces' reads of the staging tile (next tile, or below).
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_empty(s));
+      if (lane == 0) {
+        if (DQ_TMA && warp == 0)
+          pend = s;
+        else
+          mbar_arrive(bar_empty(s));
+      }
     }
+  }
+
+  if constexpr (DQ_TMA) {
+    // The reduces read this CTA's shared memory: complete them before exit. The last stage's
+    // release is not needed (the producer has issued its last loads).
+    if (ltid == 0) bulk_wait_group<0>();
   }
 
   // ---------------------------------------------------------------- epilogue
@@ -390,6 +471,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
   }
 #endif
+}
+
+// dQ by fp32 atomicAdd(float2) (the harness's bench2 / check2 baseline).
+template <typename T, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_d256_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                         const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                         const BwdKParams p) {
+  bwd_sm90_d256_main<T, CAUSAL, false>(tmQ, tmK, tmV, tmdO, nullptr, p);
+}
+
+// dQ by TMA reduce-add (the library's): tmdQ = fp32 map over p.dq_acc, box 32 x 1 x 64 x 1,
+// 128B swizzle.
+template <typename T, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_d256_dqtma_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                               const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                               const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
+  bwd_sm90_d256_main<T, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
 }  // namespace hopper

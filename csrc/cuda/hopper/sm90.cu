@@ -15,14 +15,14 @@
 // ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
-// Backward (bwd_sm90.cuh; dQ by TMA reduce-add at d = 64/128), on by default
+// Backward (bwd_sm90.cuh; dQ by TMA reduce-add), on by default
 // (FUSEDATTN_HOPPER_BWD=0 turns it off): the forward's calls restricted to
 // s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
 // and the gradients), no dbias. Deterministic mode (torch.use_deterministic_
 // algorithms) at d = 64 and 128 runs the variant whose dQ reduce-adds take turns
-// in a fixed order (bwd_sm90.cuh, DET); at d = 256, whose dQ is summed by
-// atomics in an order that varies from run to run, it goes to the sm80-class
-// backward, as does everything else.
+// in a fixed order (bwd_sm90.cuh, DET); at d = 256, whose dQ reduce-adds sum
+// in an order that varies from run to run, it goes to the sm80-class backward,
+// as does everything else.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -202,7 +202,7 @@ std::string bwd_support(const BwdParams& p) {
   const Problem& pr = f.prob;
   if (pr.s_q != pr.s_kv) return "s_q != s_kv";
   if (p.deterministic && pr.d_qk == 256) {
-    return "deterministic mode at d = 256 (its dQ atomics sum in an order that varies)";
+    return "deterministic mode at d = 256 (its dQ reduce-adds sum in an order that varies)";
   }
   if (p.dbias.data != nullptr) return "dbias";
   if (f.q_format != Format::kBSHD || f.kv_format != Format::kBSHD) return "not bshd";

@@ -1,14 +1,14 @@
 // Standalone check + timer for the Hopper (sm_90a) backward prototype in
 // csrc/cuda/hopper/bwd_sm90.cuh (d = 64, 128) and bwd_sm90_d256.cuh (d = 256).
 // No torch, no library build.
-//   bwd_harness check            the library's kernels (DQ_TMA at d = 64/128): gradients vs. a
-//                                naive fp32 GPU reference
+//   bwd_harness check            the library's kernels (DQ_TMA): gradients vs. a naive fp32 GPU
+//                                reference
 //   bwd_harness bench            TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
 //   bwd_harness one D S CAUSAL   one bench point (for ncu / nsys)
-//   bwd_harness check2           DQ_TMA variant (dQ by TMA reduce-add, d = 64/128) vs. the
-//                                reference and vs. the atomic-dQ kernel (dk/dv must be bitwise
-//                                equal; dq differs by fp32 summation order: max rel diff)
-//   bwd_harness bench2           per point (d = 64/128): HBWD (atomic dQ) and HBWD2 (DQ_TMA)
+//   bwd_harness check2           DQ_TMA variant (dQ by TMA reduce-add) vs. the reference and vs.
+//                                the atomic-dQ kernel (dk/dv must be bitwise equal; dq differs by
+//                                fp32 summation order: max rel diff)
+//   bwd_harness bench2           per point: HBWD (atomic dQ) and HBWD2 (DQ_TMA)
 //   bwd_harness one2 D S CAUSAL  one bench2 point
 //   bwd_harness checkdet         DET variant (deterministic dQ, d = 64/128): two runs, the second
 //                                with half the SMs taken by another kernel at first (other CTA
@@ -454,29 +454,33 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
   return ok;
 }
 
-// check's d = 64 / 128 cases, DQ_TMA variant.
+template <typename T>
+static bool check2_d(int d, int s, int h_kv, bool causal, uint64_t seed) {
+  if (d == 64) return check2_case<T, 64>(2, s, 4, h_kv, causal, seed);
+  if (d == 128) return check2_case<T, 128>(2, s, 4, h_kv, causal, seed);
+  return check2_case<T, 256>(2, s, 4, h_kv, causal, seed);
+}
+
+// check's cases, DQ_TMA variant (d = 256: 64-row tiles, so 63 / 65 straddle a tile edge).
 static int run_check2() {
   int fails = 0, n = 0;
   uint64_t seed = 4321;
   const int ss[] = {1, 17, 128, 200, 1024};
+  const int ss256[] = {1, 63, 65, 200, 1024};
   const int hkvs[] = {4, 2};
-  for (int d : {64, 128})
-    for (int s : ss)
+  for (int d : {64, 128, 256})
+    for (int i = 0; i < 5; ++i)
       for (int causal = 0; causal < 2; ++causal)
         for (int hkv : hkvs) {
           ++n;
-          const bool ok = d == 64 ? check2_case<__nv_bfloat16, 64>(2, s, 4, hkv, causal != 0, seed++)
-                                  : check2_case<__nv_bfloat16, 128>(2, s, 4, hkv, causal != 0, seed++);
-          if (!ok) ++fails;
+          if (!check2_d<__nv_bfloat16>(d, d == 256 ? ss256[i] : ss[i], hkv, causal != 0, seed++)) ++fails;
         }
   const int s16[] = {17, 200};
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (int s : s16)
       for (int causal = 0; causal < 2; ++causal) {
         ++n;
-        const bool ok = d == 64 ? check2_case<__half, 64>(2, s, 4, 2, causal != 0, seed++)
-                                : check2_case<__half, 128>(2, s, 4, 2, causal != 0, seed++);
-        if (!ok) ++fails;
+        if (!check2_d<__half>(d, s, 2, causal != 0, seed++)) ++fails;
       }
   std::printf("check2: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
@@ -623,14 +627,14 @@ static double time_bwd(const hp::BwdLaunch& L) {
   return 0.5 * (ms[9] + ms[10]);
 }
 
-// bench: HBWD = the library's kernel. kBench2 (d = 64/128): HBWD = the atomic-dQ kernel, then an
+// bench: HBWD = the library's kernel. kBench2: HBWD = the atomic-dQ kernel, then an
 // HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
 // DQ_TMA kernel, then an HBWDDET line for the DET variant.
 enum BenchMode { kBench, kBench2, kBenchDet };
 template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
   constexpr bool V2 = MODE == kBench2;
-  constexpr bool kHbwdDqTma = !V2 && D != 256;
+  constexpr bool kHbwdDqTma = !V2;
   using T = __nv_bfloat16;
   const int b = std::max(1, 16384 / s), h = 2048 / D, h_kv = h;
   const size_t n = static_cast<size_t>(b) * s * h * D;
@@ -690,7 +694,7 @@ static bool bench_point(int s, bool causal) {
       std::printf("%s d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s (%.3fx %s)\n", tag, D, s, c, med2,
                   flops / (med2 * 1e-3) / 1e12, med / med2, vs);
     };
-    if constexpr (V2 && D != 256) {
+    if constexpr (V2) {
       hp::BwdLaunch L2;
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true>(
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
@@ -721,7 +725,8 @@ static bool bench_d(int d, int s, bool causal) {
 static bool bench2_d(int d, int s, bool causal) {
   if (d == 64) return bench_point<64, kBench2>(s, causal);
   if (d == 128) return bench_point<128, kBench2>(s, causal);
-  std::printf("bench2: unsupported d=%d (64, 128)\n", d);
+  if (d == 256) return bench_point<256, kBench2>(s, causal);
+  std::printf("bench2: unsupported d=%d (64, 128, 256)\n", d);
   return false;
 }
 
@@ -744,7 +749,7 @@ static int run_benchdet() {
 static int run_bench2() {
   bool ok = true;
   const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (int s : ss)
       for (int causal = 0; causal < 2; ++causal) ok = bench2_d(d, s, causal != 0) && ok;
   return ok ? 0 : 1;
