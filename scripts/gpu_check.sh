@@ -25,8 +25,7 @@
 #                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
 #                          d=64 with three consumer warpgroups, the backward's dQ by TMA
 #                          reduce-add against the atomic one; bwd-det: the deterministic dQ
-#                          kernel (now the library's deterministic mode); bwd-sf: the d=256 candidate
-#                          issuing dP once S is done; "" skips). A backward check that fails
+#                          kernel (now the library's deterministic mode); "" skips). A backward check that fails
 #                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the Hopper backward turned off (the
 #                          sm80-class backward on the shapes the Hopper one takes)
@@ -74,7 +73,7 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 # forward: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer forward: checkw3,
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
 # dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
-# checkdet, benchdet), bwd-sf (d = 256, dP issued once S is done: checksf, benchsf); "" skips them.
+# checkdet, benchdet); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-v2 v3 w3 bwd}" ;; *) hopper_steps="" ;; esac
@@ -130,14 +129,13 @@ if [ -n "$hopper_steps" ]; then
       bwd-check) h="$HB"; runs="check" ;;
       bwd2) h="$HB"; runs="check2 bench2" ;;
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
-      bwd-sf) h="$HB"; runs="checksf benchsf" ;;
       *) note "hopper step $step" "unknown"; continue ;;
     esac
     [ -x "$h" ] || continue
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet|checksf) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && status=1

@@ -60,7 +60,7 @@
 // sdS(i+2) only after barrier 1 of i+2, which WG0 reaches after its wait_group 0
 // of i+1. Both consumers pass barriers 1 and 2 exactly once per iteration and
 // run the same iterations (no early exits), so the barrier counts balance.
-// Barriers 3, 4 and 7 (one side arrives, the other syncs) cannot take a second
+// Barriers 3 and 4 (one side arrives, the other syncs) cannot take a second
 // arrival from the arriving side before the syncing side's sync of the same
 // iteration: that would need the arriving side to pass barrier 1 of the next
 // iteration, which the syncing side reaches only after its sync.
@@ -148,11 +148,8 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
 
 }  // namespace d256
 
-// The body of the entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top. S_FIRST
-// (candidate, with DQ_TMA): cw 1 issues dP only once cw 0's S is done (barrier 7), so that S gets
-// the tensor cores alone and cw 0's P (exp2, stores, fence) runs under dP instead of with the
-// tensor cores idle; cw 1's staging of the previous tile's dQ_part runs under S.
-template <typename T, bool CAUSAL, bool DQ_TMA, bool S_FIRST = false>
+// The body of both entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top.
+template <typename T, bool CAUSAL, bool DQ_TMA>
 __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const CUtensorMap& tmK,
                                                    const CUtensorMap& tmV, const CUtensorMap& tmdO,
                                                    const CUtensorMap* tmdQ, const BwdKParams& p) {
@@ -267,9 +264,6 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
       timed_out |= !mbar_wait<false>(bar_full(s), ph);
       __syncwarp();
-      if constexpr (S_FIRST) {
-        if (cw == 1) d256::bar_sync<7, 256>();  // cw 0's S is done
-      }
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
       wgmma_fence();
@@ -291,9 +285,6 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
-      if constexpr (S_FIRST) {
-        if (cw == 0) d256::bar_arrive<7, 256>();
-      }
 
       const float* Ls = gL0 + s * BM;
       const float* Dss = gDs0 + s * BM;
@@ -499,16 +490,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                                const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
   bwd_sm90_d256_main<T, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
-}
-
-// Candidate S_FIRST (see bwd_sm90_d256_main), same arguments as bwd_sm90_d256_dqtma_kernel; the
-// harness's checksf / benchsf.
-template <typename T, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_d256_sfirst_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                                const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                                const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_sm90_d256_main<T, CAUSAL, true, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
 }  // namespace hopper

@@ -19,9 +19,6 @@
 //   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDDET (the DET variant)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
-//   bwd_harness checksf          S_FIRST candidate (d = 256: dP issued once S is done) as check2,
-//                                against the library's DQ_TMA kernel
-//   bwd_harness benchsf          per point (d = 256): HBWD (the library's kernel) and HBWDSF
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -413,18 +410,7 @@ static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndi
   return r;
 }
 
-// The d = 256 S_FIRST candidate in a launch prepared for the library's DQ_TMA kernel (same
-// arguments, shared memory and tensor maps).
-template <typename T>
-static cudaError_t use_sfirst(hp::BwdLaunch* L, bool causal) {
-  L->kern_dq = causal ? hp::bwd_sm90_d256_sfirst_kernel<T, true> : hp::bwd_sm90_d256_sfirst_kernel<T, false>;
-  return cudaFuncSetAttribute(reinterpret_cast<const void*>(L->kern_dq), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              L->smem);
-}
-
-// SF = false: the atomic-dQ kernel (g0) against the DQ_TMA variant (g); SF = true (d = 256): the
-// library's DQ_TMA kernel (g0) against the S_FIRST candidate (g).
-template <typename T, int D, bool SF = false>
+template <typename T, int D>
 static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
   const Grads<T> g(rc.nq, rc.nkv), g0(rc.nq, rc.nkv);
@@ -435,14 +421,11 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
   const int c = causal ? 1 : 0;
 
   bool ok = true;
-  // The baseline (g0), then the variant (g) on the same inputs.
-  cudaError_t le = hp::bwd_sm90<T, D, SF>(rc.args(g0.dq, g0.dk, g0.dv, ws));
+  // The atomic-dQ kernel (g0), then the DQ_TMA variant (g) on the same inputs.
+  cudaError_t le = hp::bwd_sm90<T, D, false>(rc.args(g0.dq, g0.dk, g0.dv, ws));
   if (le == cudaSuccess) le = cudaDeviceSynchronize();
   hp::BwdLaunch L;
   if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true>(&L, rc.args(g.dq, g.dk, g.dv, ws));
-  if constexpr (SF) {
-    if (le == cudaSuccess) le = use_sfirst<T>(&L, causal);
-  }
   if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
   if (le != cudaSuccess) {
     std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
@@ -463,9 +446,9 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
     ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && kv_same;
     std::printf(
         "%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
-        "vs %s: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
-        ok ? (SF ? "PASSSF" : "PASS2") : (SF ? "FAILSF" : "FAIL2"), Conv<T>::name(), D, s, c, h, h_kv, eq.rel,
-        eq.max_abs, ek.rel, ev.rel, bad, SF ? "DQ_TMA" : "atomic", kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
+        "vs default: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
+        ok ? "PASS2" : "FAIL2", Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
+        kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
   }
   CK(cudaFree(ws));
   return ok;
@@ -500,25 +483,6 @@ static int run_check2() {
         if (!check2_d<__half>(d, s, 2, causal != 0, seed++)) ++fails;
       }
   std::printf("check2: %d/%d passed\n", n - fails, n);
-  return fails == 0 ? 0 : 1;
-}
-
-// check2's d = 256 cases, S_FIRST candidate against the library's DQ_TMA kernel.
-static int run_checksf() {
-  int fails = 0, n = 0;
-  uint64_t seed = 8765;
-  for (int s : {1, 63, 65, 200, 1024})
-    for (int causal = 0; causal < 2; ++causal)
-      for (int hkv : {4, 2}) {
-        ++n;
-        if (!check2_case<__nv_bfloat16, 256, true>(2, s, 4, hkv, causal != 0, seed++)) ++fails;
-      }
-  for (int s : {65, 200})
-    for (int causal = 0; causal < 2; ++causal) {
-      ++n;
-      if (!check2_case<__half, 256, true>(2, s, 4, 2, causal != 0, seed++)) ++fails;
-    }
-  std::printf("checksf: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
@@ -665,9 +629,8 @@ static double time_bwd(const hp::BwdLaunch& L) {
 
 // bench: HBWD = the library's kernel. kBench2: HBWD = the atomic-dQ kernel, then an
 // HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
-// DQ_TMA kernel, then an HBWDDET line for the DET variant. kBenchSf (d = 256): HBWD = the library's
-// kernel, then an HBWDSF line for the S_FIRST candidate.
-enum BenchMode { kBench, kBench2, kBenchDet, kBenchSf };
+// DQ_TMA kernel, then an HBWDDET line for the DET variant.
+enum BenchMode { kBench, kBench2, kBenchDet };
 template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
   constexpr bool V2 = MODE == kBench2;
@@ -737,13 +700,6 @@ static bool bench_point(int s, bool causal) {
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
       second("HBWD2", pe, L2, "default");
     }
-    if constexpr (MODE == kBenchSf && D == 256) {
-      hp::BwdLaunch L2;
-      cudaError_t pe = hp::bwd_sm90_prepare<T, D, true>(
-          &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
-      if (pe == cudaSuccess) pe = use_sfirst<T>(&L2, causal);
-      second("HBWDSF", pe, L2, "DQ_TMA");
-    }
     if constexpr (MODE == kBenchDet && D != 256) {
       hp::BwdLaunch L2;
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(
@@ -790,13 +746,6 @@ static int run_benchdet() {
   return ok ? 0 : 1;
 }
 
-static int run_benchsf() {
-  bool ok = true;
-  for (int s : {512, 1024, 2048, 4096, 8192, 16384})
-    for (int causal = 0; causal < 2; ++causal) ok = bench_point<256, kBenchSf>(s, causal != 0) && ok;
-  return ok ? 0 : 1;
-}
-
 static int run_bench2() {
   bool ok = true;
   const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
@@ -831,8 +780,6 @@ int main(int argc, char** argv) {
   if (mode == "bench") return run_bench();
   if (mode == "check2") return run_check2();
   if (mode == "bench2") return run_bench2();
-  if (mode == "checksf") return run_checksf();
-  if (mode == "benchsf") return run_benchsf();
   if (mode == "checkdet") return run_checkdet();
   if (mode == "benchdet") return run_benchdet();
   if (mode == "onedet") {
@@ -858,7 +805,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL | checkdet | benchdet | "
-               "onedet D S CAUSAL | checksf | benchsf\n",
+               "onedet D S CAUSAL\n",
                argv[0]);
   return 2;
 }
