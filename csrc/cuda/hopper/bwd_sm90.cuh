@@ -394,16 +394,23 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 // 16 warp + r0 (+ 8), columns 8j + 2qd (+1)) -> a shared staging tile of NJ / 4 boxes of
 // [64 rows][32 fp32] (128 B rows, 128B swizzle: 16-byte chunk index XOR row & 7), box j / 4
 // at stg + (j / 4) * 8 KB, the layout of the tmdQ map's box for cp.reduce.async.bulk.tensor.
+// Fragment j of thread (r0, qd) belongs in chunk (2 (j % 4) + qd / 2) ^ r0. Stored in j order,
+// a half-warp's 16 64-bit stores would hit only 8 distinct 8-byte bank slots (lanes (r0, qd)
+// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, Nsight Compute's 4 wavefronts per store
+// instead of 2); so in store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose
+// chunk (2 (j % 4) ^ 4 + 1) ^ r0 lies in the other half of the row: 16 distinct slots.
 template <int NJ>
 __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {
   const uint32_t trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8;
-  const int x = (qd >> 1) ^ r0;
+  const bool hi = qd >= 2;
+  const int x = (hi ? 5 : 0) ^ r0;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const uint32_t addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
-      st_shared_v2_f32(addr, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+      const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
+      st_shared_v2_f32(addr, hi ? dq[g] : dq[f], hi ? dq[g + 1] : dq[f + 1]);
     }
   }
 }
