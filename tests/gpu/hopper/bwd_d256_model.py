@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Index-math model of the d = 256 Hopper backward (csrc/cuda/hopper/bwd_sm90_d256.cuh).
 
-No GPU: this replays, in float64 numpy, what every CTA of bwd_sm90_d256_kernel does with
-addresses, and checks the resulting dQ / dK / dV against a dense reference. Modelled:
+No GPU: this replays, in float64 numpy, what every CTA of bwd_sm90_d256_dqtma_kernel (the
+library's) and bwd_sm90_d256_kernel (dQ by atomics, the harness's baseline) does with addresses,
+and checks the resulting dQ / dK / dV against a dense reference. Modelled:
   * the shared-memory layout of BwdSmemD256 (offsets transcribed from the header) on top of
     an unaligned dynamic-smem base, aligned up to 1024 as the kernel does;
   * TMA tiled loads of 4 boxes (64, 1, rows, 1) per tile with the 128B swizzle (physical
@@ -15,7 +16,11 @@ addresses, and checks the resulting dQ / dK / dV against a dense reference. Mode
   * the m64nN fp32 accumulator fragment (thread t: warp t/32, row 16 warp + lane/4 + 8 hf,
     col 8 j + 2 (lane % 4) + e, register 4 j + 2 hf + e);
   * the st.shared / ld.shared addresses of P and dS (d256::swz_pair), the masks, the dQ
-    atomics' global addresses (float2 per thread pair) and the dK / dV epilogue addresses.
+    atomics' global addresses (float2 per thread pair) and the dK / dV epilogue addresses;
+  * the TMA-reduce dQ path: stage_dq_part's st.shared.v2.f32 addresses (with its store
+    permutation: threads with qd >= 2 store fragment j ^ 2), cw 0 staging in the stage's dO tile
+    after both dV products and before the dK products read Q, cw 1 in the Q tile after them, and
+    the four reduce-add boxes (32 fp32 x 64 rows, 128B swizzle, rows >= s_q skipped) per consumer.
 Not modelled: 16-bit rounding (everything is float64, so the check is tight: any index
 error shows up as O(1) relative error), timing / barriers / mbarrier phases (argued in
 the header comment), the watchdog.
@@ -60,6 +65,8 @@ def swz(addr):
 
 
 class Smem:
+    # 16-bit and fp32 views are kept apart: a fp32 staging store over a Q / dO tile (the
+    # TMA-reduce path) makes that tile's 16-bit elements unreadable (NaN) until the next load.
     def __init__(self):
         # 16-bit elements (held as float64) by byte address // 2; fp32 rows separately by // 4.
         self.e16 = np.full(SMEM_WINDOW // 2, np.nan)
@@ -75,6 +82,18 @@ class Smem:
         assert np.all(addr % 2 == 0) and np.all(addr >= SRAW) and np.all(addr + 2 <= SMEM_WINDOW)
         v = self.e16[addr // 2]
         assert not np.any(np.isnan(v)), "read of never-written smem"
+        return v
+
+    def st32(self, addr, val):
+        addr = np.asarray(addr)
+        assert np.all(addr % 4 == 0) and np.all(addr >= SRAW) and np.all(addr + 4 <= SMEM_WINDOW)
+        self.e32[addr // 4] = val
+        self.e16[addr // 2] = np.nan
+        self.e16[addr // 2 + 1] = np.nan
+
+    def ld32(self, addr):
+        v = self.e32[np.asarray(addr) // 4]
+        assert not np.any(np.isnan(v)), "reduce-add of never-staged smem"
         return v
 
 
@@ -164,8 +183,40 @@ def tma_load(sm, dst, tensor, c0, head, row0, batch, rows):
     sm.st16(swz(dst + r * 128 + c * 2), vals)
 
 
+# ------------------------------------------------------------------ dQ by TMA reduce-add
+def stage_dq_part(sm, stg, dqf, nj):
+    """stage_dq_part<NJ> (bwd_sm90.cuh): thread t's fragments dqf[t] -> the staging boxes."""
+    lane = np.arange(128) % 32
+    warp = np.arange(128) // 32
+    qd = lane & 3
+    r0 = lane >> 2
+    hi = qd >= 2
+    trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8
+    x = np.where(hi, 5, 0) ^ r0
+    if MUTATION == "stage_perm":
+        x = (qd >> 1) ^ r0  # the address of fragment j, with the values of fragment j ^ 2
+    for hf in range(2):
+        for j in range(nj):
+            addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4)
+            f, g = 4 * j + 2 * hf, 4 * (j ^ 2) + 2 * hf
+            sm.st32(addr, np.where(hi, dqf[:, g], dqf[:, f]))
+            sm.st32(addr + 4, np.where(hi, dqf[:, g + 1], dqf[:, f + 1]))
+
+
+def tma_reduce_add(sm, src, dq_acc, c0, head, row0, batch):
+    """cp.reduce.async.bulk.tensor .add of one box (32, 1, 64, 1) of the fp32 map over the
+    accumulator [b, s, h, d], 128B swizzle; rows >= s are out of bounds and not written."""
+    assert src % 1024 == 0 and c0 % 32 == 0
+    s = dq_acc.shape[1]
+    r = np.arange(64)[:, None]
+    c = np.arange(32)[None, :]
+    vals = sm.ld32(swz(src + r * 128 + c * 4))
+    valid = (row0 + np.arange(64)) < s
+    dq_acc[batch, row0 + np.arange(64)[valid], head, c0:c0 + 32] += vals[valid]
+
+
 # ------------------------------------------------------------------ the kernel
-def run_kernel(q, k, v, do, lse2_ws, dsum_ws, dq_acc, dk_out, dv_out, s_pad, scale, causal):
+def run_kernel(q, k, v, do, lse2_ws, dsum_ws, dq_acc, dk_out, dv_out, s_pad, scale, causal, tma=True):
     b, s_q, h, _ = q.shape
     _, s_kv, h_kv, _ = k.shape
     G = h // h_kv
@@ -267,6 +318,7 @@ def run_kernel(q, k, v, do, lse2_ws, dsum_ws, dq_acc, dk_out, dv_out, s_pad, sca
                                 sm.st16(sdS + off, p0 * (fr[:, 4 * j + 2 * hf] - dd))
                                 sm.st16(sdS + off + 2, p1 * (fr[:, 4 * j + 2 * hf + 1] - dd))
                         # (e) dQ_part = dS K[:, half]; dK[:, half] += dS^T Q[:, half]
+                        dqfs = []
                         for cw in range(2):
                             dq = np.zeros((64, DH))
                             for t in range(BN // 16):
@@ -274,12 +326,26 @@ def run_kernel(q, k, v, do, lse2_ws, dsum_ws, dq_acc, dk_out, dv_out, s_pad, sca
                                 b_addr = sK + (2 * cw) * (BN * 128) + t * (16 * 128)
                                 dq = wgmma_ss(sm, dq, make_smem_desc(a_addr, 16, 1024),
                                               make_smem_desc(b_addr, BN * 128, 1024), DH, 1 if t > 0 else 0, 0, 1)
+                            dqfs.append(to_frag(dq, DH))
+                        if tma:
+                            # cw 0: in the dO tile once both dV products are done, while dK runs
+                            # (so the dK products below must still find Q intact).
+                            stage_dq_part(sm, sdO, dqfs[0], DH // 8)
+                            for bx in range(DH // 32):
+                                tma_reduce_add(sm, sdO + bx * (64 * 128), dq_acc, 32 * bx, head, m * BM, batch)
+                        for cw in range(2):
                             for t in range(BM // 16):
                                 a_addr = sdS + t * (16 * 128)
                                 b_addr = sQ + (2 * cw) * (BM * 128) + t * (16 * 128)
                                 dk[cw] = wgmma_ss(sm, dk[cw], make_smem_desc(a_addr, BN * 128, 1024),
                                                   make_smem_desc(b_addr, BM * 128, 1024), DH, 1, 1, 1)
-                            dqf = to_frag(dq, DH)
+                        if tma:
+                            # cw 1: in the Q tile once both dK products are done.
+                            stage_dq_part(sm, sQ, dqfs[1], DH // 8)
+                            for bx in range(DH // 32):
+                                tma_reduce_add(sm, sQ + bx * (64 * 128), dq_acc, DH + 32 * bx, head, m * BM, batch)
+                        for cw in range(2 if not tma else 0):
+                            dqf = dqfs[cw]
                             for hf in range(2):
                                 qrow = m * BM + row_l + 8 * hf
                                 ok = qrow < s_q
@@ -341,7 +407,7 @@ def reference(q, k, v, do, scale, causal):
     return o, lse, dq, dk, dv
 
 
-def check(b, s, h, h_kv, causal, seed):
+def check(b, s, h, h_kv, causal, seed, tma=True):
     rng = np.random.default_rng(seed)
     q = rng.uniform(-2, 2, (b, s, h, D))
     k = rng.uniform(-2, 2, (b, s, h_kv, D))
@@ -354,7 +420,7 @@ def check(b, s, h, h_kv, causal, seed):
     dq_acc = np.zeros((b, s, h, D))
     dk = np.full((b, s, h_kv, D), np.nan)
     dv = np.full((b, s, h_kv, D), np.nan)
-    run_kernel(q, k, v, do, lse2, dsum, dq_acc, dk, dv, s_pad, scale, causal)
+    run_kernel(q, k, v, do, lse2, dsum, dq_acc, dk, dv, s_pad, scale, causal, tma)
     dq = dq_acc * scale  # bwd_post_kernel
     errs = []
     for name, x, r in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
@@ -362,7 +428,7 @@ def check(b, s, h, h_kv, causal, seed):
         # floor 1: with s = 1 the reference dS is 0 and the kernel's is rounding (~1e-16)
         errs.append((name, float(np.abs(x - r).max() / max(np.abs(r).max(), 1.0))))
     ok = all(e < 1e-9 for _, e in errs)
-    print(f"{'PASS' if ok else 'FAIL'} b={b} s={s} h={h}/{h_kv} causal={int(causal)}  " +
+    print(f"{'PASS' if ok else 'FAIL'} {'tma   ' if tma else 'atomic'} b={b} s={s} h={h}/{h_kv} causal={int(causal)}  " +
           "  ".join(f"{n} {e:.2e}" for n, e in errs))
     return ok
 
@@ -376,15 +442,20 @@ def main():
         (1, 200, 4, 2, False), (1, 200, 2, 1, True),
     ]
     ok = True
-    for i, c in enumerate(cases):
-        ok = check(*c, seed=100 + i) and ok
+    for tma in (True, False):
+        for i, c in enumerate(cases):
+            ok = check(*c, seed=100 + i, tma=tma) and ok
     print("model:", "all passed" if ok else "MISMATCH")
-    # Self-test: the model must notice a broken smem index.
-    MUTATION = "swz_pair"
-    print("self-test (P/dS stores without the swizzle; must FAIL):")
-    caught = not check(1, 65, 2, 1, True, seed=7)
-    MUTATION = None
-    print("self-test:", "caught" if caught else "NOT CAUGHT")
+    # Self-tests: the model must notice a broken smem index.
+    caught = True
+    for mutation, what in (("swz_pair", "P/dS stores without the swizzle"),
+                           ("stage_perm", "dQ staging values permuted, addresses not")):
+        MUTATION = mutation
+        print(f"self-test ({what}; must FAIL):")
+        c = not check(1, 65, 2, 1, True, seed=7)
+        MUTATION = None
+        print("self-test:", "caught" if c else "NOT CAUGHT")
+        caught = caught and c
     return 0 if ok and caught else 1
 
 
