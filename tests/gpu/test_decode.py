@@ -405,10 +405,16 @@ def test_rng_state_output_is_zero_without_dropout_across_replays(kind):
 
 
 FORCED_CHILD = os.environ.get("FUSEDATTN_DECODE_SPLITS") not in (None, "", "0")
+# Launch modes (FUSEDATTN_DECODE_PDL, read once per process): by default on sm_90 the decode
+# kernel is a programmatic dependent of the work before it and the combine one of the decode
+# kernel; the decode tests run again in a child with plain launches (0) and with the combine's
+# programmatic launch only (1), eager and in CUDA graphs (programmatic edges in the captured graph).
+PDL_CHILD = os.environ.get("FUSEDATTN_DECODE_PDL") not in (None, "")
+not_in_child = pytest.mark.skipif(FORCED_CHILD or PDL_CHILD,
+                                  reason="already a child process (or the switches set by the caller)")
 
 
-@pytest.mark.skipif(FORCED_CHILD or os.environ.get("FUSEDATTN_DECODE_PDL") not in (None, ""),
-                    reason="already a child process (or the switches set by the caller)")
+@not_in_child
 @pytest.mark.parametrize("splits", ["3", "40"])
 def test_decode_forced_splits(splits):
     r = C.run_tests_in_child(__file__, {"FUSEDATTN_DECODE_SPLITS": splits},
@@ -417,14 +423,7 @@ def test_decode_forced_splits(splits):
     assert " passed" in r.stdout, r.stdout[-2000:]
 
 
-# Launch modes (FUSEDATTN_DECODE_PDL, read once per process): by default on sm_90 the decode
-# kernel is a programmatic dependent of the work before it and the combine one of the decode
-# kernel; the decode tests run again in a child with plain launches (0) and with the combine's
-# programmatic launch only (1), eager and in CUDA graphs (programmatic edges in the captured graph).
-PDL_CHILD = os.environ.get("FUSEDATTN_DECODE_PDL") not in (None, "")
-
-
-@pytest.mark.skipif(FORCED_CHILD or PDL_CHILD, reason="already a child process (or the switches set by the caller)")
+@not_in_child
 @pytest.mark.parametrize("mode", ["0", "1"])
 def test_decode_launch_modes(mode):
     if mode == "1" and torch.cuda.get_device_capability()[0] < 9:

@@ -313,7 +313,7 @@ def test_hopper_backward_kernel_runs(d, kernel):
 def test_hopper_backward_deterministic(s, d, causal):
     """Under torch.use_deterministic_algorithms (strict) the backward's gradients are bitwise equal
     across runs and match the float64 reference; at d = 64 / 128 the Hopper kernel whose dQ
-    reduce-adds take turns runs, at d = 256 (dQ by atomics) the sm80-class backward takes the call."""
+    reduce-adds take turns runs, at d = 256 (no deterministic variant) the sm80-class backward takes the call."""
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     q = torch.randn(2, s, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     k, v = (torch.randn(2, s, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
