@@ -12,6 +12,14 @@ forward+backward 3.5x forward. Times are medians of triton.testing.do_bench (CUD
 torch.use_deterministic_algorithms(True) next to its default backward, at d = 64 and 128
 (the head dims of the Hopper deterministic backward); run it again with
 FUSEDATTN_HOPPER_BWD=0 for the sm80-class deterministic backward (the header records it).
+
+--rounds N times every implementation N times per point, in turn (fusedattn, FA2, cuDNN, then
+again), and reports each one's median over the rounds: a slow drift of the GPU's clocks (it runs at
+its power limit) then weighs on all three alike instead of on whichever was timed during it.
+
+--profile prints, per point, each CUDA kernel of a fusedattn and a cuDNN call (forward, and
+forward+backward) with its mean duration (torch.profiler, L2 flushed between calls), to show where
+the time of a call goes (the backward's preprocess and dQ conversion beside its main kernel).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import argparse
 import datetime
 import math
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -89,8 +98,9 @@ def write_table(title, caption, lines, out_path):
             f.write("\n" + table)
 
 
-def run_point(d, s, causal, dtype=torch.bfloat16):
-    b, h = 16384 // s, 2048 // d
+def point_impls(d, s, causal, dtype=torch.bfloat16):
+    """A grid point's implementations: name -> (forward callable, forward+backward callable), all on
+    the same q, k, v, dout (the peers see them as [b, h, s, d] views of the same memory)."""
     q, k, v, dout, args = grid_inputs(d, s, causal, dtype)
     qt, kt, vt, dt = (t.transpose(1, 2) for t in (q, k, v, dout))
 
@@ -103,20 +113,73 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         return f
 
+    def fwd_only(fn):
+        def f():
+            with torch.no_grad():
+                return fn()
+        return f
+
+    def fwd_bwd(fn, g):
+        def f():
+            torch.autograd.grad(fn(), (q, k, v), g)
+        return f
+
     impls = {"fusedattn": (ours, dout), "fa2": (peer(SDPBackend.FLASH_ATTENTION), dt),
              "cudnn": (peer(SDPBackend.CUDNN_ATTENTION), dt)}
+    return {name: (fwd_only(fn), fwd_bwd(fn, g)) for name, (fn, g) in impls.items()}
+
+
+ROUNDS = 1  # --rounds (main sets it)
+
+
+def run_point(d, s, causal, dtype=torch.bfloat16):
+    b, h = 16384 // s, 2048 // d
+    impls = point_impls(d, s, causal, dtype)
     fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
-    row = {}
-    for name, (fn, g) in impls.items():
-        with torch.no_grad():
-            row[name + "_fwd"] = tflops(time_ms(fn), fwd_flops)
+    times = {}
+    for _ in range(ROUNDS):
+        for name, (fwd, fb) in impls.items():
+            times.setdefault(name + "_fwd", []).append(time_ms(fwd))
+            times.setdefault(name + "_fb", []).append(time_ms(fb))
+    return {key: tflops(statistics.median(ts), (3.5 if key.endswith("_fb") else 1) * fwd_flops)
+            for key, ts in times.items()}
 
-        def fb(fn=fn, g=g):
-            out = fn()
-            torch.autograd.grad(out, (q, k, v), g)
 
-        row[name + "_fb"] = tflops(time_ms(fb), 3.5 * fwd_flops)
-    return row
+def profile_point(d, s, causal, calls=20):
+    """Each CUDA kernel of fusedattn's and cuDNN's forward and forward+backward at one grid point, with
+    its mean duration per call (torch.profiler; a 256 MB write between calls evicts L2, as do_bench's
+    flush does)."""
+    impls = point_impls(d, s, causal)
+    flush = torch.empty(256 << 20, device="cuda", dtype=torch.int8)
+
+    def kernel_times(body, n):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                body()
+            torch.cuda.synchronize()
+        total = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                total.setdefault(e.name, []).append(e.device_time)
+        return total
+
+    flush_names = set(kernel_times(lambda: flush.add_(1), 2))
+    print(f"## profile d={d} s={s} causal={'yes' if causal else 'no'}")
+    for name in ("fusedattn", "cudnn"):
+        for mode, fn in zip(("fwd", "f+b"), impls[name]):
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+
+            def body(fn=fn):
+                flush.add_(1)
+                fn()
+
+            total = {n: ts for n, ts in kernel_times(body, calls).items() if n not in flush_names}
+            per_call = {n: sum(ts) / calls for n, ts in total.items()}
+            print(f"  {name} {mode}: {sum(per_call.values()):.1f} us of kernels per call")
+            for n, us in sorted(per_call.items(), key=lambda kv: -kv[1]):
+                print(f"    {us:9.1f} us x {len(total[n]) / calls:.0f}/call  {n[:100]}")
 
 
 def run_det_point(d, s, causal, dtype=torch.bfloat16):
@@ -163,17 +226,27 @@ def main():
     ap.add_argument("--s", help="comma-separated sequence lengths (default 512..16384)")
     ap.add_argument("--inputs", choices=("randn", "uniform"), default="randn",
                     help="randn (default) or uniform (the Hopper harnesses' inputs)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the three implementations this many times in turn per point; medians over rounds")
+    ap.add_argument("--profile", action="store_true",
+                    help="each kernel of a fusedattn and a cuDNN call with its duration instead of the grid")
     ap.add_argument("--deterministic", action="store_true",
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
-    global TIMING, INPUTS
-    TIMING, INPUTS = opts.timing, opts.inputs
+    global TIMING, INPUTS, ROUNDS
+    TIMING, INPUTS, ROUNDS = opts.timing, opts.inputs, max(1, opts.rounds)
     if opts.deterministic:
         main_deterministic(opts.out)
         return
     ds = (128,) if opts.quick else (64, 128, 256)
     if opts.dims:
         ds = tuple(int(x) for x in opts.dims.split(","))
+    if opts.profile:
+        for d in ds:
+            for s in (tuple(int(x) for x in opts.s.split(",")) if opts.s else (2048, 8192)):
+                for causal in (False, True):
+                    profile_point(d, s, causal)
+        return
     lines = ["| d | s | causal | fwd fusedattn | fwd FA2 | fwd cuDNN | fwd vs FA2 | fwd vs cuDNN "
              "| f+b fusedattn | f+b FA2 | f+b cuDNN | f+b vs FA2 | f+b vs cuDNN |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -190,7 +263,8 @@ def main():
                 print(lines[-1], flush=True)
     write_table("GPU attention",
                 "bf16, b*s = 16384 tokens, h*d = 2048, TFLOP/s (FlashAttention's count: fwd 4bhs^2d, /2 causal; "
-                "fwd+bwd 3.5x fwd), medians of " + ("triton do_bench" if TIMING == "do_bench" else
+                "fwd+bwd 3.5x fwd), medians of " + (f"{ROUNDS} rounds of " if ROUNDS > 1 else "")
+                + ("triton do_bench" if TIMING == "do_bench" else
                                                      "20 event-timed calls back to back, no L2 flush (--timing loop)")
                 + ("; inputs uniform as the harnesses'" if INPUTS == "uniform" else "")
                 + "; ratios > 1 mean fusedattn is faster.",

@@ -27,6 +27,13 @@
 #                          reduce-add against the atomic one; bwd-det: the deterministic dQ
 #                          kernel (now the library's deterministic mode); "" skips). A backward check that fails
 #                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
+#   GPU_CHECK_PREBUILT     a folder holding harness binaries built elsewhere (fwdh: build.sh's,
+#                          bwdh: build_bwd.sh's, e.g. carried to the device): each one that starts
+#                          here is used instead of building it; when every harness the steps need
+#                          is ready, the steps run while the package builds
+#   GPU_CHECK_PROFILE      bench_gpu.py --profile arguments (e.g. "--dims 128 --s 2048,8192"): each
+#                          kernel of a fusedattn and a cuDNN call with its duration, after the build
+#                          and before the tests (profile.log)
 #   GPU_CHECK_HOPPER_BWD=0 skip the pytest pass with the Hopper backward turned off (the
 #                          sm80-class backward on the shapes the Hopper one takes)
 #   GPU_CHECK_SUITES       which test suites run (default "gpu decode suite": tests/gpu, the
@@ -79,12 +86,67 @@ status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-v2 v3 w3 bwd}" ;; *) hopper_steps="" ;; esac
 HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
 pids=()
-if [[ " $hopper_steps " == *" fwd "* || " $hopper_steps " == *" v2 "* || " $hopper_steps " == *" v3 "* ||
-      " $hopper_steps " == *" w3 "* ]]; then
+need_fwd=0; need_bwd=0
+for step in $hopper_steps; do
+  case "$step" in fwd|v2|v3|w3|sweep2) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
+done
+# prebuilt NAME DEST: copy GPU_CHECK_PREBUILT/NAME to DEST if it starts on this machine (an unknown
+# mode makes a harness print the device and exit 2; a binary the loader refuses exits otherwise).
+prebuilt() {
+  local src="${GPU_CHECK_PREBUILT:-}/$1"
+  [ -n "${GPU_CHECK_PREBUILT:-}" ] && [ -x "$src" ] || return 1
+  "$src" none > /dev/null 2>&1
+  [ $? -eq 2 ] || { note "prebuilt $1" "does not start here: building it"; return 1; }
+  cp "$src" "$2" && note "prebuilt $1" "used"
+}
+harness_ready=1
+if [ $need_fwd = 1 ] && ! prebuilt fwdh "$HH"; then
+  harness_ready=0
   tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 & pids+=("$!:fwd")
 fi
-if [[ " $hopper_steps " == *" bwd"* ]]; then
+if [ $need_bwd = 1 ] && ! prebuilt bwdh "$HB"; then
+  harness_ready=0
   tests/gpu/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 & pids+=("$!:bwd")
+fi
+
+# run_hopper_steps: the harness steps; each writes "name<TAB>result" lines, merged into the
+# summary once they are done (they run beside the package build when their binaries are ready).
+run_hopper_steps() {
+  local st=0 step h runs r t0 lim rc pj
+  for pj in "${pids[@]}"; do
+    wait "${pj%%:*}" || { printf 'hopper %s harness build\tFAILED\n' "${pj##*:}"; st=1; }
+  done
+  for step in $hopper_steps; do
+    case "$step" in
+      fwd) h="$HH"; runs="check bench" ;;
+      v2) h="$HH"; runs="check2 bench2" ;;
+      v3) h="$HH"; runs="check3 bench3" ;;
+      w3) h="$HH"; runs="checkw3 benchw3" ;;
+      sweep2) h="$HH"; runs="sweep2" ;;
+      bwd) h="$HB"; runs="check bench" ;;
+      bwd-check) h="$HB"; runs="check" ;;
+      bwd2) h="$HB"; runs="check2 bench2" ;;
+      bwd-det) h="$HB"; runs="checkdet benchdet" ;;
+      *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
+    esac
+    [ -x "$h" ] || continue
+    for r in $runs; do
+      t0=$(now)
+      # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet) lim=180 ;; *) lim=240 ;; esac
+      timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
+      rc=$?
+      [ $rc -ne 0 ] && st=1
+      printf 'hopper %s %s\trc=%s %s (%s s)\n' "$step" "$r" "$rc" \
+        "$(grep -E "passed|FAIL" "$OUT/hopper_${step%-check}_${r}.log" | tail -1)" "$(( $(now) - t0 ))"
+    done
+  done
+  return $st
+}
+hopper_bg=""
+if [ -n "$hopper_steps" ] && [ $harness_ready = 1 ]; then
+  run_hopper_steps > "$OUT/hopper_steps.txt" 2>&1 &
+  hopper_bg=$!
 fi
 
 # ---- build -------------------------------------------------------------------------
@@ -114,34 +176,14 @@ note "CUDA kernels registered" "$(tail -1 "$OUT/cuda_registered.log")"
 } > "$OUT/link.log" 2>&1
 note "std:: symbols defined in _C.so" "$(grep -oE "[0-9]+$" "$OUT/link.log" | head -1)"
 
-# ---- Hopper harness runs -------------------------------------------------------------
+# ---- Hopper harness runs (here, unless they ran beside the build) ---------------------
 if [ -n "$hopper_steps" ]; then
-  for pj in "${pids[@]}"; do
-    wait "${pj%%:*}" || { note "hopper ${pj##*:} harness build" "FAILED"; status=1; }
-  done
-  for step in $hopper_steps; do
-    case "$step" in
-      fwd) h="$HH"; runs="check bench" ;;
-      v2) h="$HH"; runs="check2 bench2" ;;
-      v3) h="$HH"; runs="check3 bench3" ;;
-      w3) h="$HH"; runs="checkw3 benchw3" ;;
-      bwd) h="$HB"; runs="check bench" ;;
-      bwd-check) h="$HB"; runs="check" ;;
-      bwd2) h="$HB"; runs="check2 bench2" ;;
-      bwd-det) h="$HB"; runs="checkdet benchdet" ;;
-      *) note "hopper step $step" "unknown"; continue ;;
-    esac
-    [ -x "$h" ] || continue
-    for r in $runs; do
-      t0=$(now)
-      # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet) lim=180 ;; *) lim=240 ;; esac
-      timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
-      rc=$?
-      [ $rc -ne 0 ] && status=1
-      note "hopper $step $r" "rc=$rc $(grep -E "passed|FAIL" "$OUT/hopper_${step%-check}_${r}.log" | tail -1) ($(( $(now) - t0 )) s)"
-    done
-  done
+  if [ -n "$hopper_bg" ]; then
+    wait "$hopper_bg" || status=1
+  else
+    run_hopper_steps > "$OUT/hopper_steps.txt" 2>&1 || status=1
+  fi
+  while IFS=$'\t' read -r k v; do note "$k" "$v"; done < "$OUT/hopper_steps.txt"
   rm -f "$HH" "$HB"
   if grep -qE "^FAIL .* d=256 " "$OUT/hopper_bwd_check.log" 2>/dev/null; then
     export BENCH_D256_ENV="FUSEDATTN_HOPPER_BWD=0"
@@ -157,6 +199,16 @@ if [ "${GPU_CHECK_DECODE_PROBE:-0}" = "1" ] && [[ "$TORCH_CUDA_ARCH_LIST" == 9.0
   [ $rc -ne 0 ] && status=1
   note "decode probe" "rc=$rc $(grep -c '^DPROBE-CHECK .* ok' "$OUT/decode_probe.log") variants checked ok ($(( $(now) - t0 )) s)"
   rm -f "$OUT/decode_probe"
+fi
+
+# ---- kernel profile of fusedattn and cuDNN calls (opt-in) ------------------------------
+if [ -n "${GPU_CHECK_PROFILE:-}" ]; then
+  t0=$(now)
+  # shellcheck disable=SC2086
+  timeout 300 "$PY" bench/bench_gpu.py --profile ${GPU_CHECK_PROFILE} > "$OUT/profile.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  note "bench_gpu.py --profile" "rc=$rc ($(( $(now) - t0 )) s)"
 fi
 
 # ---- tests ---------------------------------------------------------------------------
@@ -254,7 +306,7 @@ fi
 
 printf '\n== benchmark tables\n'
 cat "$OUT/RESULTS_gpu.md" 2>/dev/null
-grep -h -E "^(HBENCH|HBENCH2|HDIFF|HBWD)" "$OUT"/hopper_*_bench*.log 2>/dev/null
+grep -h -E "^(HBENCH|HBENCH2|HDIFF|HBWD)" "$OUT"/hopper_*_bench*.log "$OUT"/hopper_*_sweep*.log 2>/dev/null
 grep -h -E "^DPROBE " "$OUT/decode_probe.log" 2>/dev/null
 printf '\n== failures\n'
 grep -hE "^(FAILED|ERROR) " "$OUT"/test_*.log 2>/dev/null | head -30

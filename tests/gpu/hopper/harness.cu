@@ -130,7 +130,8 @@ template <>
 std::vector<Variant> v2_sweep_variants<128>() {
   using T = __nv_bfloat16;
   return {v2_variant<T, 128>(), v2_cfg_variant<T, 128, 128, 2, true>(), v2_cfg_variant<T, 128, 128, 3, false>(),
-          v2_cfg_variant<T, 128, 176, 2, true>()};
+          v2_cfg_variant<T, 128, 176, 2, true>(), v2_cfg_variant<T, 128, 160, 2, true>(),
+          v2_cfg_variant<T, 128, 192, 2, true>()};
 }
 template <>
 std::vector<Variant> v2_sweep_variants<256>() {
@@ -772,7 +773,7 @@ static int run_bench(int which) {
 static int run_sweep2() {
   bool ok = true;
   const int ds[] = {64, 128, 256};
-  const int ss[] = {2048, 16384};
+  const int ss[] = {2048, 4096, 8192, 16384};
   for (int d : ds)
     for (int s : ss)
       for (int causal = 0; causal < 2; ++causal) ok = bench_d(d, s, causal != 0, 3) && ok;
