@@ -29,6 +29,7 @@ import datetime
 import math
 import os
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -177,7 +178,19 @@ def profile_point(d, s, causal, calls=20):
 
             total = {n: ts for n, ts in kernel_times(body, calls).items() if n not in flush_names}
             per_call = {n: sum(ts) / calls for n, ts in total.items()}
-            print(f"  {name} {mode}: {sum(per_call.values()):.1f} us of kernels per call")
+            kern_us = sum(per_call.values())
+            wall_us = 1e3 * time_ms(fn)
+            # Host time to enqueue one call (GPU otherwise idle, so nothing queued ahead blocks it):
+            # near the wall time would mean the call waits for the GPU somewhere.
+            host = []
+            for _ in range(10):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                host.append(1e6 * (time.perf_counter() - t0))
+            torch.cuda.synchronize()
+            print(f"  {name} {mode}: {kern_us:.1f} us of kernels per call, {wall_us:.1f} us per call "
+                  f"({TIMING}; {wall_us - kern_us:.1f} us not in kernels), host enqueue {statistics.median(host):.1f} us")
             for n, us in sorted(per_call.items(), key=lambda kv: -kv[1]):
                 print(f"    {us:9.1f} us x {len(total[n]) / calls:.0f}/call  {n[:100]}")
 

@@ -280,51 +280,46 @@ __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
 }
 
 // ------------------------------------------------------------- preprocess
-// The unsigned type of a 4-, 8- or 16-byte vector access.
-template <int BYTES>
-struct BwdVec;
-template <>
-struct BwdVec<4> {
-  using type = uint32_t;
-};
-template <>
-struct BwdVec<8> {
-  using type = uint2;
-};
-template <>
-struct BwdVec<16> {
-  using type = uint4;
-};
+// Rows of the preprocess per warp: a row of O and of dO is D / 8 lanes' 16-byte loads (d = 64: 8
+// lanes, so 4 rows per warp; d = 128: 2; d = 256: 1). One row per warp at d = 64 gave each lane a
+// 4-byte load and the kernel took 114 us on the benchmark's shapes where cuDNN's took 70 (bench_gpu.py
+// --profile, 2026-12-01); 16-byte loads reach the DRAM rate at every d.
+template <int D>
+constexpr int kBwdPreRowsPerWarp = 256 / D;
 
-// One warp per (b, h, row < s_pad). A lane's D/32 contiguous elements of O and
-// dO come in one vector load each and its dQ accumulator slice is zeroed with
-// 8/16-byte stores: scalar accesses strided across the lanes cost d = 256 four
-// times the DRAM time (280 us where 70 suffice on the benchmark's shapes).
-// bwd_sm90_prepare checks the 16-byte alignment this needs. The body of
+// Per (b, h, row < s_pad): a group of D / 8 lanes reads its row of O and dO (8 elements each per
+// lane, one vector load), zeroes the row's dQ accumulator slice (two 16-byte stores per lane), and
+// sums Dsum across the group by shuffles. s_pad is a multiple of 128, so a warp's rows are all in
+// range or all out (the early return is warp-uniform); rows i >= s in range take part in the
+// shuffles with zeros. bwd_sm90_prepare checks the 16-byte alignment this needs. The body of
 // bwd_pre_kernel and bwd_pre_det_kernel.
 template <typename T, int D>
 __device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
                                              float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+  constexpr int PER = 8;
+  constexpr int LPR = D / PER;  // lanes per row
+  static_assert(LPR * kBwdPreRowsPerWarp<D> == 32, "a warp covers whole rows");
   const T* o = static_cast<const T*>(o_);
   const T* dout = static_cast<const T*>(dout_);
   const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
+  const int sub = lane % LPR;
+  const long long row = warp * kBwdPreRowsPerWarp<D> + lane / LPR;
   const long long total = static_cast<long long>(b) * h * s_pad;
-  if (warp >= total) return;
-  const int i = static_cast<int>(warp % s_pad);
-  const long long bh = warp / s_pad;
+  if (warp * kBwdPreRowsPerWarp<D> >= total) return;
+  const int i = static_cast<int>(row % s_pad);
+  const long long bh = row / s_pad;
   const int hh = static_cast<int>(bh % h);
   const int bb = static_cast<int>(bh / h);
-  if (i < s) {
-    constexpr int PER = D / 32;  // 2, 4 or 8 elements per lane, contiguous
-    using V = typename BwdVec<PER * 2>::type;
-    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + lane * PER;
-    const V ov = *reinterpret_cast<const V*>(o + base);
-    const V dv = *reinterpret_cast<const V*>(dout + base);
+  const bool valid = i < s;
+  float acc = 0.f;
+  if (valid) {
+    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + sub * PER;
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + base);
+    const uint4 dv = *reinterpret_cast<const uint4*>(dout + base);
     T oe[PER], de[PER];
-    memcpy(oe, &ov, sizeof(V));
-    memcpy(de, &dv, sizeof(V));
-    float acc = 0.f;
+    memcpy(oe, &ov, sizeof(uint4));
+    memcpy(de, &dv, sizeof(uint4));
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
       if constexpr (std::is_same<T, __half>::value) {
@@ -333,22 +328,20 @@ __device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, 
         acc = fmaf(__bfloat162float(oe[e]), __bfloat162float(de[e]), acc);
       }
     }
-    if constexpr (PER == 2) {
-      *reinterpret_cast<float2*>(dq_acc + base) = make_float2(0.f, 0.f);
-    } else {
+    *reinterpret_cast<float4*>(dq_acc + base) = make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(dq_acc + base + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 #pragma unroll
-      for (int e = 0; e < PER; e += 4) *reinterpret_cast<float4*>(dq_acc + base + e) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-      dsum[warp] = acc;
+  for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (sub == 0) {
+    if (valid) {
+      dsum[row] = acc;
       const float l = lse[bh * s + i];
-      lse2[warp] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+      lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+    } else {
+      dsum[row] = 0.f;
+      lse2[row] = INFINITY;
     }
-  } else if (lane == 0) {
-    dsum[warp] = 0.f;
-    lse2[warp] = INFINITY;
   }
 }
 
@@ -411,6 +404,31 @@ __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, in
       const uint32_t addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
       const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
       st_shared_v2_f32(addr, hi ? dq[g] : dq[f], hi ? dq[g + 1] : dq[f + 1]);
+    }
+  }
+}
+
+// A consumer thread's dK (times the softmax scale) and dV accumulators (rows key_g, key_g + 8 of
+// the fragment; columns 8j + 2qd (+1)) -> 16-bit [b, s_kv, h_kv, D]; keys >= s_kv are not stored.
+// After a watchdog give-up dK is NaN, so that the failure shows.
+template <typename T, int D>
+__device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[D / 2], const float (&dv)[D / 2],
+                                               int key_g, int hk, int batch, int qd, bool timed_out) {
+  constexpr bool F16 = std::is_same<T, __half>::value;
+  T* dkp = reinterpret_cast<T*>(p.dk);
+  T* dvp = reinterpret_cast<T*>(p.dv);
+  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_g + 8 * hf;
+    if (key < p.s_kv) {
+      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
+            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
+        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+      }
     }
   }
 }
@@ -754,23 +772,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
     }
   }
 
-  // ---------------------------------------------------------------- epilogue
-  T* dkp = reinterpret_cast<T*>(p.dk);
-  T* dvp = reinterpret_cast<T*>(p.dv);
-  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = key_g + 8 * hf;
-    if (key < p.s_kv) {
-      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + 2 * qd;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
-            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
-        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
-      }
-    }
-  }
+  bwd_store_dkdv<T, D>(p, dk, dv, key_g, hk, batch, qd, timed_out);
 #endif
 }
 
@@ -807,6 +809,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 // d = 256 main kernel (uses the definitions above; defines BwdSmemD256 and
 // bwd_sm90_d256_kernel for the host code below).
 #include "bwd_sm90_d256.cuh"
+// d = 128 variant PP (bwd_sm90_pp_kernel; the consumers take turns instead of meeting).
+#include "bwd_sm90_pp.cuh"
 
 namespace fusedattn {
 namespace hopper {
@@ -891,11 +895,13 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
-// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
-template <typename T, int D, bool DQ_TMA = false, bool DET = false>
+// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); PP = true (with DQ_TMA, d = 128):
+// the variant whose consumers take turns (bwd_sm90_pp.cuh).
+template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool PP = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || (DQ_TMA && D != 256), "DET: a DQ_TMA variant at d = 64, 128");
+  static_assert(!PP || (DQ_TMA && !DET && D == 128), "PP: a DQ_TMA variant at d = 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -941,8 +947,9 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   } else {
     L->smem = BwdSmem<D, DQ_TMA>::kTotal;
   }
-  const long long rows = static_cast<long long>(a.b) * a.h * s_pad;  // one warp each, 8 per block
-  L->pre_blocks = static_cast<int>((rows + 7) / 8);
+  const long long rows = static_cast<long long>(a.b) * a.h * s_pad;
+  constexpr int kPreRowsPerBlock = 8 * kBwdPreRowsPerWarp<D>;  // 8 warps of 256 threads
+  L->pre_blocks = static_cast<int>((rows + kPreRowsPerBlock - 1) / kPreRowsPerBlock);
   L->n4 = static_cast<long long>(nacc / 4);
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
   L->pre = bwd_pre_kernel<T, D>;
@@ -967,6 +974,8 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       L->pre_det = bwd_pre_det_kernel<T, D>;
       L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
       L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
+    } else if constexpr (PP) {
+      L->kern_dq = a.causal ? bwd_sm90_pp_kernel<T, true> : bwd_sm90_pp_kernel<T, false>;
     } else {
       L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
     }
@@ -1006,10 +1015,10 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
 
 // The library's Hopper backward: DQ_TMA (see above); DET = true (d = 64, 128): its deterministic
 // variant (a.ws of bwd_sm90_det_workspace_bytes()).
-template <typename T, int D, bool DQ_TMA = true, bool DET = false>
+template <typename T, int D, bool DQ_TMA = true, bool DET = false, bool PP = false>
 inline cudaError_t bwd_sm90(const Sm90BwdArgs& a, cudaStream_t stream = 0) {
   BwdLaunch L;
-  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET>(&L, a);
+  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET, PP>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_sm90_launch(L, stream);
 }

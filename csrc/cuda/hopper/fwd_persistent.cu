@@ -25,9 +25,9 @@ cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stre
     sched = choose_v3_schedule(gr);
   }
   if (sched == V3Schedule::kSnakeHeadMajor) {
-    e = fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, kV3SnakeHeadMajor>(&L, a, num_sms);
+    e = fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, kV3SnakeHeadMajor, C::PP_CAUSAL>(&L, a, num_sms);
   } else {
-    e = fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, kV3Snake>(&L, a, num_sms);
+    e = fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, kV3Snake, C::PP_CAUSAL>(&L, a, num_sms);
   }
   if (e != cudaSuccess) return e;
   return fwd_sm90_launch(L, stream);

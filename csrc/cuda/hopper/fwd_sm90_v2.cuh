@@ -35,8 +35,8 @@
 //     first) and skips its very last arrive, so both barriers end balanced:
 //     each consumer has n_blocks + 1 turns.
 // (3) STAGES (ring depth) and BN are template parameters; FwdV2Default<D>
-//     picks the defaults (d=64: 128/4, d=128: 128/3, d=256: 80/2 without PP,
-//     FA3's choice there); the harness sweep times the alternatives.
+//     picks the defaults (d=64: 128/4, d=128: 128/3, d=256: 80/2 with PP for
+//     causal calls only); the harness sweep times the alternatives.
 // Bounded mbarrier waits as in v1 (producer traps, consumers give up and
 // report NaN lse), so a pipeline bug cannot hang the GPU; a consumer warp
 // that gave up once skips its later waits. The named barriers are not
@@ -50,33 +50,20 @@
 namespace fusedattn {
 namespace hopper {
 
-// -------------------------------------------------------------- named barriers
-// bar.sync / bar.arrive with an explicit thread count (multiple of 32). All
-// threads of each participating warp must execute them (aligned). Immediate
-// ids, so that ptxas knows which barriers the kernel uses (a register id
-// makes it reserve all 16).
-template <int ID, int NTHREADS>
-__device__ __forceinline__ void v2_bar_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
-}
-template <int ID, int NTHREADS>
-__device__ __forceinline__ void v2_bar_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
-}
 // Ping-pong ids: consumer 0 waits on 1, consumer 1 on 2 (0 is __syncthreads).
 constexpr int kV2PingPongBar = 1;
 // cw is uniform per warpgroup, so each branch is taken by whole warps.
 __device__ __forceinline__ void v2_pp_wait_turn(int cw) {
   if (cw == 0)
-    v2_bar_sync<kV2PingPongBar + 0, 256>();
+    bar_sync_imm<kV2PingPongBar + 0, 256>();
   else
-    v2_bar_sync<kV2PingPongBar + 1, 256>();
+    bar_sync_imm<kV2PingPongBar + 1, 256>();
 }
 __device__ __forceinline__ void v2_pp_pass_turn(int cw) {
   if (cw == 0)
-    v2_bar_arrive<kV2PingPongBar + 1, 256>();
+    bar_arrive_imm<kV2PingPongBar + 1, 256>();
   else
-    v2_bar_arrive<kV2PingPongBar + 0, 256>();
+    bar_arrive_imm<kV2PingPongBar + 0, 256>();
 }
 
 // ------------------------------------------------------------------ config
@@ -98,22 +85,28 @@ struct FwdV2Cfg {
   static_assert(kTotal <= 232448, "dynamic shared memory (227 KB)");
 };
 
+// PP: the ping-pong of non-causal calls; PP_CAUSAL: of causal ones (their kernels are separate
+// instantiations anyway, so the two can differ at no cost).
 template <int D>
 struct FwdV2Default;
 template <>
 struct FwdV2Default<64> {
   static constexpr int BN = 128, STAGES = 4;
-  static constexpr bool PP = true;
+  static constexpr bool PP = true, PP_CAUSAL = true;
 };
 template <>
 struct FwdV2Default<128> {
   static constexpr int BN = 128, STAGES = 3;
-  static constexpr bool PP = true;
+  static constexpr bool PP = true, PP_CAUSAL = true;
 };
+// d = 256: without the ping-pong non-causal (FA3's choice: harness sweep2, 2026-12-01, s = 2k-8k
+// 615 / 671 / 706 TFLOP/s against 613 / 658 / 690 with it; 16k 685 / 706), with it causal (+6-7% at
+// every s from 2k to 16k: 472 -> 506, 559 -> 599, 624 -> 667, 714 -> 759; the causal tiles' masked
+// diagonal work lengthens the softmax, which the ping-pong hides under the other warpgroup's GEMMs).
 template <>
 struct FwdV2Default<256> {
   static constexpr int BN = 80, STAGES = 2;
-  static constexpr bool PP = false;
+  static constexpr bool PP = false, PP_CAUSAL = true;
 };
 
 // ------------------------------------------------------------ consumer pieces
@@ -449,7 +442,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
 // =================================================================== host
 // Same contract as fwd_sm90_prepare (fwd_sm90.cuh); launch with fwd_sm90_launch.
-template <typename T, int D, int BN, int STAGES, bool PP>
+// PP_CAUSAL: the ping-pong of the causal kernel (default: PP).
+template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL = PP>
 inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
   using Cfg = FwdV2Cfg<D, BN, STAGES, PP>;
   const KParams& p = a.out;
@@ -468,7 +462,8 @@ inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
   L->smem = Cfg::kTotal;
   L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
   L->causal = a.causal;
-  L->kern = a.causal ? fwd_sm90_v2_kernel<T, D, true, BN, STAGES, PP> : fwd_sm90_v2_kernel<T, D, false, BN, STAGES, PP>;
+  L->kern = a.causal ? fwd_sm90_v2_kernel<T, D, true, BN, STAGES, PP_CAUSAL>
+                     : fwd_sm90_v2_kernel<T, D, false, BN, STAGES, PP>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }
@@ -476,7 +471,7 @@ inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
 template <typename T, int D>
 inline cudaError_t fwd_sm90_v2_prepare(FwdLaunch* L, const Sm90Args& a) {
   using C = FwdV2Default<D>;
-  return fwd_sm90_v2_prepare_cfg<T, D, C::BN, C::STAGES, C::PP>(L, a);
+  return fwd_sm90_v2_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(L, a);
 }
 
 // The library's Hopper forward (sm90.cu): prepare + launch of v2's default

@@ -102,19 +102,19 @@ struct FwdV2W3Default {
 constexpr int kW3RotBar = 1;  // ids 1, 2, 3
 __device__ __forceinline__ void w3_wait_turn(int cw) {
   if (cw == 0)
-    v2_bar_sync<kW3RotBar + 0, 256>();
+    bar_sync_imm<kW3RotBar + 0, 256>();
   else if (cw == 1)
-    v2_bar_sync<kW3RotBar + 1, 256>();
+    bar_sync_imm<kW3RotBar + 1, 256>();
   else
-    v2_bar_sync<kW3RotBar + 2, 256>();
+    bar_sync_imm<kW3RotBar + 2, 256>();
 }
 __device__ __forceinline__ void w3_pass_turn(int cw) {
   if (cw == 0)
-    v2_bar_arrive<kW3RotBar + 1, 256>();
+    bar_arrive_imm<kW3RotBar + 1, 256>();
   else if (cw == 1)
-    v2_bar_arrive<kW3RotBar + 2, 256>();
+    bar_arrive_imm<kW3RotBar + 2, 256>();
   else
-    v2_bar_arrive<kW3RotBar + 0, 256>();
+    bar_arrive_imm<kW3RotBar + 0, 256>();
 }
 
 // S = Q K^T for this warpgroup's 64 rows (D = 64: 4 k-steps, one 128-byte

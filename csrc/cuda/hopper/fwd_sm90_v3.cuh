@@ -440,7 +440,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 // Same contract as fwd_sm90_v2_prepare_cfg plus the SM count: the grid is
 // min(#work tiles, num_sms) CTAs (one per SM: 1 CTA/SM by smem and threads).
 // Launch with fwd_sm90_launch (FwdLaunch::grid holds the 1-D grid).
-template <typename T, int D, int BN, int STAGES, bool PP, int SCHED = kV3RoundRobin>
+// PP_CAUSAL: the ping-pong of the causal kernel (default: PP), as in fwd_sm90_v2_prepare_cfg.
+template <typename T, int D, int BN, int STAGES, bool PP, int SCHED = kV3RoundRobin, bool PP_CAUSAL = PP>
 inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   using Cfg = FwdV3Cfg<D, BN, STAGES, PP>;
   const KParams& p = a.out;
@@ -462,7 +463,7 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
   L->grid = dim3(static_cast<unsigned>(n_tiles < num_sms ? n_tiles : num_sms), 1, 1);
   L->causal = a.causal;
   // Non-causal calls ignore SCHED: the round-robin instantiation serves every schedule.
-  L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP, SCHED>
+  L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP_CAUSAL, SCHED>
                      : fwd_sm90_v3_kernel<T, D, false, BN, STAGES, PP, kV3RoundRobin>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
@@ -471,7 +472,7 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
 template <typename T, int D>
 inline cudaError_t fwd_sm90_v3_prepare(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   using C = FwdV3Default<D>;
-  return fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP>(L, a, num_sms);
+  return fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, kV3RoundRobin, C::PP_CAUSAL>(L, a, num_sms);
 }
 
 }  // namespace hopper

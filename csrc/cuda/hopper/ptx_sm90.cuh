@@ -163,6 +163,20 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t nthreads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 
+// bar.sync / bar.arrive with an immediate barrier id and thread count (a multiple of 32), for
+// barriers that order warpgroups against each other (a ping-pong's turns, a producer-consumer
+// handoff between consumer warpgroups: the arriving side does not wait). All threads of each
+// participating warp must execute them (aligned). An immediate id lets ptxas count the barriers
+// the kernel uses (a register id makes it reserve all 16).
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void bar_sync_imm() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
+}
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void bar_arrive_imm() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
+}
+
 // ---- shared -> global tensor reduce (the backward's DQ_TMA variant) ----
 // Element-wise reduce-add of a shared-memory box into the global tensor of a
 // 4-D tensor map (element type from the map, e.g. f32). Box elements outside

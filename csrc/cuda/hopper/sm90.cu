@@ -190,6 +190,16 @@ bool bwd_enabled() {
   return on;
 }
 
+// FUSEDATTN_HOPPER_BWD_PP=1 sends the d = 128 non-deterministic backward to the PP variant
+// (bwd_sm90_pp.cuh), for an operator A/B against the default; read once.
+bool bwd_pp_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_PP");
+    return e != nullptr && *e != '\0' && std::atoi(e) != 0;
+  }();
+  return on;
+}
+
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
@@ -251,6 +261,12 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
   cudaError_t e;
   if constexpr (D == 256) {
     e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256
+  } else if constexpr (D == 128) {
+    if (p.deterministic) {
+      e = run_bwd_deterministic<T, D>(a, st);
+    } else {
+      e = bwd_pp_enabled() ? run_bwd_pp<T>(a, st) : run_bwd<T, D>(a, st);
+    }
   } else {
     e = p.deterministic ? run_bwd_deterministic<T, D>(a, st) : run_bwd<T, D>(a, st);
   }

@@ -72,10 +72,14 @@ static Variant v2_cfg_variant() {
   return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, BN, ST, PP>,
           "v2:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp")};
 }
+// The library's default: its causal ping-pong may differ from the non-causal one ("/ppc" or
+// "/noppc" in the name when it does).
 template <typename T, int D>
 static Variant v2_variant() {
   using C = fusedattn::hopper::FwdV2Default<D>;
-  return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP>();
+  return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>,
+          "v2:bn" + std::to_string(C::BN) + "/st" + std::to_string(C::STAGES) + (C::PP ? "/pp" : "/nopp") +
+              (C::PP_CAUSAL == C::PP ? "" : (C::PP_CAUSAL ? "/ppc" : "/noppc"))};
 }
 // v3 takes the SM count (its grid); the harness sets it from the device
 // (check3 overrides it to force many tiles per CTA). g_v3_sched: the tile
@@ -83,9 +87,9 @@ static Variant v2_variant() {
 // kV3SnakeHeadMajor).
 static int g_v3_sms = 0;
 static int g_v3_sched = fusedattn::hopper::kV3RoundRobin;
-template <typename T, int D, int BN, int ST, bool PP, int SCHED>
+template <typename T, int D, int BN, int ST, bool PP, int SCHED, bool PPC>
 static cudaError_t v3_prep(FwdLaunch* L, const Sm90Args& a) {
-  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, SCHED>(L, a, g_v3_sms);
+  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, SCHED, PPC>(L, a, g_v3_sms);
 }
 template <typename T, int D, int SCHED>
 static Variant v3_sched_variant() {
@@ -93,8 +97,9 @@ static Variant v3_sched_variant() {
   const char* tag = SCHED == fusedattn::hopper::kV3Snake ? "v3snake"
                     : SCHED == fusedattn::hopper::kV3SnakeHeadMajor ? "v3snakehm"
                                                                     : "v3";
-  return {v3_prep<T, D, C::BN, C::STAGES, C::PP, SCHED>, std::string(tag) + ":bn" + std::to_string(C::BN) + "/st" +
-                                                            std::to_string(C::STAGES) + (C::PP ? "/pp" : "/nopp")};
+  return {v3_prep<T, D, C::BN, C::STAGES, C::PP, SCHED, C::PP_CAUSAL>,
+          std::string(tag) + ":bn" + std::to_string(C::BN) + "/st" + std::to_string(C::STAGES) +
+              (C::PP ? "/pp" : "/nopp") + (C::PP_CAUSAL == C::PP ? "" : (C::PP_CAUSAL ? "/ppc" : "/noppc"))};
 }
 template <typename T, int D>
 static Variant v3_variant() {
