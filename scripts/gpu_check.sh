@@ -88,7 +88,7 @@ HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
 pids=()
 need_fwd=0; need_bwd=0
 for step in $hopper_steps; do
-  case "$step" in fwd|v2*|v3*|w3|sweep2) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
+  case "$step" in fwd|v2*|v3*|w3|sweep*) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
 done
 # prebuilt NAME DEST: copy GPU_CHECK_PREBUILT/NAME to DEST if it starts on this machine (an unknown
 # mode makes a harness print the device and exit 2; a binary the loader refuses exits otherwise).
@@ -123,20 +123,21 @@ run_hopper_steps() {
       v3) h="$HH"; runs="check3 bench3" ;;
       w3) h="$HH"; runs="checkw3 benchw3" ;;
       sweep2) h="$HH"; runs="sweep2" ;;
+      sweep3) h="$HH"; runs="sweep3" ;;
       v2-check) h="$HH"; runs="check2" ;;
       v3-check) h="$HH"; runs="check3" ;;
       bwd) h="$HB"; runs="check bench" ;;
       bwd-check) h="$HB"; runs="check" ;;
       bwd2) h="$HB"; runs="check2 bench2" ;;
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
-      bwd-pp) h="$HB"; runs="checkpp benchpp" ;;
+      bwd-ic) h="$HB"; runs="checkic benchic" ;;
       *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
     esac
     [ -x "$h" ] || continue
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet|checkpp) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet|checkic) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && st=1

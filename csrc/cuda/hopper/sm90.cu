@@ -190,11 +190,11 @@ bool bwd_enabled() {
   return on;
 }
 
-// FUSEDATTN_HOPPER_BWD_PP=1 sends the d = 128 non-deterministic backward to the PP variant
-// (bwd_sm90_pp.cuh), for an operator A/B against the default; read once.
-bool bwd_pp_enabled() {
+// FUSEDATTN_HOPPER_BWD_IC=1 sends the d = 64 / 128 non-deterministic backward to the IC variant
+// (bwd_sm90_ic.cuh), for an operator A/B against the default; read once.
+bool bwd_ic_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_PP");
+    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_IC");
     return e != nullptr && *e != '\0' && std::atoi(e) != 0;
   }();
   return on;
@@ -261,14 +261,10 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
   cudaError_t e;
   if constexpr (D == 256) {
     e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256
-  } else if constexpr (D == 128) {
-    if (p.deterministic) {
-      e = run_bwd_deterministic<T, D>(a, st);
-    } else {
-      e = bwd_pp_enabled() ? run_bwd_pp<T>(a, st) : run_bwd<T, D>(a, st);
-    }
+  } else if (p.deterministic) {
+    e = run_bwd_deterministic<T, D>(a, st);
   } else {
-    e = p.deterministic ? run_bwd_deterministic<T, D>(a, st) : run_bwd<T, D>(a, st);
+    e = bwd_ic_enabled() ? run_bwd_ic<T, D>(a, st) : run_bwd<T, D>(a, st);
   }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();

@@ -19,9 +19,9 @@
 //   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDDET (the DET variant)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
-//   bwd_harness checkpp          PP variant (d = 128, bwd_sm90_pp.cuh) vs. the reference and vs. the
+//   bwd_harness checkic          IC variant (d = 64 / 128, bwd_sm90_ic.cuh) vs. the reference and vs. the
 //                                DQ_TMA kernel (dk/dv bitwise equal; dq: max rel diff)
-//   bwd_harness benchpp          per d = 128 point: HBWD (DQ_TMA), HBWDPP (PP), HBWD again
+//   bwd_harness benchic          per d = 64 / 128 point: HBWD (DQ_TMA), HBWDIC (IC), HBWD again
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -413,9 +413,10 @@ static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndi
   return r;
 }
 
-// PP = false (check2): the DQ_TMA variant against the atomic-dQ kernel; PP = true (checkpp, d = 128):
-// the PP variant against the DQ_TMA kernel. Either way dk/dv must be bitwise equal to the baseline's.
-template <typename T, int D, bool PP = false>
+// IC = false (check2): the DQ_TMA variant against the atomic-dQ kernel; IC = true (checkic, d = 64 /
+// 128): the IC variant against the DQ_TMA kernel. Either way dk/dv must be bitwise equal to the
+// baseline's.
+template <typename T, int D, bool IC = false>
 static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
   const Grads<T> g(rc.nq, rc.nkv), g0(rc.nq, rc.nkv);
@@ -426,13 +427,14 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
   const int c = causal ? 1 : 0;
 
   bool ok = true;
-  const char* pass = PP ? "PASSPP" : "PASS2";
-  const char* fail = PP ? "FAILPP" : "FAIL2";
-  // The baseline (g0), then the candidate (g) on the same inputs.
-  cudaError_t le = hp::bwd_sm90<T, D, PP>(rc.args(g0.dq, g0.dk, g0.dv, ws));
+  const char* pass = IC ? "PASSIC" : "PASS2";
+  const char* fail = IC ? "FAILIC" : "FAIL2";
+  // The baseline (g0: bwd_sm90<T, D, IC>, i.e. the atomic-dQ kernel for check2 and DQ_TMA for
+  // checkic), then the candidate (g) on the same inputs.
+  cudaError_t le = hp::bwd_sm90<T, D, IC>(rc.args(g0.dq, g0.dk, g0.dv, ws));
   if (le == cudaSuccess) le = cudaDeviceSynchronize();
   hp::BwdLaunch L;
-  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true, false, PP>(&L, rc.args(g.dq, g.dk, g.dv, ws));
+  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true, false, IC>(&L, rc.args(g.dq, g.dk, g.dv, ws));
   if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
   if (le != cudaSuccess) {
     std::printf("%s %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", fail, Conv<T>::name(), D, s, c, h, h_kv,
@@ -493,23 +495,30 @@ static int run_check2() {
   return fails == 0 ? 0 : 1;
 }
 
-// checkpp: the PP variant (d = 128) on check2's d = 128 cases plus longer sequences (many
-// iterations per CTA, head changes inside a CTA's loop with h_kv = 2 or 1) and fp16.
-static int run_checkpp() {
+// checkic: the IC variant (d = 64, 128) on check2's cases plus longer sequences (many iterations
+// per CTA, head changes inside a CTA's loop with h_kv = 2 or 1) and fp16.
+static int run_checkic() {
   int fails = 0, n = 0;
   uint64_t seed = 9876;
-  const auto one = [&](bool f16, int s, int h_kv, bool causal) {
+  const auto one = [&](int d, bool f16, int s, int h_kv, bool causal) {
     ++n;
-    const bool ok = f16 ? check2_case<__half, 128, true>(2, s, 4, h_kv, causal, seed++)
-                        : check2_case<__nv_bfloat16, 128, true>(2, s, 4, h_kv, causal, seed++);
+    bool ok;
+    if (d == 64)
+      ok = f16 ? check2_case<__half, 64, true>(2, s, 4, h_kv, causal, seed++)
+               : check2_case<__nv_bfloat16, 64, true>(2, s, 4, h_kv, causal, seed++);
+    else
+      ok = f16 ? check2_case<__half, 128, true>(2, s, 4, h_kv, causal, seed++)
+               : check2_case<__nv_bfloat16, 128, true>(2, s, 4, h_kv, causal, seed++);
     if (!ok) ++fails;
   };
-  for (int s : {1, 17, 64, 65, 128, 200, 1024, 2048})
-    for (int causal = 0; causal < 2; ++causal)
-      for (int hkv : {4, 2, 1}) one(false, s, hkv, causal != 0);
-  for (int s : {17, 200, 1024})
-    for (int causal = 0; causal < 2; ++causal) one(true, s, 2, causal != 0);
-  std::printf("checkpp: %d/%d passed\n", n - fails, n);
+  for (int d : {64, 128}) {
+    for (int s : {1, 17, 64, 65, 128, 200, 1024, 2048})
+      for (int causal = 0; causal < 2; ++causal)
+        for (int hkv : {4, 2, 1}) one(d, false, s, hkv, causal != 0);
+    for (int s : {17, 200, 1024})
+      for (int causal = 0; causal < 2; ++causal) one(d, true, s, 2, causal != 0);
+  }
+  std::printf("checkic: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
@@ -656,9 +665,9 @@ static double time_bwd(const hp::BwdLaunch& L) {
 
 // bench: HBWD = the library's kernel. kBench2: HBWD = the atomic-dQ kernel, then an
 // HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
-// DQ_TMA kernel, then an HBWDDET line for the DET variant. kBenchPp (d = 128): HBWD = DQ_TMA, then
-// HBWDPP (the PP variant), then HBWD again (the A/B/A order shows drift during the point).
-enum BenchMode { kBench, kBench2, kBenchDet, kBenchPp };
+// DQ_TMA kernel, then an HBWDDET line for the DET variant. kBenchIc (d = 64 / 128): HBWD = DQ_TMA,
+// then HBWDIC (the IC variant), then HBWD again (the A/B/A order shows drift during the point).
+enum BenchMode { kBench, kBench2, kBenchDet, kBenchIc };
 template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
   constexpr bool V2 = MODE == kBench2;
@@ -728,11 +737,11 @@ static bool bench_point(int s, bool causal) {
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
       second("HBWD2", pe, L2, "default");
     }
-    if constexpr (MODE == kBenchPp && D == 128) {
+    if constexpr (MODE == kBenchIc && D != 256) {
       hp::BwdLaunch L2;
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, false, true>(
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
-      second("HBWDPP", pe, L2, "DQ_TMA");
+      second("HBWDIC", pe, L2, "DQ_TMA");
       second("HBWD", cudaSuccess, L, "DQ_TMA, first run");
     }
     if constexpr (MODE == kBenchDet && D != 256) {
@@ -772,10 +781,13 @@ static bool benchdet_d(int d, int s, bool causal) {
   return false;
 }
 
-static int run_benchpp() {
+static int run_benchic() {
   bool ok = true;
   for (int s : {512, 1024, 2048, 4096, 8192, 16384})
-    for (int causal = 0; causal < 2; ++causal) ok = bench_point<128, kBenchPp>(s, causal != 0) && ok;
+    for (int causal = 0; causal < 2; ++causal) {
+      ok = bench_point<64, kBenchIc>(s, causal != 0) && ok;
+      ok = bench_point<128, kBenchIc>(s, causal != 0) && ok;
+    }
   return ok ? 0 : 1;
 }
 
@@ -823,8 +835,8 @@ int main(int argc, char** argv) {
   if (mode == "check2") return run_check2();
   if (mode == "bench2") return run_bench2();
   if (mode == "checkdet") return run_checkdet();
-  if (mode == "checkpp") return run_checkpp();
-  if (mode == "benchpp") return run_benchpp();
+  if (mode == "checkic") return run_checkic();
+  if (mode == "benchic") return run_benchic();
   if (mode == "benchdet") return run_benchdet();
   if (mode == "onedet") {
     if (argc < 5) {

@@ -13,6 +13,8 @@
 //   harness sweep2             v1 and every v2 config (BN/STAGES/ping-pong) on a
 //                              few points (HBENCH / HBENCH2 with cfg=)
 //   harness one2 D S CAUSAL    one v2 (default config) bench point (for ncu)
+//   harness sweep3             the persistent kernel's configs (v3 with the library's schedule
+//                              choice) at the sequence lengths the library runs it at
 //   harness check3             v3 (default configs), every tile schedule (round-robin,
 //                              snake, snake head-major),
 //                              on check2's basic grid and long sequences, plus forced
@@ -48,6 +50,7 @@
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2w3.cuh"
+#include "../../../csrc/cuda/hopper/tuning.h"
 #include "harness_common.h"
 
 using fusedattn::hopper::FwdLaunch;
@@ -110,6 +113,53 @@ static Variant v3_variant() {
     default: return v3_sched_variant<T, D, kV3RoundRobin>();
   }
 }
+// v3 with a given config and the tile schedule the library would pick for the call (tuning.h's
+// choose_v3_schedule for causal calls, as run_fwd_persistent does): sweep3's variants.
+template <typename T, int D, int BN, int ST, bool PP, bool PPC>
+static cudaError_t v3_lib_prep(FwdLaunch* L, const Sm90Args& a) {
+  using namespace fusedattn::hopper;
+  if (a.causal) {
+    V3Grid gr;
+    gr.n_m = (a.out.s_q + 127) / 128;
+    gr.n_hb = int64_t{a.out.h} * a.out.b;
+    gr.s_kv = a.out.s_kv;
+    gr.g = g_v3_sms;
+    gr.bn = BN;
+    if (choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor)
+      return fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, kV3SnakeHeadMajor, PPC>(L, a, g_v3_sms);
+    return fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, kV3Snake, PPC>(L, a, g_v3_sms);
+  }
+  return fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, kV3RoundRobin, PPC>(L, a, g_v3_sms);
+}
+template <typename T, int D, int BN, int ST, bool PP, bool PPC>
+static Variant v3_lib_variant() {
+  return {v3_lib_prep<T, D, BN, ST, PP, PPC>, "v3lib:bn" + std::to_string(BN) + "/st" + std::to_string(ST) +
+                                                  (PP ? "/pp" : "/nopp") + (PPC ? "/ppc" : "/noppc")};
+}
+// sweep3: the persistent kernel's configurations, the library's default first (d = 64: the stage
+// count and BN = 192; d = 128: 2 stages; d = 256: the causal ping-pong off, as before 2026-12-01).
+template <int D>
+static std::vector<Variant> v3_sweep_variants();
+template <>
+std::vector<Variant> v3_sweep_variants<64>() {
+  using T = __nv_bfloat16;
+  using C = fusedattn::hopper::FwdV2Default<64>;
+  return {v3_lib_variant<T, 64, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(), v3_lib_variant<T, 64, 128, 3, true, true>(),
+          v3_lib_variant<T, 64, 192, 3, true, true>(), v3_lib_variant<T, 64, 192, 2, true, true>()};
+}
+template <>
+std::vector<Variant> v3_sweep_variants<128>() {
+  using T = __nv_bfloat16;
+  using C = fusedattn::hopper::FwdV2Default<128>;
+  return {v3_lib_variant<T, 128, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(), v3_lib_variant<T, 128, 128, 2, true, true>()};
+}
+template <>
+std::vector<Variant> v3_sweep_variants<256>() {
+  using T = __nv_bfloat16;
+  using C = fusedattn::hopper::FwdV2Default<256>;
+  return {v3_lib_variant<T, 256, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(), v3_lib_variant<T, 256, 80, 2, false, false>()};
+}
+
 // w3 (d = 64 only): BN/STAGES and rotation (pp) or none (nopp).
 template <typename T, int BN, int ST, bool PP>
 static Variant w3_cfg_variant() {
@@ -775,6 +825,19 @@ static int run_bench(int which) {
   return ok ? 0 : 1;
 }
 
+// The persistent kernel's sweep at the sequence lengths the library runs it at (tuning.h: up to
+// 2k at d = 64 / 128 non-causal, 1k at d = 256 non-causal, 8k causal at d = 128 / 256).
+static int run_sweep3() {
+  bool ok = true;
+  for (int s : {512, 1024, 2048, 4096, 8192})
+    for (int causal = 0; causal < 2; ++causal) {
+      if (s <= 2048) ok = bench_point<64>(s, causal != 0, v3_sweep_variants<64>(), true) && ok;
+      if (s <= 2048 || causal) ok = bench_point<128>(s, causal != 0, v3_sweep_variants<128>(), true) && ok;
+      if (causal) ok = bench_point<256>(s, true, v3_sweep_variants<256>(), true) && ok;
+    }
+  return ok ? 0 : 1;
+}
+
 static int run_sweep2() {
   bool ok = true;
   const int ds[] = {64, 128, 256};
@@ -818,6 +881,7 @@ int main(int argc, char** argv) {
   if (mode == "bench") return run_bench(0);
   if (mode == "bench2") return run_bench(2);
   if (mode == "sweep2") return run_sweep2();
+  if (mode == "sweep3") return run_sweep3();
   if (mode == "check3") return run_check3();
   if (mode == "bench3") return run_bench(4);
   if (mode == "checkw3") return run_checkw3();
