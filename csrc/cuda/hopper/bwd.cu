@@ -16,15 +16,6 @@ cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
   return bwd_sm90<T, D, true, true>(a, stream);
 }
 
-template <typename T, int D>
-cudaError_t run_bwd_ic(const Sm90BwdArgs& a, cudaStream_t stream) {
-  return bwd_sm90<T, D, true, false, true>(a, stream);
-}
-
-template cudaError_t run_bwd_ic<__half, 64>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_ic<__half, 128>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_ic<__nv_bfloat16, 64>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_ic<__nv_bfloat16, 128>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__half, 64>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__half, 128>(const Sm90BwdArgs&, cudaStream_t);
 template cudaError_t run_bwd<__half, 256>(const Sm90BwdArgs&, cudaStream_t);

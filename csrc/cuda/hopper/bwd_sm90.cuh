@@ -149,11 +149,9 @@ struct BwdTile<256> {  // bwd_sm90_d256.cuh
 
 constexpr int kBwdRowPad = 128;  // s_pad = roundup(s_q, kBwdRowPad) for lse2/Dsum rows (>= every BM)
 
-// DQ_TMA (variant, see bwd_sm90_main): + NSTG fp32 dQ staging tiles of 64 x 64 (16 KB each,
-// 1024-aligned for the 128B swizzle): one per consumer (NSTG = 2), single-buffered; the IC variant
-// (bwd_sm90_ic.cuh) has two per consumer (NSTG = 4). DSBUF: dS^T buffers (2: by iteration parity,
-// as the consumers' barrier 1 needs; IC: 1).
-template <int D, bool DQ_TMA = false, int NSTG = 2, int DSBUF = 2>
+// DQ_TMA (variant, see bwd_sm90_main): + one fp32 dQ staging tile of 64 x 64
+// per consumer (2 x 16 KB, 1024-aligned for the 128B swizzle), single-buffered.
+template <int D, bool DQ_TMA = false>
 struct BwdSmem {
   using Tile = BwdTile<D>;
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
@@ -166,13 +164,13 @@ struct BwdSmem {
   static constexpr int kQ = kV + kKVBytes;
   static constexpr int kdO = kQ + STAGES * kQBytes;
   static constexpr int kdS = kdO + STAGES * kQBytes;
-  static constexpr int kL = kdS + DSBUF * kDSBytes;
+  static constexpr int kL = kdS + 2 * kDSBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
   static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
   static constexpr int kStgBytes = 64 * 64 * 4;  // one consumer's dQ_part staging tile (DQ_TMA)
   static constexpr int kStg = ((kBar + kBarBytes + 1023) / 1024) * 1024;
-  static constexpr int kTotal = DQ_TMA ? kStg + NSTG * kStgBytes + 1024
+  static constexpr int kTotal = DQ_TMA ? kStg + 2 * kStgBytes + 1024
                                        : kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
   static_assert(kQ % 1024 == 0 && kdO % 1024 == 0 && kdS % 1024 == 0 && kL % 16 == 0, "swizzle atoms 1024-aligned");
   static_assert(kTotal <= 227 * 1024, "shared memory");
@@ -406,31 +404,6 @@ __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, in
       const uint32_t addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
       const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
       st_shared_v2_f32(addr, hi ? dq[g] : dq[f], hi ? dq[g + 1] : dq[f + 1]);
-    }
-  }
-}
-
-// A consumer thread's dK (times the softmax scale) and dV accumulators (rows key_g, key_g + 8 of
-// the fragment; columns 8j + 2qd (+1)) -> 16-bit [b, s_kv, h_kv, D]; keys >= s_kv are not stored.
-// After a watchdog give-up dK is NaN, so that the failure shows.
-template <typename T, int D>
-__device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[D / 2], const float (&dv)[D / 2],
-                                               int key_g, int hk, int batch, int qd, bool timed_out) {
-  constexpr bool F16 = std::is_same<T, __half>::value;
-  T* dkp = reinterpret_cast<T*>(p.dk);
-  T* dvp = reinterpret_cast<T*>(p.dv);
-  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = key_g + 8 * hf;
-    if (key < p.s_kv) {
-      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + 2 * qd;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
-            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
-        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
-      }
     }
   }
 }
@@ -774,7 +747,23 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
     }
   }
 
-  bwd_store_dkdv<T, D>(p, dk, dv, key_g, hk, batch, qd, timed_out);
+  // ---------------------------------------------------------------- epilogue
+  T* dkp = reinterpret_cast<T*>(p.dk);
+  T* dvp = reinterpret_cast<T*>(p.dv);
+  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_g + 8 * hf;
+    if (key < p.s_kv) {
+      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
+            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
+        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+      }
+    }
+  }
 #endif
 }
 
@@ -811,8 +800,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 // d = 256 main kernel (uses the definitions above; defines BwdSmemD256 and
 // bwd_sm90_d256_kernel for the host code below).
 #include "bwd_sm90_d256.cuh"
-// d = 64 / 128 variant IC (bwd_sm90_ic_kernel; the consumers do not synchronise).
-#include "bwd_sm90_ic.cuh"
 
 namespace fusedattn {
 namespace hopper {
@@ -897,13 +884,11 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
-// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); IC = true (with DQ_TMA, d = 64 / 128):
-// the variant whose consumers do not synchronise (bwd_sm90_ic.cuh).
-template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool IC = false>
+// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
+template <typename T, int D, bool DQ_TMA = false, bool DET = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || (DQ_TMA && D != 256), "DET: a DQ_TMA variant at d = 64, 128");
-  static_assert(!IC || (DQ_TMA && !DET && D != 256), "IC: a DQ_TMA variant at d = 64, 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -946,8 +931,6 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->grid = dim3((a.s_kv + Tile::BN - 1) / Tile::BN, a.h_kv, a.b);
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
-  } else if constexpr (IC) {
-    L->smem = BwdSmem<D, true, 4, 1>::kTotal;
   } else {
     L->smem = BwdSmem<D, DQ_TMA>::kTotal;
   }
@@ -978,8 +961,6 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       L->pre_det = bwd_pre_det_kernel<T, D>;
       L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
       L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
-    } else if constexpr (IC) {
-      L->kern_dq = a.causal ? bwd_sm90_ic_kernel<T, D, true> : bwd_sm90_ic_kernel<T, D, false>;
     } else {
       L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
     }
@@ -1019,10 +1000,10 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
 
 // The library's Hopper backward: DQ_TMA (see above); DET = true (d = 64, 128): its deterministic
 // variant (a.ws of bwd_sm90_det_workspace_bytes()).
-template <typename T, int D, bool DQ_TMA = true, bool DET = false, bool IC = false>
+template <typename T, int D, bool DQ_TMA = true, bool DET = false>
 inline cudaError_t bwd_sm90(const Sm90BwdArgs& a, cudaStream_t stream = 0) {
   BwdLaunch L;
-  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET, IC>(&L, a);
+  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_sm90_launch(L, stream);
 }

@@ -25,9 +25,6 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
 // bwd_sm90_det_workspace_bytes().
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
-// D = 64, 128, variant IC (bwd_sm90_ic.cuh: the consumers do not synchronise); a.ws as run_bwd's.
-template <typename T, int D>
-cudaError_t run_bwd_ic(const Sm90BwdArgs& a, cudaStream_t stream);
 
 // Whether this build holds sm_90a machine code the current device can run.
 bool kernels_loadable();

@@ -190,16 +190,6 @@ bool bwd_enabled() {
   return on;
 }
 
-// FUSEDATTN_HOPPER_BWD_IC=1 sends the d = 64 / 128 non-deterministic backward to the IC variant
-// (bwd_sm90_ic.cuh), for an operator A/B against the default; read once.
-bool bwd_ic_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_IC");
-    return e != nullptr && *e != '\0' && std::atoi(e) != 0;
-  }();
-  return on;
-}
-
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
@@ -261,10 +251,8 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
   cudaError_t e;
   if constexpr (D == 256) {
     e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256
-  } else if (p.deterministic) {
-    e = run_bwd_deterministic<T, D>(a, st);
   } else {
-    e = bwd_ic_enabled() ? run_bwd_ic<T, D>(a, st) : run_bwd<T, D>(a, st);
+    e = p.deterministic ? run_bwd_deterministic<T, D>(a, st) : run_bwd<T, D>(a, st);
   }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
