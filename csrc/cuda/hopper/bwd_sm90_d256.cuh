@@ -110,17 +110,6 @@ struct BwdSmemD256 {
 
 namespace d256 {
 
-// Immediate barrier ids (a register id makes ptxas reserve all 16).
-template <int ID, int NTHREADS>
-__device__ __forceinline__ void bar_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
-}
-// Arrive without waiting (the other side of a bar_sync with the same count).
-template <int ID, int NTHREADS>
-__device__ __forceinline__ void bar_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
-}
-
 __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
@@ -315,7 +304,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         }
         fence_proxy_async_smem();
       }
-      d256::bar_sync<1, 256>();  // P in smem (cw 0 wrote it; cw 1 reads it below)
+      bar_sync_imm<1, 256>();  // P in smem (cw 0 wrote it; cw 1 reads it below)
 
       // ---------------- (c) dV[:, half] += P^T dO[:, half]
 #pragma unroll
@@ -348,7 +337,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         }
         fence_proxy_async_smem();
       }
-      d256::bar_sync<2, 256>();  // dS in smem
+      bar_sync_imm<2, 256>();  // dS in smem
 
       // ---------------- (e) dQ_part = dS K[:, half] ; dK[:, half] += dS^T Q[:, half]
       float dq[DH / 2];
@@ -391,9 +380,9 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           stage_dq_part<DH / 8>(stg, warp, r0, qd, dq);
           fence_proxy_async_smem();
           if (cw == 0)
-            d256::bar_sync<5, 128>();
+            bar_sync_imm<5, 128>();
           else
-            d256::bar_sync<6, 128>();
+            bar_sync_imm<6, 128>();
           if (ltid == 0) {
 #pragma unroll
             for (int bx = 0; bx < DH / 32; ++bx)
@@ -402,16 +391,16 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           }
         };
         if (cw == 0) {
-          d256::bar_sync<3, 256>();
+          bar_sync_imm<3, 256>();
           stage_and_reduce(sdO);
         } else {
-          d256::bar_arrive<3, 256>();
+          bar_arrive_imm<3, 256>();
         }
         wgmma_wait<0>();
         if (cw == 0) {
-          d256::bar_arrive<4, 256>();
+          bar_arrive_imm<4, 256>();
         } else {
-          d256::bar_sync<4, 256>();
+          bar_sync_imm<4, 256>();
           stage_and_reduce(sQ);
         }
       } else {
