@@ -142,8 +142,21 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
         for name, (fwd, fb) in impls.items():
             times.setdefault(name + "_fwd", []).append(time_ms(fwd))
             times.setdefault(name + "_fb", []).append(time_ms(fb))
-    return {key: tflops(statistics.median(ts), (3.5 if key.endswith("_fb") else 1) * fwd_flops)
-            for key, ts in times.items()}
+    row = {key: tflops(statistics.median(ts), (3.5 if key.endswith("_fb") else 1) * fwd_flops)
+           for key, ts in times.items()}
+    # The spread of the ratio to cuDNN over the rounds (each round times the two back to back), to
+    # tell a ratio from the drift of the GPU's clocks between rounds.
+    for mode in ("fwd", "fb"):
+        ratios = [c / f for f, c in zip(times["fusedattn_" + mode], times["cudnn_" + mode])]
+        row["cudnn_range_" + mode] = (min(ratios), max(ratios))
+    return row
+
+
+def ratio_cell(r, mode):
+    """fusedattn / cuDNN, with the per-round range when there are several rounds."""
+    cell = f"{r['fusedattn_' + mode] / r['cudnn_' + mode]:.2f}"
+    lo, hi = r["cudnn_range_" + mode]
+    return cell + (f" ({lo:.2f}-{hi:.2f})" if ROUNDS > 1 else "")
 
 
 def profile_point(d, s, causal, calls=20):
@@ -270,9 +283,9 @@ def main():
                 lines.append(
                     f"| {d} | {s} | {'yes' if causal else 'no'} | {r['fusedattn_fwd']:.0f} | {r['fa2_fwd']:.0f} | "
                     f"{r['cudnn_fwd']:.0f} | {r['fusedattn_fwd'] / r['fa2_fwd']:.2f} | "
-                    f"{r['fusedattn_fwd'] / r['cudnn_fwd']:.2f} | {r['fusedattn_fb']:.0f} | {r['fa2_fb']:.0f} | "
+                    f"{ratio_cell(r, 'fwd')} | {r['fusedattn_fb']:.0f} | {r['fa2_fb']:.0f} | "
                     f"{r['cudnn_fb']:.0f} | {r['fusedattn_fb'] / r['fa2_fb']:.2f} | "
-                    f"{r['fusedattn_fb'] / r['cudnn_fb']:.2f} |")
+                    f"{ratio_cell(r, 'fb')} |")
                 print(lines[-1], flush=True)
     write_table("GPU attention",
                 "bf16, b*s = 16384 tokens, h*d = 2048, TFLOP/s (FlashAttention's count: fwd 4bhs^2d, /2 causal; "
@@ -280,7 +293,9 @@ def main():
                 + ("triton do_bench" if TIMING == "do_bench" else
                                                      "20 event-timed calls back to back, no L2 flush (--timing loop)")
                 + ("; inputs uniform as the harnesses'" if INPUTS == "uniform" else "")
-                + "; ratios > 1 mean fusedattn is faster.",
+                + "; ratios > 1 mean fusedattn is faster"
+                + (" (vs cuDNN: median over the rounds, in brackets the range of the per-round ratios)"
+                   if ROUNDS > 1 else "") + ".",
                 lines, opts.out)
 
 
