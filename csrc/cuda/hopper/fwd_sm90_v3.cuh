@@ -86,6 +86,7 @@
 
 #include "fwd_sm90.cuh"
 #include "fwd_sm90_v2.cuh"
+#include "tuning.h"
 #include "wgmma.cuh"
 
 namespace fusedattn {
@@ -469,10 +470,30 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }
 
+// A config with the tile schedule tuning.h picks for the call: causal calls take the one
+// choose_v3_schedule gives for their tile grid, non-causal ones have one.
+template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL>
+inline cudaError_t fwd_sm90_v3_prepare_tuned(FwdLaunch* L, const Sm90Args& a, int num_sms) {
+  V3Grid gr;
+  if (a.causal) {
+    gr.n_m = (a.out.s_q + FwdV3Cfg<D, BN, STAGES, PP>::BM - 1) / FwdV3Cfg<D, BN, STAGES, PP>::BM;
+    gr.n_hb = int64_t{a.out.h} * a.out.b;
+    gr.s_kv = a.out.s_kv;
+    gr.g = num_sms;
+    gr.bm = FwdV3Cfg<D, BN, STAGES, PP>::BM;
+    gr.bn = BN;
+  }
+  if (a.causal && choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor) {
+    return fwd_sm90_v3_prepare_cfg<T, D, BN, STAGES, PP, kV3SnakeHeadMajor, PP_CAUSAL>(L, a, num_sms);
+  }
+  return fwd_sm90_v3_prepare_cfg<T, D, BN, STAGES, PP, kV3Snake, PP_CAUSAL>(L, a, num_sms);
+}
+
+// The library's persistent forward (fwd_persistent.cu): the default config, schedule as tuned.
 template <typename T, int D>
 inline cudaError_t fwd_sm90_v3_prepare(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   using C = FwdV3Default<D>;
-  return fwd_sm90_v3_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, kV3RoundRobin, C::PP_CAUSAL>(L, a, num_sms);
+  return fwd_sm90_v3_prepare_tuned<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(L, a, num_sms);
 }
 
 }  // namespace hopper

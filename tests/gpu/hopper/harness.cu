@@ -50,7 +50,6 @@
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2w3.cuh"
-#include "../../../csrc/cuda/hopper/tuning.h"
 #include "harness_common.h"
 
 using fusedattn::hopper::FwdLaunch;
@@ -70,19 +69,20 @@ template <typename T, int D>
 static Variant v1_variant() {
   return {fusedattn::hopper::fwd_sm90_prepare<T, D>, "v1"};
 }
-template <typename T, int D, int BN, int ST, bool PP>
-static Variant v2_cfg_variant() {
-  return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, BN, ST, PP>,
-          "v2:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp")};
+// A config's name tail: BN, stages, ping-pong, and the causal kernels' ping-pong where it differs
+// ("/ppc" or "/noppc").
+static std::string cfg_tag(int bn, int st, bool pp, bool ppc) {
+  return ":bn" + std::to_string(bn) + "/st" + std::to_string(st) + (pp ? "/pp" : "/nopp") +
+         (ppc == pp ? "" : (ppc ? "/ppc" : "/noppc"));
 }
-// The library's default: its causal ping-pong may differ from the non-causal one ("/ppc" or
-// "/noppc" in the name when it does).
+template <typename T, int D, int BN, int ST, bool PP, bool PPC = PP>
+static Variant v2_cfg_variant() {
+  return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, BN, ST, PP, PPC>, "v2" + cfg_tag(BN, ST, PP, PPC)};
+}
 template <typename T, int D>
 static Variant v2_variant() {
   using C = fusedattn::hopper::FwdV2Default<D>;
-  return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>,
-          "v2:bn" + std::to_string(C::BN) + "/st" + std::to_string(C::STAGES) + (C::PP ? "/pp" : "/nopp") +
-              (C::PP_CAUSAL == C::PP ? "" : (C::PP_CAUSAL ? "/ppc" : "/noppc"))};
+  return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>();
 }
 // v3 takes the SM count (its grid); the harness sets it from the device
 // (check3 overrides it to force many tiles per CTA). g_v3_sched: the tile
@@ -101,8 +101,7 @@ static Variant v3_sched_variant() {
                     : SCHED == fusedattn::hopper::kV3SnakeHeadMajor ? "v3snakehm"
                                                                     : "v3";
   return {v3_prep<T, D, C::BN, C::STAGES, C::PP, SCHED, C::PP_CAUSAL>,
-          std::string(tag) + ":bn" + std::to_string(C::BN) + "/st" + std::to_string(C::STAGES) +
-              (C::PP ? "/pp" : "/nopp") + (C::PP_CAUSAL == C::PP ? "" : (C::PP_CAUSAL ? "/ppc" : "/noppc"))};
+          std::string(tag) + cfg_tag(C::BN, C::STAGES, C::PP, C::PP_CAUSAL)};
 }
 template <typename T, int D>
 static Variant v3_variant() {
@@ -113,28 +112,15 @@ static Variant v3_variant() {
     default: return v3_sched_variant<T, D, kV3RoundRobin>();
   }
 }
-// v3 with a given config and the tile schedule the library would pick for the call (tuning.h's
-// choose_v3_schedule for causal calls, as run_fwd_persistent does): sweep3's variants.
+// v3 with a given config and the tile schedule the library would pick for the call
+// (fwd_sm90_v3_prepare_tuned, as the library's run_fwd_persistent): sweep3's variants.
 template <typename T, int D, int BN, int ST, bool PP, bool PPC>
 static cudaError_t v3_lib_prep(FwdLaunch* L, const Sm90Args& a) {
-  using namespace fusedattn::hopper;
-  if (a.causal) {
-    V3Grid gr;
-    gr.n_m = (a.out.s_q + 127) / 128;
-    gr.n_hb = int64_t{a.out.h} * a.out.b;
-    gr.s_kv = a.out.s_kv;
-    gr.g = g_v3_sms;
-    gr.bn = BN;
-    if (choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor)
-      return fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, kV3SnakeHeadMajor, PPC>(L, a, g_v3_sms);
-    return fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, kV3Snake, PPC>(L, a, g_v3_sms);
-  }
-  return fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, kV3RoundRobin, PPC>(L, a, g_v3_sms);
+  return fusedattn::hopper::fwd_sm90_v3_prepare_tuned<T, D, BN, ST, PP, PPC>(L, a, g_v3_sms);
 }
 template <typename T, int D, int BN, int ST, bool PP, bool PPC>
 static Variant v3_lib_variant() {
-  return {v3_lib_prep<T, D, BN, ST, PP, PPC>, "v3lib:bn" + std::to_string(BN) + "/st" + std::to_string(ST) +
-                                                  (PP ? "/pp" : "/nopp") + (PPC ? "/ppc" : "/noppc")};
+  return {v3_lib_prep<T, D, BN, ST, PP, PPC>, "v3lib" + cfg_tag(BN, ST, PP, PPC)};
 }
 // sweep3: the persistent kernel's configurations, the library's default first (d = 64: the stage
 // count and BN = 192; d = 128: 2 stages; d = 256: the causal ping-pong off, as before 2026-12-01).
