@@ -20,6 +20,10 @@ its power limit) then weighs on all three alike instead of on whichever was time
 --profile prints, per point, each CUDA kernel of a fusedattn and a cuDNN call (forward, and
 forward+backward) with its mean duration (torch.profiler, L2 flushed between calls), to show where
 the time of a call goes (the backward's preprocess and dQ conversion beside its main kernel).
+
+--clocks samples the SM clock and the board power with nvidia-smi every 20 ms while the grid runs and
+prints, per point and implementation, the mean clock and power during its timed calls: the GPU runs
+at its power limit, so two kernels of equal work can run at different clocks.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import datetime
 import math
 import os
 import statistics
+import subprocess
+import threading
 import time
 
 import torch
@@ -133,15 +139,58 @@ def point_impls(d, s, causal, dtype=torch.bfloat16):
 ROUNDS = 1  # --rounds (main sets it)
 
 
+class ClockSampler:
+    """nvidia-smi in the background, one (host time, SM MHz, W) sample every 20 ms (--clocks)."""
+
+    def __init__(self):
+        self.samples = []
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "-i", "0", "--query-gpu=timestamp,clocks.sm,power.draw",
+             "--format=csv,noheader,nounits", "-lms", "20"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.samples.append((t, float(parts[1]), float(parts[2])))
+            except (ValueError, IndexError):  # a header or a field the driver does not report
+                continue
+
+    def window(self, t0, t1):
+        """Mean SM clock and power of the samples taken in [t0, t1] (host time), NaN when none."""
+        inside = [(c, w) for t, c, w in list(self.samples) if t0 <= t <= t1]
+        if not inside:
+            return float("nan"), float("nan")
+        return statistics.mean(c for c, _ in inside), statistics.mean(w for _, w in inside)
+
+    def stop(self):
+        self.proc.terminate()
+
+
+SAMPLER = None  # --clocks (main sets it)
+CLOCK_LINES = []
+
+
 def run_point(d, s, causal, dtype=torch.bfloat16):
     b, h = 16384 // s, 2048 // d
     impls = point_impls(d, s, causal, dtype)
     fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
     times = {}
+    clocks = {}
     for _ in range(ROUNDS):
         for name, (fwd, fb) in impls.items():
-            times.setdefault(name + "_fwd", []).append(time_ms(fwd))
-            times.setdefault(name + "_fb", []).append(time_ms(fb))
+            for mode, fn in (("fwd", fwd), ("fb", fb)):
+                t0 = time.time()
+                times.setdefault(name + "_" + mode, []).append(time_ms(fn))
+                if SAMPLER is not None:
+                    clocks.setdefault(name + "_" + mode, []).append(SAMPLER.window(t0, time.time()))
+    for key, cw in clocks.items():
+        CLOCK_LINES.append(f"| {d} | {s} | {'yes' if causal else 'no'} | {key} | "
+                           + " / ".join(f"{c:.0f} MHz {w:.0f} W" for c, w in cw) + " |")
     row = {key: tflops(statistics.median(ts), (3.5 if key.endswith("_fb") else 1) * fwd_flops)
            for key, ts in times.items()}
     # The spread of the ratio to cuDNN over the rounds (each round times the two back to back), to
@@ -256,11 +305,15 @@ def main():
                     help="time the three implementations this many times in turn per point; medians over rounds")
     ap.add_argument("--profile", action="store_true",
                     help="each kernel of a fusedattn and a cuDNN call with its duration instead of the grid")
+    ap.add_argument("--clocks", action="store_true",
+                    help="also report the mean SM clock and board power during each timed measurement")
     ap.add_argument("--deterministic", action="store_true",
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
-    global TIMING, INPUTS, ROUNDS
+    global TIMING, INPUTS, ROUNDS, SAMPLER
     TIMING, INPUTS, ROUNDS = opts.timing, opts.inputs, max(1, opts.rounds)
+    if opts.clocks:
+        SAMPLER = ClockSampler()
     if opts.deterministic:
         main_deterministic(opts.out)
         return
@@ -297,6 +350,12 @@ def main():
                 + (" (vs cuDNN: median over the rounds, in brackets the range of the per-round ratios)"
                    if ROUNDS > 1 else "") + ".",
                 lines, opts.out)
+    if SAMPLER is not None:
+        SAMPLER.stop()
+        write_table("SM clock and board power during the timed calls",
+                    "nvidia-smi samples every 20 ms, mean per measurement (one per round, in round order).",
+                    ["| d | s | causal | measurement | per round |", "|---|---|---|---|---|"] + CLOCK_LINES,
+                    opts.out)
 
 
 if __name__ == "__main__":
