@@ -81,9 +81,8 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
 # dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
 # checkdet, benchdet), sweep2 / sweep3 (the v2 / persistent forward's configurations side by side),
-# v2-check / v3-check (check2 / check3 alone), bwd-wq (the backward's per-warp dQ staging candidate:
-# checkwq, benchwq), fwd-mc (the forward's multicasting clusters of two: checkmc, benchmc); "" skips
-# them.
+# v2-check / v3-check (check2 / check3 alone), fwd-mc (the forward's multicasting clusters of two:
+# checkmc, benchmc); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-v2 v3 w3 bwd}" ;; *) hopper_steps="" ;; esac
@@ -133,7 +132,6 @@ run_hopper_steps() {
       bwd-check) h="$HB"; runs="check" ;;
       bwd2) h="$HB"; runs="check2 bench2" ;;
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
-      bwd-wq) h="$HB"; runs="checkwq benchwq" ;;
       fwd-mc) h="$HH"; runs="checkmc benchmc" ;;
       *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
     esac
@@ -141,7 +139,7 @@ run_hopper_steps() {
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet|checkwq|checkmc) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet|checkmc) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && st=1

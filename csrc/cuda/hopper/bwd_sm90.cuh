@@ -423,10 +423,7 @@ __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, in
 // DET (with DQ_TMA; bwd_sm90_dqtma_det_kernel): the reduces take turns on the
 // counters dq_cnt (see "Variant DET" at the top); the key tiles run in
 // reverse blockIdx.x order.
-// WQ (with DQ_TMA, not DET; bwd_sm90_dqtma_wq_kernel, a harness candidate, not used by the library):
-// each warp stages its own 16 rows of the consumer's dQ_part and its lane 0 issues their reduce-adds
-// (tmdQ with 16-row boxes), so the consumer's staging barrier goes; see "Variant WQ" below.
-template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false, bool WQ = false>
+template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false>
 __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                               const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
                                               const BwdKParams& p, int* dq_cnt = nullptr) {
@@ -442,7 +439,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
   static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
   static_assert(!DET || DQ_TMA, "DET orders the DQ_TMA reduces");
-  static_assert(!WQ || (DQ_TMA && !DET), "WQ: the non-deterministic DQ_TMA kernel's staging per warp");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -634,7 +630,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         }
       }
       fence_proxy_async_smem();
-      if constexpr (DQ_TMA && !WQ) {
+      if constexpr (DQ_TMA) {
         // The previous iteration's dQ reduces have read this consumer's staging
         // tile; the barrier below publishes that to the consumer's threads.
         if (ltid == 0) bulk_wait_group_read<0>();
@@ -685,28 +681,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 #pragma unroll
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
 
-      if constexpr (WQ) {
-        // Variant WQ. Nsight Compute (2026-12-01, d = 128, s = 2k) puts ~10% of the consumers' stall
-        // samples on the staging sequence below (the fence, barrier 2 + cw, the branch after it):
-        // every warp waits for the slowest of the four before one thread issues the reduces. Here
-        // each warp owns rows 16 warp .. 16 warp + 15 of the staging tile (stage_dq_part writes only
-        // those; two 1024-byte swizzle atoms per box), waits for its own last reduces' reads, fences,
-        // and its lane 0 reduce-adds the two 16-row boxes: 8 reduces of 2 KB per consumer and
-        // iteration instead of 2 of 8 KB, no barrier.
-        const uint32_t stg = sbase + Smem::kStg + cw * Smem::kStgBytes;
-        if (lane == 0) bulk_wait_group_read<0>();
-        __syncwarp();
-        stage_dq_part<NDQ / 8>(stg, warp, r0, qd, dq);
-        fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) {
-          const int col0 = SPLIT_M ? 0 : cw * NDQ;
-          const int row0 = m * BM + (SPLIT_M ? cw * 64 : 0) + warp * 16;
-          tma_reduce_add_4d(tmdQ, stg + warp * (16 * 128), col0, head, row0, batch);
-          tma_reduce_add_4d(tmdQ, stg + 64 * 128 + warp * (16 * 128), col0 + 32, head, row0, batch);
-          bulk_commit_group();
-        }
-      } else if constexpr (DQ_TMA) {
+      if constexpr (DQ_TMA) {
         // dQ partial -> this consumer's staging tile (two boxes) -> TMA reduce-adds.
         const uint32_t stg = sbase + Smem::kStg + cw * Smem::kStgBytes;
         stage_dq_part<NDQ / 8>(stg, warp, r0, qd, dq);
@@ -764,9 +739,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
     }
   }
 
-  if constexpr (WQ) {
-    if (lane == 0) bulk_wait_group<0>();  // each warp's own reduces
-  } else if constexpr (DQ_TMA) {
+  if constexpr (DQ_TMA) {
     // The reduces read this CTA's shared memory: complete them before exit.
     if (ltid == 0) bulk_wait_group<0>();
     if constexpr (DET) {
@@ -809,15 +782,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                           const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
   bwd_sm90_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
-}
-
-// WQ variant (harness candidate): as the DQ_TMA kernel, tmdQ with 16-row boxes (box 32 x 1 x 16 x 1).
-template <typename T, int D, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_dqtma_wq_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                             const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                             const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_sm90_main<T, D, CAUSAL, true, false, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
 // DET variant (deterministic dQ): as the DQ_TMA kernel, plus dq_cnt, the turn counters of
@@ -900,10 +864,9 @@ struct BwdLaunch {
 
 namespace detail {
 // fp32 map over the dQ accumulator [b, s, h, d] for the DQ_TMA reduce-adds:
-// box (32 columns = 128 B, 1 head, box_rows rows, 1), 128B swizzle (matches the
-// staging tile's layout): 64 rows, a consumer's tile; 16, one warp's rows (WQ).
-// Rows >= s are out of bounds: a reduce skips them.
-inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, int d, int box_rows = 64) {
+// box (32 columns = 128 B, 1 head, 64 rows, 1), 128B swizzle (matches the
+// staging tile's layout). Rows >= s are out of bounds: a reduce skips them.
+inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, int d) {
   EncodeTiledFn enc = get_encode_fn();
   if (!enc) return false;
   const cuuint64_t es = 4;
@@ -911,7 +874,7 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
                         static_cast<cuuint64_t>(b)};
   cuuint64_t strides[3] = {static_cast<cuuint64_t>(d) * es, static_cast<cuuint64_t>(h) * d * es,
                            static_cast<cuuint64_t>(s) * h * d * es};
-  cuuint32_t box[4] = {32, 1, static_cast<cuuint32_t>(box_rows), 1};
+  cuuint32_t box[4] = {32, 1, 64, 1};
   cuuint32_t estr[4] = {1, 1, 1, 1};
   CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, acc, dims, strides, box, estr,
                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -921,13 +884,11 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
-// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); WQ = true (with DQ_TMA, d = 64 /
-// 128): the per-warp staging candidate (harness only).
-template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool WQ = false>
+// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
+template <typename T, int D, bool DQ_TMA = false, bool DET = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || (DQ_TMA && D != 256), "DET: a DQ_TMA variant at d = 64, 128");
-  static_assert(!WQ || (DQ_TMA && !DET && D != 256), "WQ: a DQ_TMA variant at d = 64, 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -992,11 +953,9 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   } else if constexpr (D == 256) {
     L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
   } else if constexpr (DQ_TMA) {
-    if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D, WQ ? 16 : 64)) return cudaErrorInvalidValue;
+    if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
     L->kern = nullptr;
-    if constexpr (WQ) {
-      L->kern_dq = a.causal ? bwd_sm90_dqtma_wq_kernel<T, D, true> : bwd_sm90_dqtma_wq_kernel<T, D, false>;
-    } else if constexpr (DET) {
+    if constexpr (DET) {
       L->kern_det = a.causal ? bwd_sm90_dqtma_det_kernel<T, D, true> : bwd_sm90_dqtma_det_kernel<T, D, false>;
       L->pre = nullptr;
       L->pre_det = bwd_pre_det_kernel<T, D>;
@@ -1041,10 +1000,10 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
 
 // The library's Hopper backward: DQ_TMA (see above); DET = true (d = 64, 128): its deterministic
 // variant (a.ws of bwd_sm90_det_workspace_bytes()).
-template <typename T, int D, bool DQ_TMA = true, bool DET = false, bool WQ = false>
+template <typename T, int D, bool DQ_TMA = true, bool DET = false>
 inline cudaError_t bwd_sm90(const Sm90BwdArgs& a, cudaStream_t stream = 0) {
   BwdLaunch L;
-  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET, WQ>(&L, a);
+  cudaError_t e = bwd_sm90_prepare<T, D, DQ_TMA, DET>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_sm90_launch(L, stream);
 }

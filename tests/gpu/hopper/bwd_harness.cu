@@ -19,9 +19,6 @@
 //   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDDET (the DET variant)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
-//   bwd_harness checkwq          WQ candidate (d = 64 / 128: dQ staged and reduce-added per warp) vs.
-//                                the reference and vs. the DQ_TMA kernel (dk/dv bitwise equal)
-//   bwd_harness benchwq          per d = 64 / 128 point: HBWD (DQ_TMA), HBWDWQ, HBWD again
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -413,10 +410,7 @@ static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndi
   return r;
 }
 
-// WQ = false (check2): the DQ_TMA variant against the atomic-dQ kernel; WQ = true (checkwq, d = 64 /
-// 128): the per-warp staging candidate against the DQ_TMA kernel. Either way dk/dv must be bitwise
-// equal to the baseline's.
-template <typename T, int D, bool WQ = false>
+template <typename T, int D>
 static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
   const Grads<T> g(rc.nq, rc.nkv), g0(rc.nq, rc.nkv);
@@ -427,23 +421,20 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
   const int c = causal ? 1 : 0;
 
   bool ok = true;
-  const char* pass = WQ ? "PASSWQ" : "PASS2";
-  const char* fail = WQ ? "FAILWQ" : "FAIL2";
-  // The baseline (g0: bwd_sm90<T, D, WQ>, i.e. the atomic-dQ kernel for check2 and DQ_TMA for
-  // checkwq), then the candidate (g) on the same inputs.
-  cudaError_t le = hp::bwd_sm90<T, D, WQ>(rc.args(g0.dq, g0.dk, g0.dv, ws));
+  // The atomic-dQ kernel (g0), then the DQ_TMA variant (g) on the same inputs.
+  cudaError_t le = hp::bwd_sm90<T, D, false>(rc.args(g0.dq, g0.dk, g0.dv, ws));
   if (le == cudaSuccess) le = cudaDeviceSynchronize();
   hp::BwdLaunch L;
-  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true, false, WQ>(&L, rc.args(g.dq, g.dk, g.dv, ws));
+  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true>(&L, rc.args(g.dq, g.dk, g.dv, ws));
   if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
   if (le != cudaSuccess) {
-    std::printf("%s %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", fail, Conv<T>::name(), D, s, c, h, h_kv,
+    std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
                 cudaGetErrorString(le));
     ok = false;
   } else {
     const cudaError_t se = cudaDeviceSynchronize();
     if (se != cudaSuccess) {
-      std::printf("%s %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", fail, Conv<T>::name(), D, s, c, h, h_kv,
+      std::printf("FAIL2 %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
                   cudaGetErrorString(se));
       std::exit(1);
     }
@@ -456,7 +447,7 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
     std::printf(
         "%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
         "vs default: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
-        ok ? pass : fail, Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
+        ok ? "PASS2" : "FAIL2", Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
         kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
   }
   CK(cudaFree(ws));
@@ -492,33 +483,6 @@ static int run_check2() {
         if (!check2_d<__half>(d, s, 2, causal != 0, seed++)) ++fails;
       }
   std::printf("check2: %d/%d passed\n", n - fails, n);
-  return fails == 0 ? 0 : 1;
-}
-
-// checkwq: the WQ candidate (d = 64, 128) on check2's cases plus longer sequences (many iterations
-// per CTA, head changes inside a CTA's loop with h_kv = 2 or 1) and fp16.
-static int run_checkwq() {
-  int fails = 0, n = 0;
-  uint64_t seed = 2468;
-  const auto one = [&](int d, bool f16, int s, int h_kv, bool causal) {
-    ++n;
-    bool ok;
-    if (d == 64)
-      ok = f16 ? check2_case<__half, 64, true>(2, s, 4, h_kv, causal, seed++)
-               : check2_case<__nv_bfloat16, 64, true>(2, s, 4, h_kv, causal, seed++);
-    else
-      ok = f16 ? check2_case<__half, 128, true>(2, s, 4, h_kv, causal, seed++)
-               : check2_case<__nv_bfloat16, 128, true>(2, s, 4, h_kv, causal, seed++);
-    if (!ok) ++fails;
-  };
-  for (int d : {64, 128}) {
-    for (int s : {1, 17, 64, 65, 128, 200, 1024, 2048})
-      for (int causal = 0; causal < 2; ++causal)
-        for (int hkv : {4, 2, 1}) one(d, false, s, hkv, causal != 0);
-    for (int s : {17, 200, 1024})
-      for (int causal = 0; causal < 2; ++causal) one(d, true, s, 2, causal != 0);
-  }
-  std::printf("checkwq: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
@@ -665,9 +629,8 @@ static double time_bwd(const hp::BwdLaunch& L) {
 
 // bench: HBWD = the library's kernel. kBench2: HBWD = the atomic-dQ kernel, then an
 // HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
-// DQ_TMA kernel, then an HBWDDET line for the DET variant. kBenchWq (d = 64 / 128): HBWD = DQ_TMA,
-// then HBWDWQ (the per-warp staging candidate), then HBWD again (A/B/A: the drift during the point).
-enum BenchMode { kBench, kBench2, kBenchDet, kBenchWq };
+// DQ_TMA kernel, then an HBWDDET line for the DET variant.
+enum BenchMode { kBench, kBench2, kBenchDet };
 template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
   constexpr bool V2 = MODE == kBench2;
@@ -737,13 +700,6 @@ static bool bench_point(int s, bool causal) {
           &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
       second("HBWD2", pe, L2, "default");
     }
-    if constexpr (MODE == kBenchWq && D != 256) {
-      hp::BwdLaunch L2;
-      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, false, true>(
-          &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
-      second("HBWDWQ", pe, L2, "DQ_TMA");
-      second("HBWD", cudaSuccess, L, "DQ_TMA, first run");
-    }
     if constexpr (MODE == kBenchDet && D != 256) {
       hp::BwdLaunch L2;
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(
@@ -779,16 +735,6 @@ static bool benchdet_d(int d, int s, bool causal) {
   if (d == 128) return bench_point<128, kBenchDet>(s, causal);
   std::printf("benchdet: unsupported d=%d (64, 128)\n", d);
   return false;
-}
-
-static int run_benchwq() {
-  bool ok = true;
-  for (int s : {512, 1024, 2048, 4096, 8192, 16384})
-    for (int causal = 0; causal < 2; ++causal) {
-      ok = bench_point<64, kBenchWq>(s, causal != 0) && ok;
-      ok = bench_point<128, kBenchWq>(s, causal != 0) && ok;
-    }
-  return ok ? 0 : 1;
 }
 
 static int run_benchdet() {
@@ -835,8 +781,6 @@ int main(int argc, char** argv) {
   if (mode == "check2") return run_check2();
   if (mode == "bench2") return run_bench2();
   if (mode == "checkdet") return run_checkdet();
-  if (mode == "checkwq") return run_checkwq();
-  if (mode == "benchwq") return run_benchwq();
   if (mode == "benchdet") return run_benchdet();
   if (mode == "onedet") {
     if (argc < 5) {
