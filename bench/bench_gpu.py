@@ -24,6 +24,9 @@ the time of a call goes (the backward's preprocess and dQ conversion beside its 
 --clocks samples the SM clock and the board power with nvidia-smi every 20 ms while the grid runs and
 prints, per point and implementation, the mean clock and power during its timed calls: the GPU runs
 at its power limit, so two kernels of equal work can run at different clocks.
+
+--sustain SECONDS runs each implementation back to back for that long before it is timed, so that each
+is timed at the clocks its own power draw settles at rather than at those the one before left.
 """
 
 from __future__ import annotations
@@ -172,6 +175,16 @@ class ClockSampler:
 
 
 SAMPLER = None  # --clocks (main sets it)
+SUSTAIN = 0.0  # --sustain (main sets it)
+
+
+def sustain(fn):
+    """Calls fn back to back for SUSTAIN seconds (at most 32 calls queued ahead of the GPU)."""
+    end = time.time() + SUSTAIN
+    while time.time() < end:
+        for _ in range(32):
+            fn()
+        torch.cuda.synchronize()
 CLOCK_LINES = []
 
 
@@ -184,6 +197,8 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
     for _ in range(ROUNDS):
         for name, (fwd, fb) in impls.items():
             for mode, fn in (("fwd", fwd), ("fb", fb)):
+                if SUSTAIN > 0:
+                    sustain(fn)
                 t0 = time.time()
                 times.setdefault(name + "_" + mode, []).append(time_ms(fn))
                 if SAMPLER is not None:
@@ -307,11 +322,13 @@ def main():
                     help="each kernel of a fusedattn and a cuDNN call with its duration instead of the grid")
     ap.add_argument("--clocks", action="store_true",
                     help="also report the mean SM clock and board power during each timed measurement")
+    ap.add_argument("--sustain", type=float, default=0.0,
+                    help="run each implementation back to back this many seconds before timing it")
     ap.add_argument("--deterministic", action="store_true",
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
-    global TIMING, INPUTS, ROUNDS, SAMPLER
-    TIMING, INPUTS, ROUNDS = opts.timing, opts.inputs, max(1, opts.rounds)
+    global TIMING, INPUTS, ROUNDS, SAMPLER, SUSTAIN
+    TIMING, INPUTS, ROUNDS, SUSTAIN = opts.timing, opts.inputs, max(1, opts.rounds), max(0.0, opts.sustain)
     if opts.clocks:
         SAMPLER = ClockSampler()
     if opts.deterministic:
@@ -346,6 +363,7 @@ def main():
                 + ("triton do_bench" if TIMING == "do_bench" else
                                                      "20 event-timed calls back to back, no L2 flush (--timing loop)")
                 + ("; inputs uniform as the harnesses'" if INPUTS == "uniform" else "")
+                + (f"; each timed after {SUSTAIN:g} s of back-to-back calls" if SUSTAIN > 0 else "")
                 + "; ratios > 1 mean fusedattn is faster"
                 + (" (vs cuDNN: median over the rounds, in brackets the range of the per-round ratios)"
                    if ROUNDS > 1 else "") + ".",

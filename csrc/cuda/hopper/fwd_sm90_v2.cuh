@@ -314,10 +314,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         constexpr bool IS_V = decltype(is_v)::value;
         const int s = n % STAGES;
         const uint32_t bar_empty = IS_V ? bar_ve(s) : bar_ke(s);
-        if (MC)
-          mbar_wait_cluster(bar_empty, ((n / STAGES) & 1u) ^ 1u);
-        else
-          mbar_wait<true>(bar_empty, ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
+        mbar_wait<true>(bar_empty, ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
         const uint32_t bar_full = IS_V ? bar_vf(s) : bar_kf(s);
         mbar_arrive_expect_tx(bar_full, Cfg::kKVBytes);
         constexpr int kRows = MC ? BN / 2 : BN;

@@ -73,35 +73,6 @@ __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
   return true;
 }
 
-// With cluster scope: the wait acquires what threads of other CTAs of the cluster released with their
-// (remote) arrivals, e.g. a peer's consumers releasing a slot that this CTA's producer multicasts into.
-__device__ __forceinline__ bool mbar_try_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-// mbar_wait's watchdog with cluster scope (the producer of a multicasting cluster; it traps).
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
-  uint32_t polls = 0;
-  while (!mbar_try_wait_cluster(bar, parity)) {
-    if (++polls == (1u << 26)) __trap();
-  }
-#else
-  while (!mbar_try_wait_cluster(bar, parity)) {
-  }
-#endif
-}
-
 // ----------------------------------------------------------------- cluster
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
@@ -114,13 +85,16 @@ __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
-// One arrival on the mbarrier at this CTA's shared offset `bar` in CTA `rank` of the cluster.
+// One arrival on the mbarrier at this CTA's shared offset `bar` in CTA `rank` of the cluster, with
+// the default (release, CTA-scope) semantics. What it publishes is the end of this warp's wgmma reads
+// of a slot, which wgmma.wait_group has already completed, so no memory needs ordering at cluster
+// scope; the .release.cluster form cost the first multicast kernel 26-35% (2026-12-01, run 2).
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
   asm volatile(
       "{\n"
       ".reg .b32 ra;\n"
       "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
       "}\n" ::"r"(bar),
       "r"(rank)
       : "memory");
