@@ -81,8 +81,7 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
 # dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
 # checkdet, benchdet), sweep2 / sweep3 (the v2 / persistent forward's configurations side by side),
-# v2-check / v3-check (check2 / check3 alone), fwd-mc (the forward's multicasting clusters of two:
-# checkmc, benchmc); "" skips them.
+# v2-check / v3-check (check2 / check3 alone); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-v2 v3 w3 bwd}" ;; *) hopper_steps="" ;; esac
@@ -90,7 +89,7 @@ HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
 pids=()
 need_fwd=0; need_bwd=0
 for step in $hopper_steps; do
-  case "$step" in fwd|fwd-*|v2*|v3*|w3|sweep*) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
+  case "$step" in fwd|v2*|v3*|w3|sweep*) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
 done
 # prebuilt NAME DEST: copy GPU_CHECK_PREBUILT/NAME to DEST if it starts on this machine (an unknown
 # mode makes a harness print the device and exit 2; a binary the loader refuses exits otherwise).
@@ -132,14 +131,13 @@ run_hopper_steps() {
       bwd-check) h="$HB"; runs="check" ;;
       bwd2) h="$HB"; runs="check2 bench2" ;;
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
-      fwd-mc) h="$HH"; runs="checkmc benchmc" ;;
       *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
     esac
     [ -x "$h" ] || continue
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet|checkmc) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && st=1

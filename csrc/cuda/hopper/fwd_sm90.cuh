@@ -432,7 +432,6 @@ struct FwdLaunch {
   dim3 grid;
   int smem;
   bool causal;
-  int cluster = 1;  // CTAs per cluster along grid x (a multicasting kernel's pairs)
   void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, KParams);
 };
 
@@ -471,21 +470,6 @@ inline cudaError_t fwd_sm90_prepare(FwdLaunch* L, const Sm90Args& a) {
 }
 
 inline cudaError_t fwd_sm90_launch(const FwdLaunch& L, cudaStream_t stream = 0) {
-  if (L.cluster > 1) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = L.grid;
-    cfg.blockDim = dim3(kFwdThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(L.cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, L.kern, L.tq, L.tk, L.tv, L.p);
-  }
   L.kern<<<L.grid, dim3(kFwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.p);
   return cudaGetLastError();
 }

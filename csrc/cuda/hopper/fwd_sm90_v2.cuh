@@ -37,20 +37,6 @@
 // (3) STAGES (ring depth) and BN are template parameters; FwdV2Default<D>
 //     picks the defaults (d=64: 128/4, d=128: 128/3, d=256: 80/2 with PP for
 //     causal calls only); the harness sweep times the alternatives.
-// (4) MC (multicast, non-causal only; a candidate, harness checkmc / benchmc):
-//     CTAs run in clusters of two along the query tiles of one (batch, head),
-//     so both read the same K / V tiles. Each producer loads half of every
-//     K / V tile's rows (rank r: rows [r BN/2, (r+1) BN/2)) and multicasts
-//     it into both CTAs at the same offset, which halves the L2 -> SM bytes
-//     per FLOP (FA3 runs its d >= 128 non-causal forward this way). A
-//     slot's full barrier still expects the whole tile (both halves land in
-//     each CTA); its empty barrier counts both CTAs' consumer warps (each
-//     warp also arrives remotely on the peer's), since either producer
-//     writes into both CTAs. The barrier initialisation is published with a
-//     cluster barrier, and a second one at the end keeps each CTA resident
-//     until the peer's last remote arrival. The grid's query tiles are
-//     rounded up to even; a tile past s_q loads zeros and stores nothing.
-//     Per CTA the arithmetic is v2's: outputs bitwise equal.
 // Bounded mbarrier waits as in v1 (producer traps, consumers give up and
 // report NaN lse), so a pipeline bug cannot hang the GPU; a consumer warp
 // that gave up once skips its later waits. The named barriers are not
@@ -238,7 +224,7 @@ __device__ __forceinline__ void v2_fence_p(uint32_t (&r)[N][4]) {
 }
 
 // ------------------------------------------------------------------- kernel
-template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_, bool MC = false>
+template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     fwd_sm90_v2_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                        const __grid_constant__ CUtensorMap tmV, const KParams p) {
@@ -248,8 +234,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
   constexpr bool PP = Cfg::PP;
   constexpr int DCH = D / 64;  // 128-byte chunks per row
-  static_assert(!(MC && CAUSAL), "multicast pairs need equal kv loops: non-causal only");
-  static_assert(!MC || (BN / 2) % 8 == 0, "each half tile whole 1024-byte swizzle atoms");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -280,23 +264,15 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_kf(s), 1);
       mbar_init(bar_vf(s), 1);
-      mbar_init(bar_ke(s), (MC ? 2 : 1) * kConsumerWarps);
-      mbar_init(bar_ve(s), (MC ? 2 : 1) * kConsumerWarps);
+      mbar_init(bar_ke(s), kConsumerWarps);
+      mbar_init(bar_ve(s), kConsumerWarps);
     }
     mbar_fence_init();
     tma_prefetch_desc(&tmQ);
     tma_prefetch_desc(&tmK);
     tma_prefetch_desc(&tmV);
   }
-  // The peer's producer signals this CTA's full barriers and its consumers arrive on the empty
-  // ones: they must be initialised cluster-wide first.
-  const uint32_t rank = MC ? cluster_ctarank() : 0u;
-  if (MC) {
-    cluster_arrive_release();
-    cluster_wait_acquire();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
@@ -308,29 +284,22 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // no cycle (checked in a protocol model for STAGES 2..4, n_blocks 1..13).
     setmaxnreg_dec<24>();
     if (tid == 0) {
-      // Tile n of K (IS_V false) or V into its ring slot: the whole tile, or (MC) this rank's half of
-      // its rows into both CTAs. The slot's full barrier expects the whole tile either way.
-      auto load_kv = [&](auto is_v, int n) {
-        constexpr bool IS_V = decltype(is_v)::value;
+      auto load_k = [&](int n) {
         const int s = n % STAGES;
-        const uint32_t bar_empty = IS_V ? bar_ve(s) : bar_ke(s);
-        mbar_wait<true>(bar_empty, ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
-        const uint32_t bar_full = IS_V ? bar_vf(s) : bar_kf(s);
-        mbar_arrive_expect_tx(bar_full, Cfg::kKVBytes);
-        constexpr int kRows = MC ? BN / 2 : BN;
-        const int r0 = static_cast<int>(rank) * kRows;
+        mbar_wait<true>(bar_ke(s), ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
+        mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
 #pragma unroll
-        for (int c = 0; c < DCH; ++c) {
-          const uint32_t dst = (IS_V ? sV0 : sK0) + s * Cfg::kKVBytes + c * BN * 128 + r0 * 128;
-          const CUtensorMap* tm = IS_V ? &tmV : &tmK;
-          if (MC)
-            tma_load_4d_multicast(dst, tm, bar_full, c * 64, head_kv, n * BN + r0, batch, 0x3);
-          else
-            tma_load_4d(dst, tm, bar_full, c * 64, head_kv, n * BN + r0, batch);
-        }
+        for (int c = 0; c < DCH; ++c)
+          tma_load_4d(sK0 + s * Cfg::kKVBytes + c * BN * 128, &tmK, bar_kf(s), c * 64, head_kv, n * BN, batch);
       };
-      auto load_k = [&](int n) { load_kv(std::false_type{}, n); };
-      auto load_v = [&](int n) { load_kv(std::true_type{}, n); };
+      auto load_v = [&](int n) {
+        const int s = n % STAGES;
+        mbar_wait<true>(bar_ve(s), ((n / STAGES) & 1u) ^ 1u);
+        mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < DCH; ++c)
+          tma_load_4d(sV0 + s * Cfg::kKVBytes + c * BN * 128, &tmV, bar_vf(s), c * 64, head_kv, n * BN, batch);
+      };
       // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
       mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
 #pragma unroll
@@ -355,14 +324,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int row_base = m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
   const int wg_row0 = m_blk * BM + cw * 64;
   const float sl2 = p.scale_log2;
-  // A warp's release of a K / V slot (after __syncwarp): to this CTA's producer and, with MC, to the
-  // peer's, which writes its half of the slot's next tile here too.
-  auto release = [&](uint32_t bar) {
-    if (lane == 0) {
-      mbar_arrive(bar);
-      if (MC) mbar_arrive_remote(bar, rank ^ 1u);
-    }
-  };
 
   // Ping-pong: consumer 0 takes the first turn.
   if (PP && cw == 1) v2_pp_pass_turn(cw);
@@ -400,7 +361,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   wgmma_wait<0>();
   v2_fence_f(sacc);
   __syncwarp();
-  release(bar_ke(0));
+  if (lane == 0) mbar_arrive(bar_ke(0));
   v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
   v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
   v2_pack_p<BN, F16>(pa, sacc);
@@ -435,7 +396,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma_wait<1>();  // group A (S_n) complete; B may still run
     v2_fence_f(sacc);
     __syncwarp();
-    release(bar_ke(s));
+    if (lane == 0) mbar_arrive(bar_ke(s));
     v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
     v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
     // Pin the softmax before the wait (else the compiler may sink it past
@@ -448,7 +409,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     v2_fence_f(o);
     v2_fence_p(pa);
     __syncwarp();
-    release(bar_ve(sp));
+    if (lane == 0) mbar_arrive(bar_ve(sp));
     v2_pack_p<BN, F16>(pa, sacc);
   }
 
@@ -471,23 +432,18 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma_wait<0>();
     v2_fence_f(o);
     __syncwarp();
-    release(bar_ve(s));  // no producer waits on it; kept for symmetry
+    if (lane == 0) mbar_arrive(bar_ve(s));  // no producer waits on it; kept for symmetry
   }
-  // This thread's last access to the peer (its remote arrivals) is done; the peer's to this CTA end
-  // by its own arrival, which the wait after the stores collects.
-  if (MC) cluster_arrive_release();
 
   // ---------------------------------------------------------------- epilogue
   fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, batch, head, qd, timed_out);
-  if (MC) cluster_wait_acquire();
 #endif
 }
 
 // =================================================================== host
 // Same contract as fwd_sm90_prepare (fwd_sm90.cuh); launch with fwd_sm90_launch.
-// PP_CAUSAL: the ping-pong of the causal kernel (default: PP). MC: non-causal calls run in
-// multicasting clusters of two (causal calls ignore it).
-template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL = PP, bool MC = false>
+// PP_CAUSAL: the ping-pong of the causal kernel (default: PP).
+template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL = PP>
 inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
   using Cfg = FwdV2Cfg<D, BN, STAGES, PP>;
   const KParams& p = a.out;
@@ -499,19 +455,15 @@ inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
        reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
     return cudaErrorInvalidValue;
   if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
-  const bool mc = MC && !a.causal;
-  const int kv_rows = mc ? BN / 2 : BN;  // a multicasting producer loads half of each tile
-  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, kv_rows) ||
-      !detail::make_map<T>(&L->tv, a.v, kv_rows))
+  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
+      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
     return cudaErrorInvalidValue;
   L->p = p;
   L->smem = Cfg::kTotal;
-  const int n_m = (p.s_q + Cfg::BM - 1) / Cfg::BM;
-  L->grid = dim3(mc ? (n_m + 1) / 2 * 2 : n_m, p.h, p.b);
-  L->cluster = mc ? 2 : 1;
+  L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
   L->causal = a.causal;
   L->kern = a.causal ? fwd_sm90_v2_kernel<T, D, true, BN, STAGES, PP_CAUSAL>
-                     : fwd_sm90_v2_kernel<T, D, false, BN, STAGES, PP, MC>;
+                     : fwd_sm90_v2_kernel<T, D, false, BN, STAGES, PP>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }

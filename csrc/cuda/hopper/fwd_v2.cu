@@ -6,16 +6,7 @@ namespace fusedattn {
 namespace hopper {
 
 template <typename T, int D>
-cudaError_t run_fwd_v2(const Sm90Args& a, bool multicast, cudaStream_t stream) {
-  if constexpr (D >= 128) {
-    if (multicast) {
-      using C = FwdV2Default<D>;
-      FwdLaunch L;
-      const cudaError_t e = fwd_sm90_v2_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL, true>(&L, a);
-      if (e != cudaSuccess) return e;
-      return fwd_sm90_launch(L, stream);
-    }
-  }
+cudaError_t run_fwd_v2(const Sm90Args& a, cudaStream_t stream) {
   return fwd_sm90<T, D>(a, stream);
 }
 
@@ -30,12 +21,12 @@ bool kernels_loadable() {
   return ok;
 }
 
-template cudaError_t run_fwd_v2<__half, 64>(const Sm90Args&, bool, cudaStream_t);
-template cudaError_t run_fwd_v2<__half, 128>(const Sm90Args&, bool, cudaStream_t);
-template cudaError_t run_fwd_v2<__half, 256>(const Sm90Args&, bool, cudaStream_t);
-template cudaError_t run_fwd_v2<__nv_bfloat16, 64>(const Sm90Args&, bool, cudaStream_t);
-template cudaError_t run_fwd_v2<__nv_bfloat16, 128>(const Sm90Args&, bool, cudaStream_t);
-template cudaError_t run_fwd_v2<__nv_bfloat16, 256>(const Sm90Args&, bool, cudaStream_t);
+template cudaError_t run_fwd_v2<__half, 64>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_v2<__half, 128>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_v2<__half, 256>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_v2<__nv_bfloat16, 64>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_v2<__nv_bfloat16, 128>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_v2<__nv_bfloat16, 256>(const Sm90Args&, cudaStream_t);
 
 }  // namespace hopper
 }  // namespace fusedattn

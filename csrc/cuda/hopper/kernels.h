@@ -12,11 +12,9 @@
 namespace fusedattn {
 namespace hopper {
 
-// T = __half or __nv_bfloat16; D = 64, 128 or 256. multicast (D = 128, 256; a candidate, opt-in
-// FUSEDATTN_HOPPER_FWD_MC=1): non-causal calls in clusters of two sharing each K / V load
-// (fwd_sm90_v2.cuh (4)).
+// T = __half or __nv_bfloat16; D = 64, 128 or 256.
 template <typename T, int D>
-cudaError_t run_fwd_v2(const Sm90Args& a, bool multicast, cudaStream_t stream);
+cudaError_t run_fwd_v2(const Sm90Args& a, cudaStream_t stream);
 template <typename T, int D>
 cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream);
 template <typename T>

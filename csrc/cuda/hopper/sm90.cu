@@ -79,16 +79,6 @@ const FwdOverride& fwd_override() {
   return o;
 }
 
-// FUSEDATTN_HOPPER_FWD_MC=1: v2's non-causal calls at d = 128 / 256 run the multicast candidate
-// (fwd_sm90_v2.cuh (4)), for its A/B timing; read once.
-bool fwd_multicast() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_HOPPER_FWD_MC");
-    return e != nullptr && std::atoi(e) != 0;
-  }();
-  return on;
-}
-
 std::string check_rows(const SeqTensor& t, const char* name) {
   if (t.data == nullptr) return cat(name, " is null");
   if (t.stride_d != 1) return cat(name, " has head-dim stride ", t.stride_d);
@@ -146,7 +136,7 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   } else if (variant == FwdVariant::kThreeConsumer) {
     e = run_fwd_three_consumer<T>(a, st);
   } else {
-    e = run_fwd_v2<T, D>(a, fwd_multicast(), st);
+    e = run_fwd_v2<T, D>(a, st);
   }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();

@@ -32,10 +32,6 @@
 //                              rotation and no-rotation configs) on the same
 //                              inputs, plus HDIFFW3: w3 vs v2 outputs
 //   harness onew3 S CAUSAL     one w3 (default config) d=64 bench point (for ncu)
-//   harness checkmc            the multicast candidate (v2 in clusters of two sharing each K/V
-//                              load, non-causal): vs the naive reference AND bit for bit vs v2
-//   harness benchmc            non-causal points, v2 / candidate / v2 again (HBENCH2, HBENCHMC,
-//                              HDIFFMC), and the device's cluster occupancy (HMCOCC)
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -87,14 +83,6 @@ template <typename T, int D>
 static Variant v2_variant() {
   using C = fusedattn::hopper::FwdV2Default<D>;
   return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>();
-}
-// v2's default configuration with the multicasting clusters of two (non-causal calls; causal ones
-// run v2 itself): the MC candidate.
-template <typename T, int D>
-static Variant v2mc_variant() {
-  using C = fusedattn::hopper::FwdV2Default<D>;
-  return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL, true>,
-          "v2mc" + cfg_tag(C::BN, C::STAGES, C::PP, C::PP_CAUSAL)};
 }
 // v3 takes the SM count (its grid); the harness sets it from the device
 // (check3 overrides it to force many tiles per CTA). g_v3_sched: the tile
@@ -711,8 +699,7 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
     const bool is_v1 = var.name == "v1";
     const bool is_v3 = var.name.compare(0, 2, "v3") == 0;
     const bool is_w3 = var.name.compare(0, 2, "w3") == 0;
-    const bool is_mc = var.name.compare(0, 4, "v2mc") == 0;
-    const char* tag = is_v1 ? "HBENCH" : (is_v3 ? "HBENCH3" : (is_w3 ? "HBENCHW3" : (is_mc ? "HBENCHMC" : "HBENCH2")));
+    const char* tag = is_v1 ? "HBENCH" : (is_v3 ? "HBENCH3" : (is_w3 ? "HBENCHW3" : "HBENCH2"));
     std::string cfg = (show_cfg && !is_v1) ? " cfg=" + var.name : "";
     CK(cudaMemset(o, 0xFF, n * sizeof(T)));
     CK(cudaMemset(lse, 0xFF, nl * sizeof(float)));
@@ -760,11 +747,11 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       }
       // bf16 outputs in [-1, 1]: a few ulps (~1e-2) are rounding-order noise.
       const bool same = bad == 0 && max_o < 3e-2 && max_l < 1e-3;
-      if (is_v3 || is_w3 || is_mc) {
+      if (is_v3 || is_w3) {
         const bool bitwise = std::memcmp(cur_o.data(), ref_o.data(), n * sizeof(T)) == 0 &&
                              std::memcmp(cur_l.data(), ref_l.data(), nl * sizeof(float)) == 0;
         std::printf("%s d=%d s=%d causal=%d %s vs %s: %s bitwise=%d max_abs_o=%.3e max_abs_lse=%.3e nonfinite=%zu\n",
-                    is_w3 ? "HDIFFW3" : (is_mc ? "HDIFFMC" : "HDIFF3"), D, s, causal ? 1 : 0, var.name.c_str(), vars[0].name.c_str(), same ? "OK" : "MISMATCH",
+                    is_w3 ? "HDIFFW3" : "HDIFF3", D, s, causal ? 1 : 0, var.name.c_str(), vars[0].name.c_str(), same ? "OK" : "MISMATCH",
                     bitwise ? 1 : 0, max_o, max_l, bad);
         if (!same) ok = false;
         continue;
@@ -863,76 +850,6 @@ static int run_benchw3(int only_s = -1, int only_causal = -1) {
   return ok ? 0 : 1;
 }
 
-// ----------------------------------------------------------------- checkmc
-// The multicast candidate (v2 with clusters of two) bit for bit against v2 on the same inputs, plus
-// the naive reference: odd query-tile counts (the padding CTA), kv tails where one rank's half tile
-// lies wholly past s_kv (s = 17, 200 at BN = 128; 90 at BN = 80), GQA, fp16, long sequences; causal
-// calls (which run v2 itself) once per d.
-template <int D>
-static void checkmc_d(int* n, int* fails, uint64_t* seed) {
-  const Variant bf = v2mc_variant<__nv_bfloat16, D>();
-  const Variant hf = v2mc_variant<__half, D>();
-  const int ss[] = {1, 17, 90, 128, 200, 256, 384, 1000, 2048};
-  for (int s : ss)
-    for (int hkv : {1, 4}) {
-      ++*n;
-      if (!check_vs_v2_case<__nv_bfloat16, D>(bf, 2, s, 4, hkv, false, 0, (*seed)++)) ++*fails;
-    }
-  for (int s : {200, 4096}) {
-    ++*n;
-    if (!check_vs_v2_case<__half, D>(hf, 1, s, 2, 2, false, 0, (*seed)++)) ++*fails;
-  }
-  ++*n;
-  if (!check_vs_v2_case<__nv_bfloat16, D>(bf, 1, 8000, 2, 1, false, 0, (*seed)++)) ++*fails;
-  ++*n;
-  if (!check_vs_v2_case<__nv_bfloat16, D>(bf, 2, 384, 4, 2, true, 0, (*seed)++)) ++*fails;
-}
-static int run_checkmc() {
-  int n = 0, fails = 0;
-  uint64_t seed = 4321;
-  checkmc_d<64>(&n, &fails, &seed);
-  checkmc_d<128>(&n, &fails, &seed);
-  checkmc_d<256>(&n, &fails, &seed);
-  std::printf("checkmc: %d/%d passed\n", n - fails, n);
-  return fails == 0 ? 0 : 1;
-}
-
-// benchmc: per non-causal point v2, the candidate, v2 again (drift), at d = 128 / 256 (the library's
-// d = 64 forward above 2k is the three-consumer kernel); and whether the
-// device holds one cluster per SM pair (cudaOccupancyMaxActiveClusters).
-template <int D>
-static void print_max_clusters() {
-  using C = fusedattn::hopper::FwdV2Default<D>;
-  using Cfg = fusedattn::hopper::FwdV2Cfg<D, C::BN, C::STAGES, C::PP>;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(2 * 1024);
-  cfg.blockDim = dim3(fusedattn::hopper::kFwdThreads);
-  cfg.dynamicSmemBytes = Cfg::kTotal;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  auto kern = fusedattn::hopper::fwd_sm90_v2_kernel<__nv_bfloat16, D, false, C::BN, C::STAGES, C::PP, true>;
-  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kTotal));
-  int clusters = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg);
-  std::printf("HMCOCC d=%d max_active_clusters=%d (%s)\n", D, clusters, cudaGetErrorString(e));
-}
-static int run_benchmc() {
-  using T = __nv_bfloat16;
-  print_max_clusters<128>();
-  print_max_clusters<256>();
-  bool ok = true;
-  for (int s : {2048, 8192, 16384}) {
-    ok = bench_point<128>(s, false, {v2_variant<T, 128>(), v2mc_variant<T, 128>(), v2_variant<T, 128>()}, true) && ok;
-    ok = bench_point<256>(s, false, {v2_variant<T, 256>(), v2mc_variant<T, 256>(), v2_variant<T, 256>()}, true) && ok;
-  }
-  return ok ? 0 : 1;
-}
-
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   int dev = 0;
@@ -955,8 +872,6 @@ int main(int argc, char** argv) {
   if (mode == "bench3") return run_bench(4);
   if (mode == "checkw3") return run_checkw3();
   if (mode == "benchw3") return run_benchw3();
-  if (mode == "checkmc") return run_checkmc();
-  if (mode == "benchmc") return run_benchmc();
   if (mode == "onew3") {
     if (argc < 4) {
       std::fprintf(stderr, "usage: %s onew3 S CAUSAL\n", argv[0]);
@@ -974,7 +889,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | checkmc | benchmc\n",
+               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL\n",
                argv[0]);
   return 2;
 }
