@@ -32,6 +32,9 @@
 //                              rotation and no-rotation configs) on the same
 //                              inputs, plus HDIFFW3: w3 vs v2 outputs
 //   harness onew3 S CAUSAL     one w3 (default config) d=64 bench point (for ncu)
+//   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
+//                              (any mode) each variant runs back to back that long before it is
+//                              timed, and its line ends with the SM clock and board power then
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -651,6 +654,7 @@ static double time_launch(const FwdLaunch& L, LaunchFn launch = fusedattn::hoppe
   for (int i = 0; i < 5; ++i)
     if (launch(L, 0) != cudaSuccess) return -1.0;
   CK(cudaDeviceSynchronize());
+  sustain([&] { CK(launch(L, 0)); });
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -718,8 +722,9 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       ok = false;
       continue;
     }
-    std::printf("%s d=%d s=%d causal=%d fwd %.3f ms %.1f TF/s%s\n", tag, D, s, causal ? 1 : 0, med,
-                flops / (med * 1e-3) / 1e12, cfg.c_str());
+    const std::string clk = sustain_seconds() > 0.0 ? clock_power_now() : "";
+    std::printf("%s d=%d s=%d causal=%d fwd %.3f ms %.1f TF/s%s%s\n", tag, D, s, causal ? 1 : 0, med,
+                flops / (med * 1e-3) / 1e12, cfg.c_str(), clk.c_str());
     // Outputs of this variant (all launches wrote the same values) vs vars[0].
     std::vector<T>& dst_o = vi == 0 ? ref_o : cur_o;
     std::vector<float>& dst_l = vi == 0 ? ref_l : cur_l;
@@ -824,6 +829,15 @@ static int run_sweep3() {
   return ok ? 0 : 1;
 }
 
+// sweepsus: a few of sweep2's points, for a run with HARNESS_SUSTAIN_S set: whether the ranking of the
+// configurations holds at the power limit (d = 128 s = 8k, d = 256 s = 2k non-causal: v2's points).
+static int run_sweepsus() {
+  bool ok = bench_d(128, 8192, false, 3);
+  ok = bench_d(128, 8192, true, 3) && ok;
+  ok = bench_d(256, 2048, false, 3) && ok;
+  return ok ? 0 : 1;
+}
+
 static int run_sweep2() {
   bool ok = true;
   const int ds[] = {64, 128, 256};
@@ -868,6 +882,7 @@ int main(int argc, char** argv) {
   if (mode == "bench2") return run_bench(2);
   if (mode == "sweep2") return run_sweep2();
   if (mode == "sweep3") return run_sweep3();
+  if (mode == "sweepsus") return run_sweepsus();
   if (mode == "check3") return run_check3();
   if (mode == "bench3") return run_bench(4);
   if (mode == "checkw3") return run_checkw3();
@@ -889,7 +904,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL\n",
+               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | sweepsus\n",
                argv[0]);
   return 2;
 }
