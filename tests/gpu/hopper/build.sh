@@ -8,13 +8,16 @@
 #                                          (v3, fwd_sm90_v3.cuh, persistent; vs v2)
 #       OUT checkw3 | OUT benchw3 | OUT onew3 S CAUSAL
 #                                          (w3, fwd_sm90_v2w3.cuh, d=64 BM=192; vs v2)
+# HARNESS_NVCC_FLAGS adds nvcc flags, e.g. -DFUSEDATTN_HOPPER_STAMPS for the `stamps` mode (a binary
+# of its own: the stamps instrument v2 in every mode).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 OUT="${1:-/tmp/hopper_harness}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
-"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo \
+# shellcheck disable=SC2086
+"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo ${HARNESS_NVCC_FLAGS:-} \
   -o "$OUT" "$ROOT/tests/gpu/hopper/harness.cu" 2>&1 | tee "$LOG"
 echo "built $OUT"
 # Summary: kernels that spill, and ptxas wgmma diagnostics (C75xx: a

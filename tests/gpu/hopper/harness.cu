@@ -35,6 +35,8 @@
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
 //                              timed, and its line ends with the SM clock and board power then
+//   harness stamps D S CAUSAL  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS) one v2 launch's
+//                              per-CTA phase times: where a CTA's fixed cost goes
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -864,6 +866,96 @@ static int run_benchw3(int only_s = -1, int only_causal = -1) {
   return ok ? 0 : 1;
 }
 
+// ------------------------------------------------------------------ stamps
+// `stamps D S CAUSAL` (a binary built with -DFUSEDATTN_HOPPER_STAMPS): one v2 launch (default config,
+// bench's shapes) with per-CTA phase times (fwd_sm90_v2.cuh), after warm-up launches. Prints the
+// median and mean over CTAs of each phase, per-CTA totals, the gap between consecutive CTAs on one
+// SM (end of one to start of the next) and the kernel's span: where a CTA's fixed cost goes.
+#ifdef FUSEDATTN_HOPPER_STAMPS
+template <int D>
+static int run_stamps(int s, bool causal) {
+  using T = __nv_bfloat16;
+  using fusedattn::hopper::kV2Stamps;
+  const int b = std::max(1, 16384 / s), h = 2048 / D;
+  const size_t n = static_cast<size_t>(b) * s * h * D, nl = static_cast<size_t>(b) * h * s;
+  Rng rng(42 + s + D);
+  T* q = upload_random<T>(n, rng, -2.f, 2.f);
+  T* k = upload_random<T>(n, rng, -2.f, 2.f);
+  T* v = upload_random<T>(n, rng, -1.f, 1.f);
+  T* o = nullptr;
+  float* lse = nullptr;
+  CK(cudaMalloc(&o, n * sizeof(T)));
+  CK(cudaMalloc(&lse, nl * sizeof(float)));
+  FwdLaunch L;
+  CK(v2_variant<T, D>().prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h, 1.f / std::sqrt(float(D)), causal)));
+  const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
+  unsigned long long* st = nullptr;
+  CK(cudaMalloc(&st, ctas * kV2Stamps * sizeof(unsigned long long)));
+  CK(cudaMemset(st, 0, ctas * kV2Stamps * sizeof(unsigned long long)));
+  for (int i = 0; i < 10; ++i) CK(fusedattn::hopper::fwd_sm90_launch(L, 0));
+  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_v2_stamps, &st, sizeof(st)));
+  CK(fusedattn::hopper::fwd_sm90_launch(L, 0));
+  CK(cudaDeviceSynchronize());
+  unsigned long long* none = nullptr;
+  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_v2_stamps, &none, sizeof(none)));
+  std::vector<unsigned long long> hs(ctas * kV2Stamps);
+  CK(cudaMemcpy(hs.data(), st, hs.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  const char* names[5] = {"start->Q landed", "Q->S_0 done", "S_0->loop done", "loop->PV_last done",
+                          "PV_last->stored"};
+  std::vector<double> ph[5], total;
+  unsigned long long t_min = ~0ull, t_max = 0;
+  for (size_t c = 0; c < ctas; ++c) {
+    const unsigned long long* r = &hs[c * kV2Stamps];
+    for (int i = 0; i < 5; ++i) ph[i].push_back(1e-3 * static_cast<double>(r[i + 1] - r[i]));
+    total.push_back(1e-3 * static_cast<double>(r[5] - r[0]));
+    t_min = std::min(t_min, r[0]);
+    t_max = std::max(t_max, r[5]);
+  }
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x.empty() ? 0.0 : x[x.size() / 2];
+  };
+  auto mean = [](const std::vector<double>& x) {
+    double a = 0.0;
+    for (double y : x) a += y;
+    return x.empty() ? 0.0 : a / x.size();
+  };
+  std::printf("HSTAMP d=%d s=%d causal=%d ctas=%zu span %.1f us\n", D, s, causal ? 1 : 0, ctas,
+              1e-3 * static_cast<double>(t_max - t_min));
+  for (int i = 0; i < 5; ++i)
+    std::printf("HSTAMP   %-20s median %7.2f us  mean %7.2f us\n", names[i], median(ph[i]), mean(ph[i]));
+  std::printf("HSTAMP   %-20s median %7.2f us  mean %7.2f us\n", "CTA total", median(total), mean(total));
+  // Per SM: CTAs in start order; the gap from one's end to the next one's start, and the SM's busy share.
+  std::vector<std::vector<size_t>> per_sm;
+  for (size_t c = 0; c < ctas; ++c) {
+    const size_t sm = static_cast<size_t>(hs[c * kV2Stamps + 6]);
+    if (sm >= per_sm.size()) per_sm.resize(sm + 1);
+    per_sm[sm].push_back(c);
+  }
+  std::vector<double> gaps, first, busy;
+  for (auto& list : per_sm) {
+    if (list.empty()) continue;
+    std::sort(list.begin(), list.end(), [&](size_t a, size_t c) { return hs[a * kV2Stamps] < hs[c * kV2Stamps]; });
+    first.push_back(1e-3 * static_cast<double>(hs[list[0] * kV2Stamps] - t_min));
+    double work = 0.0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      work += 1e-3 * static_cast<double>(hs[list[i] * kV2Stamps + 5] - hs[list[i] * kV2Stamps]);
+      if (i > 0)
+        gaps.push_back(1e-3 * (static_cast<double>(hs[list[i] * kV2Stamps]) -
+                               static_cast<double>(hs[list[i - 1] * kV2Stamps + 5])));
+    }
+    busy.push_back(work / (1e-3 * static_cast<double>(t_max - t_min)));
+  }
+  std::printf("HSTAMP   SMs used %zu; gap between CTAs on an SM median %.2f us mean %.2f us; first start median "
+              "%.2f us; busy share mean %.3f\n",
+              busy.size(), median(gaps), mean(gaps), median(first), mean(busy));
+  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
+                    static_cast<void*>(lse), static_cast<void*>(st)})
+    CK(cudaFree(ptr));
+  return 0;
+}
+#endif
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   int dev = 0;
@@ -883,6 +975,23 @@ int main(int argc, char** argv) {
   if (mode == "sweep2") return run_sweep2();
   if (mode == "sweep3") return run_sweep3();
   if (mode == "sweepsus") return run_sweepsus();
+  if (mode == "stamps") {
+#ifdef FUSEDATTN_HOPPER_STAMPS
+    if (argc < 5) {
+      std::fprintf(stderr, "usage: %s stamps D S CAUSAL\n", argv[0]);
+      return 2;
+    }
+    const int d = std::atoi(argv[2]), s = std::atoi(argv[3]);
+    const bool causal = std::atoi(argv[4]) != 0;
+    if (d == 64) return run_stamps<64>(s, causal);
+    if (d == 128) return run_stamps<128>(s, causal);
+    if (d == 256) return run_stamps<256>(s, causal);
+    return 2;
+#else
+    std::fprintf(stderr, "stamps: build with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS\n");
+    return 2;
+#endif
+  }
   if (mode == "check3") return run_check3();
   if (mode == "bench3") return run_bench(4);
   if (mode == "checkw3") return run_checkw3();
@@ -904,7 +1013,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | sweepsus\n",
+               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | sweepsus | stamps D S CAUSAL\n",
                argv[0]);
   return 2;
 }
