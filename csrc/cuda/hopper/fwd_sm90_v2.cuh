@@ -109,31 +109,6 @@ struct FwdV2Default<256> {
   static constexpr bool PP = false, PP_CAUSAL = true;
 };
 
-// ------------------------------------------------------------ phase stamps
-// Built only with FUSEDATTN_HOPPER_STAMPS (the forward harness's `stamps` mode; never in the
-// library): thread 0 of consumer 0 records %globaltimer (ns) at the phases of its CTA, and the SM it
-// ran on, into g_v2_stamps[CTA][kV2Stamps], to split a CTA's fixed cost (docs/perf-notes.md).
-#ifdef FUSEDATTN_HOPPER_STAMPS
-constexpr int kV2Stamps = 8;  // start, Q landed, S_0 done, loop done, PV_last done, stored, smid, -
-__device__ unsigned long long* g_v2_stamps = nullptr;  // the harness is one translation unit
-__device__ __forceinline__ unsigned long long v2_globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#define FUSEDATTN_V2_STAMP(i)                                                                          \
-  do {                                                                                                 \
-    if (g_v2_stamps != nullptr && threadIdx.x == 128) {                                                \
-      const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);             \
-      g_v2_stamps[static_cast<size_t>(cta) * kV2Stamps + (i)] = v2_globaltimer();                      \
-    }                                                                                                  \
-  } while (0)
-#else
-#define FUSEDATTN_V2_STAMP(i) \
-  do {                        \
-  } while (0)
-#endif
-
 // ------------------------------------------------------------ consumer pieces
 // S = Q K^T for this warpgroup's 64 rows: D/16 k-steps, K-major A and B.
 template <int D, int BN, bool F16>
@@ -274,15 +249,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-#ifdef FUSEDATTN_HOPPER_STAMPS
-  if (g_v2_stamps != nullptr && tid == 128) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    g_v2_stamps[static_cast<size_t>(cta) * kV2Stamps + 6] = smid;
-  }
-#endif
-  FUSEDATTN_V2_STAMP(0);
+  FUSEDATTN_FWD_STAMP_SM();
+  FUSEDATTN_FWD_STAMP(0, 0);
   // Causal: heaviest query tiles first.
   const int m_blk = CAUSAL ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
   const int head = blockIdx.y;
@@ -379,7 +347,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // After the first give-up a warp skips every later wait (garbage, but the
   // CTA ends in ~1 watchdog period instead of one per tile).
   bool timed_out = !mbar_wait<false>(bar_q, 0);
-  FUSEDATTN_V2_STAMP(1);
+  FUSEDATTN_FWD_STAMP(0, 1);
   auto wait_full = [&](uint32_t bar, uint32_t parity) {
     if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
   };
@@ -395,7 +363,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (PP) v2_pp_pass_turn(cw);
   wgmma_wait<0>();
   v2_fence_f(sacc);
-  FUSEDATTN_V2_STAMP(2);
+  FUSEDATTN_FWD_STAMP(0, 2);
   __syncwarp();
   if (lane == 0) mbar_arrive(bar_ke(0));
   v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
@@ -449,7 +417,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     v2_pack_p<BN, F16>(pa, sacc);
   }
 
-  FUSEDATTN_V2_STAMP(3);
+  FUSEDATTN_FWD_STAMP(0, 3);
   // ------------------------------------------------ epilogue: PV_{last} alone
   {
     const int last = n_blocks - 1;
@@ -471,11 +439,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_ve(s));  // no producer waits on it; kept for symmetry
   }
-  FUSEDATTN_V2_STAMP(4);
+  FUSEDATTN_FWD_STAMP(0, 4);
 
   // ---------------------------------------------------------------- epilogue
   fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, batch, head, qd, timed_out);
-  FUSEDATTN_V2_STAMP(5);
+  FUSEDATTN_FWD_STAMP(0, 5);
 #endif
 }
 

@@ -35,8 +35,8 @@
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
 //                              timed, and its line ends with the SM clock and board power then
-//   harness stamps D S CAUSAL  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS) one v2 launch's
-//                              per-CTA phase times: where a CTA's fixed cost goes
+//   harness stamps D S CAUSAL [v2|v3]  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS) one
+//                              v2 or persistent launch's per-tile phase times: where fixed cost goes
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -867,15 +867,19 @@ static int run_benchw3(int only_s = -1, int only_causal = -1) {
 }
 
 // ------------------------------------------------------------------ stamps
-// `stamps D S CAUSAL` (a binary built with -DFUSEDATTN_HOPPER_STAMPS): one v2 launch (default config,
-// bench's shapes) with per-CTA phase times (fwd_sm90_v2.cuh), after warm-up launches. Prints the
-// median and mean over CTAs of each phase, per-CTA totals, the gap between consecutive CTAs on one
-// SM (end of one to start of the next) and the kernel's span: where a CTA's fixed cost goes.
+// `stamps D S CAUSAL [v2|v3]` (a binary built with -DFUSEDATTN_HOPPER_STAMPS): one launch of v2 or of the
+// persistent kernel (default config and, for v3, the library's schedule; bench's shapes) with the
+// phase stamps of fwd_sm90.cuh, after warm-up launches. Per phase of a work tile (Q wait, S_0, the
+// steady loop, PV_last, stores) the median and mean over tiles, the first tile of each CTA apart
+// from the later ones (v3's tile boundaries), the steady loop's time per kv block, the gap from one
+// CTA's end to the next one's start on an SM (v2), and the kernel's span.
 #ifdef FUSEDATTN_HOPPER_STAMPS
 template <int D>
-static int run_stamps(int s, bool causal) {
+static int run_stamps(int s, bool causal, bool persistent) {
   using T = __nv_bfloat16;
-  using fusedattn::hopper::kV2Stamps;
+  using fusedattn::hopper::kFwdStampSlots;
+  using fusedattn::hopper::kFwdStampTiles;
+  using C = fusedattn::hopper::FwdV2Default<D>;
   const int b = std::max(1, 16384 / s), h = 2048 / D;
   const size_t n = static_cast<size_t>(b) * s * h * D, nl = static_cast<size_t>(b) * h * s;
   Rng rng(42 + s + D);
@@ -886,69 +890,73 @@ static int run_stamps(int s, bool causal) {
   float* lse = nullptr;
   CK(cudaMalloc(&o, n * sizeof(T)));
   CK(cudaMalloc(&lse, nl * sizeof(float)));
+  const Variant var = persistent ? v3_lib_variant<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>() : v2_variant<T, D>();
   FwdLaunch L;
-  CK(v2_variant<T, D>().prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h, 1.f / std::sqrt(float(D)), causal)));
+  CK(var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h, 1.f / std::sqrt(static_cast<float>(D)), causal)));
   const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
+  const size_t words = ctas * kFwdStampTiles * kFwdStampSlots;
   unsigned long long* st = nullptr;
-  CK(cudaMalloc(&st, ctas * kV2Stamps * sizeof(unsigned long long)));
-  CK(cudaMemset(st, 0, ctas * kV2Stamps * sizeof(unsigned long long)));
-  for (int i = 0; i < 10; ++i) CK(fusedattn::hopper::fwd_sm90_launch(L, 0));
-  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_v2_stamps, &st, sizeof(st)));
-  CK(fusedattn::hopper::fwd_sm90_launch(L, 0));
+  CK(cudaMalloc(&st, words * sizeof(unsigned long long)));
+  CK(cudaMemset(st, 0, words * sizeof(unsigned long long)));
+  for (int i = 0; i < 10; ++i) CK(var.launch(L, 0));
+  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_fwd_stamps, &st, sizeof(st)));
+  CK(var.launch(L, 0));
   CK(cudaDeviceSynchronize());
   unsigned long long* none = nullptr;
-  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_v2_stamps, &none, sizeof(none)));
-  std::vector<unsigned long long> hs(ctas * kV2Stamps);
-  CK(cudaMemcpy(hs.data(), st, hs.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  const char* names[5] = {"start->Q landed", "Q->S_0 done", "S_0->loop done", "loop->PV_last done",
+  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_fwd_stamps, &none, sizeof(none)));
+  std::vector<unsigned long long> hs(words);
+  CK(cudaMemcpy(hs.data(), st, words * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  auto at = [&](size_t cta, size_t tile, int i) { return hs[(cta * kFwdStampTiles + tile) * kFwdStampSlots + i]; };
+  auto us = [](unsigned long long a, unsigned long long b2) { return 1e-3 * (static_cast<double>(b2) - static_cast<double>(a)); };
+  const char* names[5] = {"tile start->Q landed", "Q->S_0 done", "S_0->loop done", "loop->PV_last done",
                           "PV_last->stored"};
-  std::vector<double> ph[5], total;
+  std::vector<double> ph[2][5], per_block, boundary, cta_gap;
   unsigned long long t_min = ~0ull, t_max = 0;
+  std::vector<std::vector<size_t>> per_sm;
   for (size_t c = 0; c < ctas; ++c) {
-    const unsigned long long* r = &hs[c * kV2Stamps];
-    for (int i = 0; i < 5; ++i) ph[i].push_back(1e-3 * static_cast<double>(r[i + 1] - r[i]));
-    total.push_back(1e-3 * static_cast<double>(r[5] - r[0]));
-    t_min = std::min(t_min, r[0]);
-    t_max = std::max(t_max, r[5]);
+    const size_t tiles = persistent ? std::min<size_t>(at(c, 0, 7), kFwdStampTiles) : 1;
+    for (size_t j = 0; j < tiles; ++j) {
+      for (int i = 0; i < 5; ++i) ph[j > 0][i].push_back(us(at(c, j, i), at(c, j, i + 1)));
+      if (j > 0) boundary.push_back(us(at(c, j - 1, 3), at(c, j, 2)));  // loop end to next S_0 done
+      t_min = std::min(t_min, at(c, j, 0));
+      t_max = std::max(t_max, at(c, j, 5));
+    }
+    const size_t sm = static_cast<size_t>(at(c, 0, 6));
+    if (sm >= per_sm.size()) per_sm.resize(sm + 1);
+    per_sm[sm].push_back(c);
   }
+  const int n_blocks = (s + C::BN - 1) / C::BN;  // non-causal tiles; causal ones vary
+  if (!causal && n_blocks > 1)
+    for (double x : ph[0][2]) per_block.push_back(x / (n_blocks - 1));
   auto median = [](std::vector<double> x) {
     std::sort(x.begin(), x.end());
     return x.empty() ? 0.0 : x[x.size() / 2];
   };
   auto mean = [](const std::vector<double>& x) {
-    double a = 0.0;
-    for (double y : x) a += y;
-    return x.empty() ? 0.0 : a / x.size();
+    double a2 = 0.0;
+    for (double y : x) a2 += y;
+    return x.empty() ? 0.0 : a2 / x.size();
   };
-  std::printf("HSTAMP d=%d s=%d causal=%d ctas=%zu span %.1f us\n", D, s, causal ? 1 : 0, ctas,
-              1e-3 * static_cast<double>(t_max - t_min));
-  for (int i = 0; i < 5; ++i)
-    std::printf("HSTAMP   %-20s median %7.2f us  mean %7.2f us\n", names[i], median(ph[i]), mean(ph[i]));
-  std::printf("HSTAMP   %-20s median %7.2f us  mean %7.2f us\n", "CTA total", median(total), mean(total));
-  // Per SM: CTAs in start order; the gap from one's end to the next one's start, and the SM's busy share.
-  std::vector<std::vector<size_t>> per_sm;
-  for (size_t c = 0; c < ctas; ++c) {
-    const size_t sm = static_cast<size_t>(hs[c * kV2Stamps + 6]);
-    if (sm >= per_sm.size()) per_sm.resize(sm + 1);
-    per_sm[sm].push_back(c);
+  std::printf("HSTAMP %s d=%d s=%d causal=%d ctas=%zu span %.1f us\n", var.name.c_str(), D, s, causal ? 1 : 0, ctas,
+              us(t_min, t_max));
+  for (int later = 0; later < 2; ++later) {
+    if (ph[later][0].empty()) continue;
+    for (int i = 0; i < 5; ++i)
+      std::printf("HSTAMP   %s %-22s median %7.2f us  mean %7.2f us\n", later ? "later tiles" : "first tile ",
+                  names[i], median(ph[later][i]), mean(ph[later][i]));
   }
-  std::vector<double> gaps, first, busy;
-  for (auto& list : per_sm) {
-    if (list.empty()) continue;
-    std::sort(list.begin(), list.end(), [&](size_t a, size_t c) { return hs[a * kV2Stamps] < hs[c * kV2Stamps]; });
-    first.push_back(1e-3 * static_cast<double>(hs[list[0] * kV2Stamps] - t_min));
-    double work = 0.0;
-    for (size_t i = 0; i < list.size(); ++i) {
-      work += 1e-3 * static_cast<double>(hs[list[i] * kV2Stamps + 5] - hs[list[i] * kV2Stamps]);
-      if (i > 0)
-        gaps.push_back(1e-3 * (static_cast<double>(hs[list[i] * kV2Stamps]) -
-                               static_cast<double>(hs[list[i - 1] * kV2Stamps + 5])));
+  if (!per_block.empty()) std::printf("HSTAMP   steady loop per kv block (first tiles) median %.3f us\n", median(per_block));
+  if (!boundary.empty())
+    std::printf("HSTAMP   tile boundary (loop done -> next tile's S_0 done) median %.2f us mean %.2f us\n",
+                median(boundary), mean(boundary));
+  if (!persistent) {
+    for (auto& list : per_sm) {
+      std::sort(list.begin(), list.end(), [&](size_t a2, size_t c2) { return at(a2, 0, 0) < at(c2, 0, 0); });
+      for (size_t i = 1; i < list.size(); ++i) cta_gap.push_back(us(at(list[i - 1], 0, 5), at(list[i], 0, 0)));
     }
-    busy.push_back(work / (1e-3 * static_cast<double>(t_max - t_min)));
+    std::printf("HSTAMP   gap between consecutive CTAs on an SM median %.2f us mean %.2f us\n", median(cta_gap),
+                mean(cta_gap));
   }
-  std::printf("HSTAMP   SMs used %zu; gap between CTAs on an SM median %.2f us mean %.2f us; first start median "
-              "%.2f us; busy share mean %.3f\n",
-              busy.size(), median(gaps), mean(gaps), median(first), mean(busy));
   for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
                     static_cast<void*>(lse), static_cast<void*>(st)})
     CK(cudaFree(ptr));
@@ -978,14 +986,15 @@ int main(int argc, char** argv) {
   if (mode == "stamps") {
 #ifdef FUSEDATTN_HOPPER_STAMPS
     if (argc < 5) {
-      std::fprintf(stderr, "usage: %s stamps D S CAUSAL\n", argv[0]);
+      std::fprintf(stderr, "usage: %s stamps D S CAUSAL [v2|v3]\n", argv[0]);
       return 2;
     }
     const int d = std::atoi(argv[2]), s = std::atoi(argv[3]);
     const bool causal = std::atoi(argv[4]) != 0;
-    if (d == 64) return run_stamps<64>(s, causal);
-    if (d == 128) return run_stamps<128>(s, causal);
-    if (d == 256) return run_stamps<256>(s, causal);
+    const bool persistent = argc > 5 && std::string(argv[5]) == "v3";
+    if (d == 64) return run_stamps<64>(s, causal, persistent);
+    if (d == 128) return run_stamps<128>(s, causal, persistent);
+    if (d == 256) return run_stamps<256>(s, causal, persistent);
     return 2;
 #else
     std::fprintf(stderr, "stamps: build with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS\n");
