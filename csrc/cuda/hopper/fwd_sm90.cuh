@@ -124,45 +124,46 @@ __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o
   }
 }
 
-// Phase stamps, built only with FUSEDATTN_HOPPER_STAMPS (the forward harness's `stamps` mode, never
-// the library): thread 0 of consumer 0 writes %globaltimer (ns) at phase i of its CTA's local work
-// tile `tile` (v2: always 0) to g_fwd_stamps[CTA][tile][i], i < 6, and the SM's id and the CTA's tile
-// count to slots 6 and 7 of tile 0; tiles past kFwdStampTiles are not recorded. They split a CTA's
-// fixed cost into its phases (docs/perf-notes.md).
+// Phase stamps, built only with FUSEDATTN_HOPPER_STAMPS (the harnesses' `stamps` modes, never the
+// library): thread 0 of consumer 0 writes %globaltimer (ns) at phase i of its CTA's local work tile
+// `tile` (v2 and the backward: always 0) to g_phase_stamps[CTA][tile][i], i < 6, and the SM's id and
+// a count (the persistent kernel's tiles, the backward's query tiles) to slots 6 and 7 of tile 0;
+// tiles past kStampTiles are not recorded. They split a CTA's fixed cost into its phases
+// (docs/perf-notes.md).
 #ifdef FUSEDATTN_HOPPER_STAMPS
-constexpr int kFwdStampSlots = 8, kFwdStampTiles = 32;
-__device__ unsigned long long* g_fwd_stamps = nullptr;  // the harness is one translation unit
-__device__ __forceinline__ unsigned long long* fwd_stamp_slot(int tile, int i) {
-  if (g_fwd_stamps == nullptr || threadIdx.x != 128 || tile >= kFwdStampTiles) return nullptr;
+constexpr int kStampSlots = 8, kStampTiles = 32;
+__device__ unsigned long long* g_phase_stamps = nullptr;  // the harness is one translation unit
+__device__ __forceinline__ unsigned long long* phase_stamp_slot(int tile, int i) {
+  if (g_phase_stamps == nullptr || threadIdx.x != 128 || tile >= kStampTiles) return nullptr;
   const size_t cta = blockIdx.x + gridDim.x * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
-  return g_fwd_stamps + (cta * kFwdStampTiles + tile) * kFwdStampSlots + i;
+  return g_phase_stamps + (cta * kStampTiles + tile) * kStampSlots + i;
 }
-__device__ __forceinline__ void fwd_stamp(int tile, int i) {
-  if (unsigned long long* slot = fwd_stamp_slot(tile, i)) {
+__device__ __forceinline__ void phase_stamp(int tile, int i) {
+  if (unsigned long long* slot = phase_stamp_slot(tile, i)) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     *slot = t;
   }
 }
-__device__ __forceinline__ void fwd_stamp_value(int i, unsigned long long v) {
-  if (unsigned long long* slot = fwd_stamp_slot(0, i)) *slot = v;
+__device__ __forceinline__ void phase_stamp_value(int i, unsigned long long v) {
+  if (unsigned long long* slot = phase_stamp_slot(0, i)) *slot = v;
 }
-__device__ __forceinline__ unsigned fwd_smid() {
+__device__ __forceinline__ unsigned phase_smid() {
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   return smid;
 }
-#define FUSEDATTN_FWD_STAMP(tile, i) fwd_stamp((tile), (i))
-#define FUSEDATTN_FWD_STAMP_SM() fwd_stamp_value(6, fwd_smid())
-#define FUSEDATTN_FWD_STAMP_TILES(n) fwd_stamp_value(7, (n))
+#define FUSEDATTN_PHASE_STAMP(tile, i) phase_stamp((tile), (i))
+#define FUSEDATTN_PHASE_STAMP_SM() phase_stamp_value(6, phase_smid())
+#define FUSEDATTN_PHASE_STAMP_COUNT(n) phase_stamp_value(7, (n))
 #else
-#define FUSEDATTN_FWD_STAMP(tile, i) \
+#define FUSEDATTN_PHASE_STAMP(tile, i) \
   do {                               \
   } while (0)
-#define FUSEDATTN_FWD_STAMP_SM() \
+#define FUSEDATTN_PHASE_STAMP_SM() \
   do {                           \
   } while (0)
-#define FUSEDATTN_FWD_STAMP_TILES(n) \
+#define FUSEDATTN_PHASE_STAMP_COUNT(n) \
   do {                               \
   } while (0)
 #endif

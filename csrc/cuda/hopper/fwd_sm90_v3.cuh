@@ -318,9 +318,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
   uint32_t j = 0;   // local tile index (Q ring)
-  FUSEDATTN_FWD_STAMP_SM();
+  FUSEDATTN_PHASE_STAMP_SM();
   for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
-    FUSEDATTN_FWD_STAMP(j, 0);
+    FUSEDATTN_PHASE_STAMP(j, 0);
     const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
     const int n_blocks = ti.n_blocks;
     const bool last_tile = v3_next<kSnake>(t, j) >= n_tiles;  // same in both consumers
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
 
     wait_full(bar_qf(qs), (j / QBUF) & 1u);
-    FUSEDATTN_FWD_STAMP(j, 1);
+    FUSEDATTN_PHASE_STAMP(j, 1);
 
     // ---------------------------------------------- prologue: S_0 alone
     {
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       if (PP) v2_pp_pass_turn(cw);
       wgmma_wait<0>();
       v2_fence_f(sacc);
-      FUSEDATTN_FWD_STAMP(j, 2);
+      FUSEDATTN_PHASE_STAMP(j, 2);
       __syncwarp();
       if (lane == 0) {
         mbar_arrive(bar_ke(s));
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_pack_p<BN, F16>(pa, sacc);
     }
 
-    FUSEDATTN_FWD_STAMP(j, 3);
+    FUSEDATTN_PHASE_STAMP(j, 3);
     // ---------------------------------------------- PV_{last} alone
     {
       const uint32_t it = kv + n_blocks - 1;
@@ -431,17 +431,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_ve(s));  // the producer's later loads wait on it
     }
-    FUSEDATTN_FWD_STAMP(j, 4);
+    FUSEDATTN_PHASE_STAMP(j, 4);
     kv += n_blocks;
 
     // ---------------------------------------------------------- epilogue
     // Runs while the producer's next Q / K_0 loads are in flight and the
     // other consumer issues its GEMMs.
     fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, ti.batch, ti.head, qd, timed_out);
-    FUSEDATTN_FWD_STAMP(j, 5);
+    FUSEDATTN_PHASE_STAMP(j, 5);
     __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
   }
-  FUSEDATTN_FWD_STAMP_TILES(j);
+  FUSEDATTN_PHASE_STAMP_COUNT(j);
 #endif
 }
 

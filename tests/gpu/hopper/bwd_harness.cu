@@ -19,6 +19,10 @@
 //   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDDET (the DET variant)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
+//   bwd_harness stamps D S CAUSAL  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS; d = 64, 128)
+//                                one launch of the library's main kernel with per-CTA phase times
+//                                (K/V landed, first query tile done, loop done, reduces done, dK/dV
+//                                stored): where a CTA's fixed cost goes
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -765,6 +769,49 @@ static int run_bench() {
   return ok ? 0 : 1;
 }
 
+#ifdef FUSEDATTN_HOPPER_STAMPS
+// stamps: bench_point's inputs (out / lse from the Hopper forward), the library's DQ_TMA backward.
+template <int D>
+static int run_stamps(int s, bool causal) {
+  using T = __nv_bfloat16;
+  const int b = std::max(1, 16384 / s), h = 2048 / D;
+  const size_t n = static_cast<size_t>(b) * s * h * D;
+  Rng rng(77 + s + D);
+  T* q = upload_random<T>(n, rng, -2.f, 2.f);
+  T* k = upload_random<T>(n, rng, -2.f, 2.f);
+  T* v = upload_random<T>(n, rng, -1.f, 1.f);
+  T* dout = upload_random<T>(n, rng, -1.f, 1.f);
+  T *o, *dq, *dk, *dv;
+  float* lse;
+  CK(cudaMalloc(&o, n * sizeof(T)));
+  CK(cudaMalloc(&dq, n * sizeof(T)));
+  CK(cudaMalloc(&dk, n * sizeof(T)));
+  CK(cudaMalloc(&dv, n * sizeof(T)));
+  CK(cudaMalloc(&lse, static_cast<size_t>(b) * h * s * sizeof(float)));
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, hp::bwd_sm90_workspace_bytes(b, s, h, D)));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  CK(hp::fwd_sm90<T, D>(bshd_args<D>(q, k, v, o, lse, b, s, h, h, scale, causal)));
+  hp::BwdLaunch L;
+  CK(hp::bwd_sm90_prepare<T, D, true>(&L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h, scale,
+                                                          causal)));
+  const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
+  const std::vector<unsigned long long> hs = collect_stamps(ctas, [&] { CK(hp::bwd_sm90_launch(L)); });
+  const char* names[5] = {"start->K,V landed", "K,V->first q tile done", "first->loop done",
+                          "loop->reduces done", "reduces->dK,dV stored"};
+  char head[160];
+  std::snprintf(head, sizeof(head), "HSTAMP bwd d=%d s=%d causal=%d", D, s, causal ? 1 : 0);
+  // Non-causal CTAs all run n_m query tiles (slot 7 holds each CTA's count).
+  const int per_tile = causal ? 0 : static_cast<int>(hs[7]) - 1;
+  report_stamps(hs, ctas, names, false, per_tile, head);
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                  static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                  static_cast<void*>(lse), ws})
+    CK(cudaFree(p));
+  return 0;
+}
+#endif
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   int dev = 0;
@@ -781,6 +828,22 @@ int main(int argc, char** argv) {
   if (mode == "check2") return run_check2();
   if (mode == "bench2") return run_bench2();
   if (mode == "checkdet") return run_checkdet();
+  if (mode == "stamps") {
+#ifdef FUSEDATTN_HOPPER_STAMPS
+    if (argc < 5) {
+      std::fprintf(stderr, "usage: %s stamps D S CAUSAL\n", argv[0]);
+      return 2;
+    }
+    const int d = std::atoi(argv[2]), s = std::atoi(argv[3]);
+    const bool causal = std::atoi(argv[4]) != 0;
+    if (d == 64) return run_stamps<64>(s, causal);
+    if (d == 128) return run_stamps<128>(s, causal);
+    return 2;
+#else
+    std::fprintf(stderr, "stamps: build with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS\n");
+    return 2;
+#endif
+  }
   if (mode == "benchdet") return run_benchdet();
   if (mode == "onedet") {
     if (argc < 5) {
@@ -805,7 +868,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL | checkdet | benchdet | "
-               "onedet D S CAUSAL\n",
+               "onedet D S CAUSAL | stamps D S CAUSAL\n",
                argv[0]);
   return 2;
 }

@@ -877,8 +877,6 @@ static int run_benchw3(int only_s = -1, int only_causal = -1) {
 template <int D>
 static int run_stamps(int s, bool causal, bool persistent) {
   using T = __nv_bfloat16;
-  using fusedattn::hopper::kFwdStampSlots;
-  using fusedattn::hopper::kFwdStampTiles;
   using C = fusedattn::hopper::FwdV2Default<D>;
   const int b = std::max(1, 16384 / s), h = 2048 / D;
   const size_t n = static_cast<size_t>(b) * s * h * D, nl = static_cast<size_t>(b) * h * s;
@@ -894,71 +892,16 @@ static int run_stamps(int s, bool causal, bool persistent) {
   FwdLaunch L;
   CK(var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h, 1.f / std::sqrt(static_cast<float>(D)), causal)));
   const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
-  const size_t words = ctas * kFwdStampTiles * kFwdStampSlots;
-  unsigned long long* st = nullptr;
-  CK(cudaMalloc(&st, words * sizeof(unsigned long long)));
-  CK(cudaMemset(st, 0, words * sizeof(unsigned long long)));
-  for (int i = 0; i < 10; ++i) CK(var.launch(L, 0));
-  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_fwd_stamps, &st, sizeof(st)));
-  CK(var.launch(L, 0));
-  CK(cudaDeviceSynchronize());
-  unsigned long long* none = nullptr;
-  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_fwd_stamps, &none, sizeof(none)));
-  std::vector<unsigned long long> hs(words);
-  CK(cudaMemcpy(hs.data(), st, words * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  auto at = [&](size_t cta, size_t tile, int i) { return hs[(cta * kFwdStampTiles + tile) * kFwdStampSlots + i]; };
-  auto us = [](unsigned long long a, unsigned long long b2) { return 1e-3 * (static_cast<double>(b2) - static_cast<double>(a)); };
+  const std::vector<unsigned long long> hs = collect_stamps(ctas, [&] { CK(var.launch(L, 0)); });
   const char* names[5] = {"tile start->Q landed", "Q->S_0 done", "S_0->loop done", "loop->PV_last done",
                           "PV_last->stored"};
-  std::vector<double> ph[2][5], per_block, boundary, cta_gap;
-  unsigned long long t_min = ~0ull, t_max = 0;
-  std::vector<std::vector<size_t>> per_sm;
-  for (size_t c = 0; c < ctas; ++c) {
-    const size_t tiles = persistent ? std::min<size_t>(at(c, 0, 7), kFwdStampTiles) : 1;
-    for (size_t j = 0; j < tiles; ++j) {
-      for (int i = 0; i < 5; ++i) ph[j > 0][i].push_back(us(at(c, j, i), at(c, j, i + 1)));
-      if (j > 0) boundary.push_back(us(at(c, j - 1, 3), at(c, j, 2)));  // loop end to next S_0 done
-      t_min = std::min(t_min, at(c, j, 0));
-      t_max = std::max(t_max, at(c, j, 5));
-    }
-    const size_t sm = static_cast<size_t>(at(c, 0, 6));
-    if (sm >= per_sm.size()) per_sm.resize(sm + 1);
-    per_sm[sm].push_back(c);
-  }
-  const int n_blocks = (s + C::BN - 1) / C::BN;  // non-causal tiles; causal ones vary
-  if (!causal && n_blocks > 1)
-    for (double x : ph[0][2]) per_block.push_back(x / (n_blocks - 1));
-  auto median = [](std::vector<double> x) {
-    std::sort(x.begin(), x.end());
-    return x.empty() ? 0.0 : x[x.size() / 2];
-  };
-  auto mean = [](const std::vector<double>& x) {
-    double a2 = 0.0;
-    for (double y : x) a2 += y;
-    return x.empty() ? 0.0 : a2 / x.size();
-  };
-  std::printf("HSTAMP %s d=%d s=%d causal=%d ctas=%zu span %.1f us\n", var.name.c_str(), D, s, causal ? 1 : 0, ctas,
-              us(t_min, t_max));
-  for (int later = 0; later < 2; ++later) {
-    if (ph[later][0].empty()) continue;
-    for (int i = 0; i < 5; ++i)
-      std::printf("HSTAMP   %s %-22s median %7.2f us  mean %7.2f us\n", later ? "later tiles" : "first tile ",
-                  names[i], median(ph[later][i]), mean(ph[later][i]));
-  }
-  if (!per_block.empty()) std::printf("HSTAMP   steady loop per kv block (first tiles) median %.3f us\n", median(per_block));
-  if (!boundary.empty())
-    std::printf("HSTAMP   tile boundary (loop done -> next tile's S_0 done) median %.2f us mean %.2f us\n",
-                median(boundary), mean(boundary));
-  if (!persistent) {
-    for (auto& list : per_sm) {
-      std::sort(list.begin(), list.end(), [&](size_t a2, size_t c2) { return at(a2, 0, 0) < at(c2, 0, 0); });
-      for (size_t i = 1; i < list.size(); ++i) cta_gap.push_back(us(at(list[i - 1], 0, 5), at(list[i], 0, 0)));
-    }
-    std::printf("HSTAMP   gap between consecutive CTAs on an SM median %.2f us mean %.2f us\n", median(cta_gap),
-                mean(cta_gap));
-  }
+  char head[160];
+  std::snprintf(head, sizeof(head), "HSTAMP %s d=%d s=%d causal=%d", var.name.c_str(), D, s, causal ? 1 : 0);
+  // Non-causal tiles all have n_blocks kv blocks; causal ones vary (no per-block figure).
+  const int per_tile = causal ? 0 : (s + C::BN - 1) / C::BN - 1;
+  report_stamps(hs, ctas, names, persistent, per_tile, head);
   for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
-                    static_cast<void*>(lse), static_cast<void*>(st)})
+                    static_cast<void*>(lse)})
     CK(cudaFree(ptr));
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -131,3 +132,85 @@ static std::string clock_power_now() {
   std::snprintf(out, sizeof(out), " clk=%u W=%.0f", mhz, watts);
   return out;
 }
+
+#ifdef FUSEDATTN_HOPPER_STAMPS
+// The phase stamps of one launch of `ctas` CTAs (launch() enqueues it), after 10 unstamped warm-up
+// launches: kStampTiles x kStampSlots words per CTA, zero where nothing was stamped.
+template <typename F>
+static std::vector<unsigned long long> collect_stamps(size_t ctas, F&& launch) {
+  using fusedattn::hopper::kStampSlots;
+  using fusedattn::hopper::kStampTiles;
+  const size_t words = ctas * kStampTiles * kStampSlots;
+  unsigned long long* st = nullptr;
+  CK(cudaMalloc(&st, words * sizeof(unsigned long long)));
+  CK(cudaMemset(st, 0, words * sizeof(unsigned long long)));
+  for (int i = 0; i < 10; ++i) launch();
+  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_phase_stamps, &st, sizeof(st)));
+  launch();
+  CK(cudaDeviceSynchronize());
+  unsigned long long* none = nullptr;
+  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_phase_stamps, &none, sizeof(none)));
+  std::vector<unsigned long long> hs(words);
+  CK(cudaMemcpy(hs.data(), st, words * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  CK(cudaFree(st));
+  return hs;
+}
+
+// The `stamps` modes' report, from the phase stamps (fwd_sm90.cuh) of one launch of `ctas` CTAs: per
+// phase (names[i]: stamp i to i + 1) the median and mean over work tiles, a CTA's first tile apart from
+// its later ones (multi_tile: the persistent kernel, whose slot 7 holds each CTA's tile count), the
+// steady loop (phase 2) per iteration when every first tile has per_tile + 1 of them, the boundary
+// from one tile's loop end to the next tile's first GEMM done, the gap from one CTA's end to the next
+// one's start on an SM (single-tile kernels), and the span.
+static void report_stamps(const std::vector<unsigned long long>& hs, size_t ctas, const char* const names[5],
+                          bool multi_tile, int per_tile, const char* head) {
+  using fusedattn::hopper::kStampSlots;
+  using fusedattn::hopper::kStampTiles;
+  auto at = [&](size_t cta, size_t tile, int i) { return hs[(cta * kStampTiles + tile) * kStampSlots + i]; };
+  auto us = [](unsigned long long a, unsigned long long b) { return 1e-3 * (static_cast<double>(b) - static_cast<double>(a)); };
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x.empty() ? 0.0 : x[x.size() / 2];
+  };
+  auto mean = [](const std::vector<double>& x) {
+    double a = 0.0;
+    for (double y : x) a += y;
+    return x.empty() ? 0.0 : a / x.size();
+  };
+  std::vector<double> ph[2][5], per_iter, boundary, cta_gap;
+  unsigned long long t_min = ~0ull, t_max = 0;
+  std::vector<std::vector<size_t>> per_sm;
+  for (size_t c = 0; c < ctas; ++c) {
+    const size_t tiles = multi_tile ? std::min<size_t>(at(c, 0, 7), kStampTiles) : 1;
+    for (size_t j = 0; j < tiles; ++j) {
+      for (int i = 0; i < 5; ++i) ph[j > 0][i].push_back(us(at(c, j, i), at(c, j, i + 1)));
+      if (j > 0) boundary.push_back(us(at(c, j - 1, 3), at(c, j, 2)));
+      t_min = std::min(t_min, at(c, j, 0));
+      t_max = std::max(t_max, at(c, j, 5));
+    }
+    if (per_tile > 0) per_iter.push_back(us(at(c, 0, 2), at(c, 0, 3)) / per_tile);
+    const size_t sm = static_cast<size_t>(at(c, 0, 6));
+    if (sm >= per_sm.size()) per_sm.resize(sm + 1);
+    per_sm[sm].push_back(c);
+  }
+  std::printf("%s ctas=%zu span %.1f us\n", head, ctas, us(t_min, t_max));
+  for (int later = 0; later < 2; ++later) {
+    if (ph[later][0].empty()) continue;
+    for (int i = 0; i < 5; ++i)
+      std::printf("HSTAMP   %s %-24s median %7.2f us  mean %7.2f us\n", later ? "later tiles" : "first tile ", names[i],
+                  median(ph[later][i]), mean(ph[later][i]));
+  }
+  if (!per_iter.empty()) std::printf("HSTAMP   steady loop per iteration (first tiles) median %.3f us\n", median(per_iter));
+  if (!boundary.empty())
+    std::printf("HSTAMP   tile boundary (loop done -> next tile's first GEMM done) median %.2f us mean %.2f us\n",
+                median(boundary), mean(boundary));
+  if (!multi_tile) {
+    for (auto& list : per_sm) {
+      std::sort(list.begin(), list.end(), [&](size_t a, size_t b) { return at(a, 0, 0) < at(b, 0, 0); });
+      for (size_t i = 1; i < list.size(); ++i) cta_gap.push_back(us(at(list[i - 1], 0, 5), at(list[i], 0, 0)));
+    }
+    std::printf("HSTAMP   gap between consecutive CTAs on an SM median %.2f us mean %.2f us\n", median(cta_gap),
+                mean(cta_gap));
+  }
+}
+#endif
