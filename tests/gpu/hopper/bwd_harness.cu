@@ -635,34 +635,55 @@ static double time_bwd(const hp::BwdLaunch& L) {
 // HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
 // DQ_TMA kernel, then an HBWDDET line for the DET variant.
 enum BenchMode { kBench, kBench2, kBenchDet };
+
+// bench's problem at one point: bf16, b*s = 16k tokens, h*d = 2048, h_kv = h, inputs drawn as in
+// every bench mode (seeded by s and D), outputs and the workspace (det: the deterministic variant's)
+// allocated; freed with the object.
+template <int D>
+struct BwdBenchInputs {
+  using T = __nv_bfloat16;
+  int s, b, h;
+  size_t n;
+  float scale;
+  T *q, *k, *v, *dout, *o = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  float* lse = nullptr;
+  void* ws = nullptr;
+  BwdBenchInputs(int s_, bool det)
+      : s(s_), b(std::max(1, 16384 / s_)), h(2048 / D), n(static_cast<size_t>(b) * s * h * D),
+        scale(1.f / std::sqrt(static_cast<float>(D))) {
+    Rng rng(77 + s + D);
+    q = upload_random<T>(n, rng, -2.f, 2.f);
+    k = upload_random<T>(n, rng, -2.f, 2.f);
+    v = upload_random<T>(n, rng, -1.f, 1.f);
+    dout = upload_random<T>(n, rng, -1.f, 1.f);
+    for (T** p : {&o, &dq, &dk, &dv}) CK(cudaMalloc(p, n * sizeof(T)));
+    CK(cudaMalloc(&lse, static_cast<size_t>(b) * h * s * sizeof(float)));
+    CK(cudaMalloc(&ws, det ? hp::bwd_sm90_det_workspace_bytes(b, s, h, D) : hp::bwd_sm90_workspace_bytes(b, s, h, D)));
+  }
+  BwdBenchInputs(const BwdBenchInputs&) = delete;
+  BwdBenchInputs& operator=(const BwdBenchInputs&) = delete;
+  ~BwdBenchInputs() {
+    for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
+                    static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                    static_cast<void*>(lse), ws})
+      CK(cudaFree(p));
+  }
+  hp::Sm90Args fwd_args(bool causal) const { return bshd_args<D>(q, k, v, o, lse, b, s, h, h, scale, causal); }
+  hp::Sm90BwdArgs args(bool causal) const {
+    return make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h, scale, causal);
+  }
+};
 template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
   constexpr bool V2 = MODE == kBench2;
   constexpr bool kHbwdDqTma = !V2;
   using T = __nv_bfloat16;
-  const int b = std::max(1, 16384 / s), h = 2048 / D, h_kv = h;
-  const size_t n = static_cast<size_t>(b) * s * h * D;
-  Rng rng(77 + s + D);
-  T* q = upload_random<T>(n, rng, -2.f, 2.f);
-  T* k = upload_random<T>(n, rng, -2.f, 2.f);
-  T* v = upload_random<T>(n, rng, -1.f, 1.f);
-  T* dout = upload_random<T>(n, rng, -1.f, 1.f);
-  T *o, *dq, *dk, *dv;
-  float* lse;
-  CK(cudaMalloc(&o, n * sizeof(T)));
-  CK(cudaMalloc(&dq, n * sizeof(T)));
-  CK(cudaMalloc(&dk, n * sizeof(T)));
-  CK(cudaMalloc(&dv, n * sizeof(T)));
-  CK(cudaMalloc(&lse, static_cast<size_t>(b) * h * s * sizeof(float)));
-  void* ws = nullptr;
-  CK(cudaMalloc(&ws, MODE == kBenchDet ? hp::bwd_sm90_det_workspace_bytes(b, s, h, D)
-                                        : hp::bwd_sm90_workspace_bytes(b, s, h, D)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const BwdBenchInputs<D> in(s, MODE == kBenchDet);
+  const int b = in.b, h = in.h;
   const int c = causal ? 1 : 0;
   // out / lse from the Hopper forward (realistic values; the reference forward is too slow here).
-  const hp::Sm90Args fa = bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal);
   bool ok = true;
-  cudaError_t fe = hp::fwd_sm90<T, D>(fa);
+  cudaError_t fe = hp::fwd_sm90<T, D>(in.fwd_args(causal));
   if (fe == cudaSuccess) fe = cudaDeviceSynchronize();
   if (fe != cudaSuccess) {
     std::printf("HBWD d=%d s=%d causal=%d forward (for out/lse) error: %s\n", D, s, c, cudaGetErrorString(fe));
@@ -670,9 +691,7 @@ static bool bench_point(int s, bool causal) {
   }
   hp::BwdLaunch L;
   if (ok) {
-    const cudaError_t pe =
-        hp::bwd_sm90_prepare<T, D, kHbwdDqTma>(&L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h,
-                                                                   h_kv, scale, causal));
+    const cudaError_t pe = hp::bwd_sm90_prepare<T, D, kHbwdDqTma>(&L, in.args(causal));
     if (pe != cudaSuccess) {
       std::printf("HBWD d=%d s=%d causal=%d prepare error: %s\n", D, s, c, cudaGetErrorString(pe));
       ok = false;
@@ -700,21 +719,15 @@ static bool bench_point(int s, bool causal) {
     };
     if constexpr (V2) {
       hp::BwdLaunch L2;
-      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true>(
-          &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
+      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true>(&L2, in.args(causal));
       second("HBWD2", pe, L2, "default");
     }
     if constexpr (MODE == kBenchDet && D != 256) {
       hp::BwdLaunch L2;
-      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(
-          &L2, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h_kv, scale, causal));
+      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(&L2, in.args(causal));
       second("HBWDDET", pe, L2, "DQ_TMA");
     }
   }
-  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
-                  static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                  static_cast<void*>(lse), ws})
-    CK(cudaFree(p));
   return ok;
 }
 
@@ -774,27 +787,10 @@ static int run_bench() {
 template <int D>
 static int run_stamps(int s, bool causal) {
   using T = __nv_bfloat16;
-  const int b = std::max(1, 16384 / s), h = 2048 / D;
-  const size_t n = static_cast<size_t>(b) * s * h * D;
-  Rng rng(77 + s + D);
-  T* q = upload_random<T>(n, rng, -2.f, 2.f);
-  T* k = upload_random<T>(n, rng, -2.f, 2.f);
-  T* v = upload_random<T>(n, rng, -1.f, 1.f);
-  T* dout = upload_random<T>(n, rng, -1.f, 1.f);
-  T *o, *dq, *dk, *dv;
-  float* lse;
-  CK(cudaMalloc(&o, n * sizeof(T)));
-  CK(cudaMalloc(&dq, n * sizeof(T)));
-  CK(cudaMalloc(&dk, n * sizeof(T)));
-  CK(cudaMalloc(&dv, n * sizeof(T)));
-  CK(cudaMalloc(&lse, static_cast<size_t>(b) * h * s * sizeof(float)));
-  void* ws = nullptr;
-  CK(cudaMalloc(&ws, hp::bwd_sm90_workspace_bytes(b, s, h, D)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  CK(hp::fwd_sm90<T, D>(bshd_args<D>(q, k, v, o, lse, b, s, h, h, scale, causal)));
+  const BwdBenchInputs<D> in(s, false);
+  CK(hp::fwd_sm90<T, D>(in.fwd_args(causal)));
   hp::BwdLaunch L;
-  CK(hp::bwd_sm90_prepare<T, D, true>(&L, make_args<T, D>(q, k, v, o, dout, lse, dq, dk, dv, ws, b, s, h, h, scale,
-                                                          causal)));
+  CK(hp::bwd_sm90_prepare<T, D, true>(&L, in.args(causal)));
   const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
   const std::vector<unsigned long long> hs = collect_stamps(ctas, [&] { CK(hp::bwd_sm90_launch(L)); });
   const char* names[5] = {"start->K,V landed", "K,V->first q tile done", "first->loop done",
@@ -804,10 +800,6 @@ static int run_stamps(int s, bool causal) {
   // Non-causal CTAs all run n_m query tiles (slot 7 holds each CTA's count).
   const int per_tile = causal ? 0 : static_cast<int>(hs[7]) - 1;
   report_stamps(hs, ctas, names, false, per_tile, head);
-  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(dout),
-                  static_cast<void*>(o), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                  static_cast<void*>(lse), ws})
-    CK(cudaFree(p));
   return 0;
 }
 #endif

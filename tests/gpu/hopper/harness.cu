@@ -679,23 +679,44 @@ static double time_launch(const FwdLaunch& L, LaunchFn launch = fusedattn::hoppe
 // vars[0] is the reference for HDIFF (v1 when present). Line tag: HBENCH for
 // v1, HBENCH2 for v2 configs (with cfg= unless only_default), HBENCH3 for v3
 // (its diff line is HDIFF3, with bitwise=0|1 against vars[0]).
+// bench's problem at one point: bf16, b*s = 16k tokens, h*d = 2048, h_kv = h, inputs drawn as
+// everywhere in this harness (seeded by s and D), outputs allocated; freed with the object.
+template <int D>
+struct BenchInputs {
+  using T = __nv_bfloat16;
+  int s, b, h;
+  size_t n, nl;
+  T *q, *k, *v, *o = nullptr;
+  float* lse = nullptr;
+  float scale;
+  explicit BenchInputs(int s_)
+      : s(s_), b(std::max(1, 16384 / s_)), h(2048 / D), n(static_cast<size_t>(b) * s * h * D),
+        nl(static_cast<size_t>(b) * h * s), scale(1.f / std::sqrt(static_cast<float>(D))) {
+    Rng rng(42 + s + D);
+    q = upload_random<T>(n, rng, -2.f, 2.f);
+    k = upload_random<T>(n, rng, -2.f, 2.f);
+    v = upload_random<T>(n, rng, -1.f, 1.f);
+    CK(cudaMalloc(&o, n * sizeof(T)));
+    CK(cudaMalloc(&lse, nl * sizeof(float)));
+  }
+  BenchInputs(const BenchInputs&) = delete;
+  BenchInputs& operator=(const BenchInputs&) = delete;
+  ~BenchInputs() {
+    for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
+                    static_cast<void*>(lse)})
+      CK(cudaFree(p));
+  }
+  Sm90Args args(bool causal) const { return bshd_args<D>(q, k, v, o, lse, b, s, h, h, scale, causal); }
+};
+
 template <int D>
 static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bool show_cfg) {
   using T = __nv_bfloat16;
-  const int tokens = 16384;
-  const int b = std::max(1, tokens / s);
-  const int h = 2048 / D, h_kv = h;
-  const size_t n = static_cast<size_t>(b) * s * h * D;
-  const size_t nl = static_cast<size_t>(b) * h * s;
-  Rng rng(42 + s + D);
-  T* q = upload_random<T>(n, rng, -2.f, 2.f);
-  T* k = upload_random<T>(n, rng, -2.f, 2.f);
-  T* v = upload_random<T>(n, rng, -1.f, 1.f);
-  T* o = nullptr;
-  float* lse = nullptr;
-  CK(cudaMalloc(&o, n * sizeof(T)));
-  CK(cudaMalloc(&lse, nl * sizeof(float)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const BenchInputs<D> in(s);
+  const int b = in.b, h = in.h;
+  const size_t n = in.n, nl = in.nl;
+  T* o = in.o;
+  float* lse = in.lse;
   const double flops = 4.0 * b * h * static_cast<double>(s) * s * D / (causal ? 2.0 : 1.0);
   bool ok = true;
   std::vector<T> ref_o, cur_o;
@@ -710,7 +731,7 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
     CK(cudaMemset(o, 0xFF, n * sizeof(T)));
     CK(cudaMemset(lse, 0xFF, nl * sizeof(float)));
     FwdLaunch L;
-    cudaError_t pe = var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal));
+    cudaError_t pe = var.prep(&L, in.args(causal));
     if (pe != cudaSuccess) {
       std::printf("%s d=%d s=%d causal=%d%s prepare error: %s\n", tag, D, s, causal ? 1 : 0, cfg.c_str(),
                   cudaGetErrorString(pe));
@@ -768,11 +789,6 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       if (!same) ok = false;
     }
   }
-  CK(cudaFree(q));
-  CK(cudaFree(k));
-  CK(cudaFree(v));
-  CK(cudaFree(o));
-  CK(cudaFree(lse));
   return ok;
 }
 
@@ -878,19 +894,10 @@ template <int D>
 static int run_stamps(int s, bool causal, bool persistent) {
   using T = __nv_bfloat16;
   using C = fusedattn::hopper::FwdV2Default<D>;
-  const int b = std::max(1, 16384 / s), h = 2048 / D;
-  const size_t n = static_cast<size_t>(b) * s * h * D, nl = static_cast<size_t>(b) * h * s;
-  Rng rng(42 + s + D);
-  T* q = upload_random<T>(n, rng, -2.f, 2.f);
-  T* k = upload_random<T>(n, rng, -2.f, 2.f);
-  T* v = upload_random<T>(n, rng, -1.f, 1.f);
-  T* o = nullptr;
-  float* lse = nullptr;
-  CK(cudaMalloc(&o, n * sizeof(T)));
-  CK(cudaMalloc(&lse, nl * sizeof(float)));
+  const BenchInputs<D> in(s);
   const Variant var = persistent ? v3_lib_variant<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>() : v2_variant<T, D>();
   FwdLaunch L;
-  CK(var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h, 1.f / std::sqrt(static_cast<float>(D)), causal)));
+  CK(var.prep(&L, in.args(causal)));
   const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
   const std::vector<unsigned long long> hs = collect_stamps(ctas, [&] { CK(var.launch(L, 0)); });
   const char* names[5] = {"tile start->Q landed", "Q->S_0 done", "S_0->loop done", "loop->PV_last done",
@@ -900,9 +907,6 @@ static int run_stamps(int s, bool causal, bool persistent) {
   // Non-causal tiles all have n_blocks kv blocks; causal ones vary (no per-block figure).
   const int per_tile = causal ? 0 : (s + C::BN - 1) / C::BN - 1;
   report_stamps(hs, ctas, names, persistent, per_tile, head);
-  for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
-                    static_cast<void*>(lse)})
-    CK(cudaFree(ptr));
   return 0;
 }
 #endif
