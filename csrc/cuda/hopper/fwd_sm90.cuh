@@ -125,13 +125,15 @@ __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o
 }
 
 // Phase stamps, built only with FUSEDATTN_HOPPER_STAMPS (the harnesses' `stamps` modes, never the
-// library): thread 0 of consumer 0 writes %globaltimer (ns) at phase i of its CTA's local work tile
-// `tile` (v2 and the backward: always 0) to g_phase_stamps[CTA][tile][i], i < 6, and the SM's id and
-// a count (the persistent kernel's tiles, the backward's query tiles) to slots 6 and 7 of tile 0;
-// tiles past kStampTiles are not recorded. They split a CTA's fixed cost into its phases
-// (docs/perf-notes.md).
+// library): thread 0 of consumer 0 writes its SM's clock64 at phase i (< 6) of its CTA's local work
+// tile `tile` (v2 and the backward: always 0) to g_phase_stamps[CTA][tile][i], and %globaltimer (ns)
+// at phases 0 and 5 to slots 8 and 9 (the cycle counter resolves the short phases; the timer, whose
+// update interval may be as coarse as a microsecond, converts cycles to time over a whole tile and
+// orders CTAs across SMs). Slots 6 and 7 of tile 0 hold the SM's id and a count (the persistent
+// kernel's tiles, the backward's query tiles); tiles past kStampTiles are not recorded. They split a
+// CTA's fixed cost into its phases (docs/perf-notes.md).
 #ifdef FUSEDATTN_HOPPER_STAMPS
-constexpr int kStampSlots = 8, kStampTiles = 32;
+constexpr int kStampSlots = 10, kStampTiles = 32;
 __device__ unsigned long long* g_phase_stamps = nullptr;  // the harness is one translation unit
 __device__ __forceinline__ unsigned long long* phase_stamp_slot(int tile, int i) {
   if (g_phase_stamps == nullptr || threadIdx.x != 128 || tile >= kStampTiles) return nullptr;
@@ -140,9 +142,12 @@ __device__ __forceinline__ unsigned long long* phase_stamp_slot(int tile, int i)
 }
 __device__ __forceinline__ void phase_stamp(int tile, int i) {
   if (unsigned long long* slot = phase_stamp_slot(tile, i)) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    *slot = t;
+    *slot = static_cast<unsigned long long>(clock64());
+    if (i == 0 || i == 5) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      slot[(i == 0 ? 8 : 9) - i] = t;
+    }
   }
 }
 __device__ __forceinline__ void phase_stamp_value(int i, unsigned long long v) {
