@@ -185,7 +185,6 @@ def sustain(fn):
         for _ in range(32):
             fn()
         torch.cuda.synchronize()
-CLOCK_LINES = []
 
 
 def run_point(d, s, causal, dtype=torch.bfloat16):
@@ -203,11 +202,11 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
                 times.setdefault(name + "_" + mode, []).append(time_ms(fn))
                 if SAMPLER is not None:
                     clocks.setdefault(name + "_" + mode, []).append(SAMPLER.window(t0, time.time()))
-    for key, cw in clocks.items():
-        CLOCK_LINES.append(f"| {d} | {s} | {'yes' if causal else 'no'} | {key} | "
-                           + " / ".join(f"{c:.0f} MHz {w:.0f} W" for c, w in cw) + " |")
     row = {key: tflops(statistics.median(ts), (3.5 if key.endswith("_fb") else 1) * fwd_flops)
            for key, ts in times.items()}
+    # --clocks: the clock table's lines for this point, one per measurement.
+    row["clock_lines"] = [f"| {d} | {s} | {'yes' if causal else 'no'} | {key} | "
+                          + " / ".join(f"{c:.0f} MHz {w:.0f} W" for c, w in cw) + " |" for key, cw in clocks.items()]
     # The spread of the ratio to cuDNN over the rounds (each round times the two back to back), to
     # tell a ratio from the drift of the GPU's clocks between rounds.
     for mode in ("fwd", "fb"):
@@ -346,6 +345,7 @@ def main():
     lines = ["| d | s | causal | fwd fusedattn | fwd FA2 | fwd cuDNN | fwd vs FA2 | fwd vs cuDNN "
              "| f+b fusedattn | f+b FA2 | f+b cuDNN | f+b vs FA2 | f+b vs cuDNN |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    clock_lines = []
     for d in ds:
         for s in (tuple(int(x) for x in opts.s.split(",")) if opts.s else (512, 1024, 2048, 4096, 8192, 16384)):
             for causal in (False, True):
@@ -357,6 +357,7 @@ def main():
                     f"{r['cudnn_fb']:.0f} | {r['fusedattn_fb'] / r['fa2_fb']:.2f} | "
                     f"{ratio_cell(r, 'fb')} |")
                 print(lines[-1], flush=True)
+                clock_lines += r["clock_lines"]
     write_table("GPU attention",
                 "bf16, b*s = 16384 tokens, h*d = 2048, TFLOP/s (FlashAttention's count: fwd 4bhs^2d, /2 causal; "
                 "fwd+bwd 3.5x fwd), medians of " + (f"{ROUNDS} rounds of " if ROUNDS > 1 else "")
@@ -372,7 +373,7 @@ def main():
         SAMPLER.stop()
         write_table("SM clock and board power during the timed calls",
                     "nvidia-smi samples every 20 ms, mean per measurement (one per round, in round order).",
-                    ["| d | s | causal | measurement | per round |", "|---|---|---|---|---|"] + CLOCK_LINES,
+                    ["| d | s | causal | measurement | per round |", "|---|---|---|---|---|"] + clock_lines,
                     opts.out)
 
 

@@ -460,8 +460,8 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  FUSEDATTN_PHASE_STAMP_SM();
-  FUSEDATTN_PHASE_STAMP(0, 0);
+  phase_stamp_sm();
+  phase_stamp(0, 0);
   // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.
   const int n_blk = DET ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
   const int hk = blockIdx.y;
@@ -518,7 +518,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 
   // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
   bool timed_out = !mbar_wait<false>(bar_kv, 0);
-  FUSEDATTN_PHASE_STAMP(0, 1);
+  phase_stamp(0, 1);
   __syncwarp();
 
   // DET, thread ltid 0: the turn counter of the last reduces issued and the value that releases it
@@ -739,11 +739,11 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       // All wgmma reading stage s (Q, dO) have completed in this warp.
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty(s));
-      if (it == 0) FUSEDATTN_PHASE_STAMP(0, 2);
+      if (it == 0) phase_stamp(0, 2);
     }
   }
-  FUSEDATTN_PHASE_STAMP(0, 3);
-  FUSEDATTN_PHASE_STAMP_COUNT(it);
+  phase_stamp(0, 3);
+  phase_stamp_count(it);
 
   if constexpr (DQ_TMA) {
     // The reduces read this CTA's shared memory: complete them before exit.
@@ -752,7 +752,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       if (ltid == 0 && rel_cnt != nullptr) st_release_gpu(rel_cnt, rel_val);  // the last tile's turn
     }
   }
-  FUSEDATTN_PHASE_STAMP(0, 4);
+  phase_stamp(0, 4);
 
   // ---------------------------------------------------------------- epilogue
   T* dkp = reinterpret_cast<T*>(p.dk);
@@ -771,7 +771,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       }
     }
   }
-  FUSEDATTN_PHASE_STAMP(0, 5);
+  phase_stamp(0, 5);
 #endif
 }
 

@@ -124,54 +124,59 @@ __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o
   }
 }
 
-// Phase stamps, built only with FUSEDATTN_HOPPER_STAMPS (the harnesses' `stamps` modes, never the
-// library): thread 0 of consumer 0 writes its SM's clock64 at phase i (< 6) of its CTA's local work
-// tile `tile` (v2 and the backward: always 0) to g_phase_stamps[CTA][tile][i], and %globaltimer (ns)
-// at phases 0 and 5 to slots 8 and 9 (the cycle counter resolves the short phases; the timer, whose
-// update interval may be as coarse as a microsecond, converts cycles to time over a whole tile and
-// orders CTAs across SMs). Slots 6 and 7 of tile 0 hold the SM's id and a count (the persistent
-// kernel's tiles, the backward's query tiles); tiles past kStampTiles are not recorded. They split a
-// CTA's fixed cost into its phases (docs/perf-notes.md).
+// Phase stamps, built only with FUSEDATTN_HOPPER_STAMPS (the harnesses' `stamps` modes; in the
+// library these functions are empty): thread 0 of consumer 0 writes its SM's clock64 at phase i (< 6)
+// of its CTA's local work tile `tile` (v2 and the backward: always 0) to g_phase_stamps[CTA][tile][i],
+// and %globaltimer (ns) at phases 0 and 5 to slots kStampTimerStart and kStampTimerEnd (the cycle
+// counter resolves the short phases; the timer, whose update interval may be as coarse as a
+// microsecond, converts cycles to time over a whole tile and orders CTAs across SMs). Tile 0 also
+// holds the SM's id (kStampSm) and a count (kStampCount: the persistent kernel's tiles, the
+// backward's query tiles); tiles past kStampTiles are not recorded. They split a CTA's fixed cost
+// into its phases (docs/perf-notes.md).
 #ifdef FUSEDATTN_HOPPER_STAMPS
+constexpr int kStampSm = 6, kStampCount = 7, kStampTimerStart = 8, kStampTimerEnd = 9;
 constexpr int kStampSlots = 10, kStampTiles = 32;
 __device__ unsigned long long* g_phase_stamps = nullptr;  // the harness is one translation unit
-__device__ __forceinline__ unsigned long long* phase_stamp_slot(int tile, int i) {
+__device__ __forceinline__ unsigned long long* phase_stamp_slots(int tile) {
   if (g_phase_stamps == nullptr || threadIdx.x != 128 || tile >= kStampTiles) return nullptr;
   const size_t cta = blockIdx.x + gridDim.x * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
-  return g_phase_stamps + (cta * kStampTiles + tile) * kStampSlots + i;
+  return g_phase_stamps + (cta * kStampTiles + tile) * kStampSlots;
 }
-__device__ __forceinline__ void phase_stamp(int tile, int i) {
-  if (unsigned long long* slot = phase_stamp_slot(tile, i)) {
-    *slot = static_cast<unsigned long long>(clock64());
-    if (i == 0 || i == 5) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      slot[(i == 0 ? 8 : 9) - i] = t;
-    }
-  }
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
-__device__ __forceinline__ void phase_stamp_value(int i, unsigned long long v) {
-  if (unsigned long long* slot = phase_stamp_slot(0, i)) *slot = v;
-}
-__device__ __forceinline__ unsigned phase_smid() {
-  unsigned smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-  return smid;
-}
-#define FUSEDATTN_PHASE_STAMP(tile, i) phase_stamp((tile), (i))
-#define FUSEDATTN_PHASE_STAMP_SM() phase_stamp_value(6, phase_smid())
-#define FUSEDATTN_PHASE_STAMP_COUNT(n) phase_stamp_value(7, (n))
-#else
-#define FUSEDATTN_PHASE_STAMP(tile, i) \
-  do {                               \
-  } while (0)
-#define FUSEDATTN_PHASE_STAMP_SM() \
-  do {                           \
-  } while (0)
-#define FUSEDATTN_PHASE_STAMP_COUNT(n) \
-  do {                               \
-  } while (0)
 #endif
+__device__ __forceinline__ void phase_stamp(int tile, int i) {
+#ifdef FUSEDATTN_HOPPER_STAMPS
+  if (unsigned long long* slots = phase_stamp_slots(tile)) {
+    slots[i] = static_cast<unsigned long long>(clock64());
+    if (i == 0) slots[kStampTimerStart] = global_ns();
+    if (i == 5) slots[kStampTimerEnd] = global_ns();
+  }
+#else
+  (void)tile;
+  (void)i;
+#endif
+}
+// The SM this CTA runs on, into tile 0's kStampSm slot.
+__device__ __forceinline__ void phase_stamp_sm() {
+#ifdef FUSEDATTN_HOPPER_STAMPS
+  if (unsigned long long* slots = phase_stamp_slots(0)) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    slots[kStampSm] = smid;
+  }
+#endif
+}
+__device__ __forceinline__ void phase_stamp_count(unsigned long long n) {
+#ifdef FUSEDATTN_HOPPER_STAMPS
+  if (unsigned long long* slots = phase_stamp_slots(0)) slots[kStampCount] = n;
+#else
+  (void)n;
+#endif
+}
 
 template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(kFwdThreads, 1)

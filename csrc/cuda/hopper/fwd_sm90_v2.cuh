@@ -249,8 +249,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  FUSEDATTN_PHASE_STAMP_SM();
-  FUSEDATTN_PHASE_STAMP(0, 0);
+  phase_stamp_sm();
+  phase_stamp(0, 0);
   // Causal: heaviest query tiles first.
   const int m_blk = CAUSAL ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
   const int head = blockIdx.y;
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // After the first give-up a warp skips every later wait (garbage, but the
   // CTA ends in ~1 watchdog period instead of one per tile).
   bool timed_out = !mbar_wait<false>(bar_q, 0);
-  FUSEDATTN_PHASE_STAMP(0, 1);
+  phase_stamp(0, 1);
   auto wait_full = [&](uint32_t bar, uint32_t parity) {
     if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
   };
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (PP) v2_pp_pass_turn(cw);
   wgmma_wait<0>();
   v2_fence_f(sacc);
-  FUSEDATTN_PHASE_STAMP(0, 2);
+  phase_stamp(0, 2);
   __syncwarp();
   if (lane == 0) mbar_arrive(bar_ke(0));
   v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
@@ -417,7 +417,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     v2_pack_p<BN, F16>(pa, sacc);
   }
 
-  FUSEDATTN_PHASE_STAMP(0, 3);
+  phase_stamp(0, 3);
   // ------------------------------------------------ epilogue: PV_{last} alone
   {
     const int last = n_blocks - 1;
@@ -439,11 +439,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_ve(s));  // no producer waits on it; kept for symmetry
   }
-  FUSEDATTN_PHASE_STAMP(0, 4);
+  phase_stamp(0, 4);
 
   // ---------------------------------------------------------------- epilogue
   fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, batch, head, qd, timed_out);
-  FUSEDATTN_PHASE_STAMP(0, 5);
+  phase_stamp(0, 5);
 #endif
 }
 

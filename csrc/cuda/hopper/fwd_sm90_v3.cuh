@@ -318,9 +318,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
   uint32_t j = 0;   // local tile index (Q ring)
-  FUSEDATTN_PHASE_STAMP_SM();
+  phase_stamp_sm();
   for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
-    FUSEDATTN_PHASE_STAMP(j, 0);
+    phase_stamp(j, 0);
     const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
     const int n_blocks = ti.n_blocks;
     const bool last_tile = v3_next<kSnake>(t, j) >= n_tiles;  // same in both consumers
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
 
     wait_full(bar_qf(qs), (j / QBUF) & 1u);
-    FUSEDATTN_PHASE_STAMP(j, 1);
+    phase_stamp(j, 1);
 
     // ---------------------------------------------- prologue: S_0 alone
     {
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       if (PP) v2_pp_pass_turn(cw);
       wgmma_wait<0>();
       v2_fence_f(sacc);
-      FUSEDATTN_PHASE_STAMP(j, 2);
+      phase_stamp(j, 2);
       __syncwarp();
       if (lane == 0) {
         mbar_arrive(bar_ke(s));
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_pack_p<BN, F16>(pa, sacc);
     }
 
-    FUSEDATTN_PHASE_STAMP(j, 3);
+    phase_stamp(j, 3);
     // ---------------------------------------------- PV_{last} alone
     {
       const uint32_t it = kv + n_blocks - 1;
@@ -431,17 +431,17 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_ve(s));  // the producer's later loads wait on it
     }
-    FUSEDATTN_PHASE_STAMP(j, 4);
+    phase_stamp(j, 4);
     kv += n_blocks;
 
     // ---------------------------------------------------------- epilogue
     // Runs while the producer's next Q / K_0 loads are in flight and the
     // other consumer issues its GEMMs.
     fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, ti.batch, ti.head, qd, timed_out);
-    FUSEDATTN_PHASE_STAMP(j, 5);
+    phase_stamp(j, 5);
     __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
   }
-  FUSEDATTN_PHASE_STAMP_COUNT(j);
+  phase_stamp_count(j);
 #endif
 }
 
@@ -482,13 +482,14 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
 // choose_v3_schedule gives for their tile grid, non-causal ones have one.
 template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL>
 inline cudaError_t fwd_sm90_v3_prepare_tuned(FwdLaunch* L, const Sm90Args& a, int num_sms) {
+  constexpr int BM = FwdV3Cfg<D, BN, STAGES, PP>::BM;
   V3Grid gr;
   if (a.causal) {
-    gr.n_m = (a.out.s_q + FwdV3Cfg<D, BN, STAGES, PP>::BM - 1) / FwdV3Cfg<D, BN, STAGES, PP>::BM;
+    gr.n_m = (a.out.s_q + BM - 1) / BM;
     gr.n_hb = int64_t{a.out.h} * a.out.b;
     gr.s_kv = a.out.s_kv;
     gr.g = num_sms;
-    gr.bm = FwdV3Cfg<D, BN, STAGES, PP>::BM;
+    gr.bm = BM;
     gr.bn = BN;
   }
   if (a.causal && choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor) {

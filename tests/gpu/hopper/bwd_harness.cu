@@ -797,8 +797,8 @@ static int run_stamps(int s, bool causal) {
                           "loop->reduces done", "reduces->dK,dV stored"};
   char head[160];
   std::snprintf(head, sizeof(head), "HSTAMP bwd d=%d s=%d causal=%d", D, s, causal ? 1 : 0);
-  // Non-causal CTAs all run n_m query tiles (slot 7 holds each CTA's count).
-  const int per_tile = causal ? 0 : static_cast<int>(hs[7]) - 1;
+  // Non-causal CTAs all run n_m query tiles (CTA 0's count).
+  const int per_tile = causal ? 0 : static_cast<int>(hs[hp::kStampCount]) - 1;
   report_stamps(hs, ctas, names, false, per_tile, head);
   return 0;
 }

@@ -676,9 +676,6 @@ static double time_launch(const FwdLaunch& L, LaunchFn launch = fusedattn::hoppe
   return 0.5 * (ms[9] + ms[10]);
 }
 
-// vars[0] is the reference for HDIFF (v1 when present). Line tag: HBENCH for
-// v1, HBENCH2 for v2 configs (with cfg= unless only_default), HBENCH3 for v3
-// (its diff line is HDIFF3, with bitwise=0|1 against vars[0]).
 // bench's problem at one point: bf16, b*s = 16k tokens, h*d = 2048, h_kv = h, inputs drawn as
 // everywhere in this harness (seeded by s and D), outputs allocated; freed with the object.
 template <int D>
@@ -709,6 +706,9 @@ struct BenchInputs {
   Sm90Args args(bool causal) const { return bshd_args<D>(q, k, v, o, lse, b, s, h, h, scale, causal); }
 };
 
+// vars[0] is the reference for HDIFF (v1 when present). Line tag: HBENCH for
+// v1, HBENCH2 for v2 configs (with cfg= unless only_default), HBENCH3 for v3
+// (its diff line is HDIFF3, with bitwise=0|1 against vars[0]).
 template <int D>
 static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bool show_cfg) {
   using T = __nv_bfloat16;

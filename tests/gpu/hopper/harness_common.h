@@ -158,15 +158,19 @@ static std::vector<unsigned long long> collect_stamps(size_t ctas, F&& launch) {
 
 // The `stamps` modes' report, from the phase stamps (fwd_sm90.cuh) of one launch of `ctas` CTAs: per
 // phase (names[i]: stamp i to i + 1) the median and mean over work tiles, a CTA's first tile apart from
-// its later ones (multi_tile: the persistent kernel, whose slot 7 holds each CTA's tile count), the
+// its later ones (multi_tile: the persistent kernel, whose kStampCount slot holds each CTA's tile count), the
 // steady loop (phase 2) per iteration when every first tile has per_tile + 1 of them, the boundary
 // from one tile's loop end to the next tile's first GEMM done, the gap from one CTA's end to the next
 // one's start on an SM (single-tile kernels), and the span. Phases are SM cycles, converted at the
 // median ns-per-cycle of the tiles that last 20 us or more by the global timer.
 static void report_stamps(const std::vector<unsigned long long>& hs, size_t ctas, const char* const names[5],
                           bool multi_tile, int per_tile, const char* head) {
+  using fusedattn::hopper::kStampCount;
   using fusedattn::hopper::kStampSlots;
+  using fusedattn::hopper::kStampSm;
   using fusedattn::hopper::kStampTiles;
+  using fusedattn::hopper::kStampTimerEnd;
+  using fusedattn::hopper::kStampTimerStart;
   auto at = [&](size_t cta, size_t tile, int i) { return hs[(cta * kStampTiles + tile) * kStampSlots + i]; };
   auto diff = [](unsigned long long a, unsigned long long b) { return static_cast<double>(b) - static_cast<double>(a); };
   auto median = [](std::vector<double> x) {
@@ -178,11 +182,11 @@ static void report_stamps(const std::vector<unsigned long long>& hs, size_t ctas
     for (double y : x) a += y;
     return x.empty() ? 0.0 : a / x.size();
   };
-  auto tiles_of = [&](size_t c) { return multi_tile ? std::min<size_t>(at(c, 0, 7), kStampTiles) : size_t{1}; };
+  auto tiles_of = [&](size_t c) { return multi_tile ? std::min<size_t>(at(c, 0, kStampCount), kStampTiles) : size_t{1}; };
   std::vector<double> ns_per_cycle;
   for (size_t c = 0; c < ctas; ++c)
     for (size_t j = 0; j < tiles_of(c); ++j) {
-      const double ns = diff(at(c, j, 8), at(c, j, 9)), cyc = diff(at(c, j, 0), at(c, j, 5));
+      const double ns = diff(at(c, j, kStampTimerStart), at(c, j, kStampTimerEnd)), cyc = diff(at(c, j, 0), at(c, j, 5));
       if (ns >= 20000.0 && cyc > 0.0) ns_per_cycle.push_back(ns / cyc);
     }
   const double npc = median(ns_per_cycle);
@@ -199,11 +203,11 @@ static void report_stamps(const std::vector<unsigned long long>& hs, size_t ctas
     for (size_t j = 0; j < tiles; ++j) {
       for (int i = 0; i < 5; ++i) ph[j > 0][i].push_back(us_per_cycle * diff(at(c, j, i), at(c, j, i + 1)));
       if (j > 0) boundary.push_back(us_per_cycle * diff(at(c, j - 1, 3), at(c, j, 2)));
-      t_min = std::min(t_min, at(c, j, 8));
-      t_max = std::max(t_max, at(c, j, 9));
+      t_min = std::min(t_min, at(c, j, kStampTimerStart));
+      t_max = std::max(t_max, at(c, j, kStampTimerEnd));
     }
     if (per_tile > 0) per_iter.push_back(us_per_cycle * diff(at(c, 0, 2), at(c, 0, 3)) / per_tile);
-    const size_t sm = static_cast<size_t>(at(c, 0, 6));
+    const size_t sm = static_cast<size_t>(at(c, 0, kStampSm));
     if (sm >= per_sm.size()) per_sm.resize(sm + 1);
     per_sm[sm].push_back(c);
   }
