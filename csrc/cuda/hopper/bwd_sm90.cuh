@@ -745,12 +745,11 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   phase_stamp(0, 3);
   phase_stamp_count(it);
 
-  if constexpr (DQ_TMA) {
-    // The reduces read this CTA's shared memory: complete them before exit.
+  // The reduces read this CTA's shared memory: complete them before exit. With DET first, since
+  // the next CTA's turn waits on the release; otherwise after the dK / dV stores, which they overlap.
+  if constexpr (DQ_TMA && DET) {
     if (ltid == 0) bulk_wait_group<0>();
-    if constexpr (DET) {
-      if (ltid == 0 && rel_cnt != nullptr) st_release_gpu(rel_cnt, rel_val);  // the last tile's turn
-    }
+    if (ltid == 0 && rel_cnt != nullptr) st_release_gpu(rel_cnt, rel_val);  // the last tile's turn
   }
   phase_stamp(0, 4);
 
@@ -758,18 +757,18 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   T* dkp = reinterpret_cast<T*>(p.dk);
   T* dvp = reinterpret_cast<T*>(p.dv);
   const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+  // dk, dv are contiguous bshd: rows D elements apart, so only the bases decide the 16-byte path.
+  const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int key = key_g + 8 * hf;
-    if (key < p.s_kv) {
-      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + 2 * qd;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
-            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
-        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
-      }
-    }
+    const bool active = key < p.s_kv;
+    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D;
+    store_frag_row<T, D>(dkp + off, dk, hf, ks, qd, vec16, active);
+    store_frag_row<T, D>(dvp + off, dv, hf, 1.f, qd, vec16, active);
+  }
+  if constexpr (DQ_TMA && !DET) {
+    if (ltid == 0) bulk_wait_group<0>();
   }
   phase_stamp(0, 5);
 #endif

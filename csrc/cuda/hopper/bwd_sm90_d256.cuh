@@ -436,28 +436,24 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     }
   }
 
-  if constexpr (DQ_TMA) {
-    // The reduces read this CTA's shared memory: complete them before exit. The last stage's
-    // release is not needed (the producer has issued its last loads).
-    if (ltid == 0) bulk_wait_group<0>();
-  }
-
   // ---------------------------------------------------------------- epilogue
   T* dkp = reinterpret_cast<T*>(p.dk);
   T* dvp = reinterpret_cast<T*>(p.dv);
   const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+  const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int key = n_blk * BN + row_l + 8 * hf;
-    if (key < p.s_kv) {
-      const size_t off = ((static_cast<size_t>(batch) * p.s_kv + key) * p.h_kv + hk) * D + cw * DH + 2 * qd;
-#pragma unroll
-      for (int j = 0; j < DH / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(dkp + off + 8 * j) =
-            pack2<F16>(dk[4 * j + 2 * hf] * ks, dk[4 * j + 2 * hf + 1] * ks);
-        *reinterpret_cast<uint32_t*>(dvp + off + 8 * j) = pack2<F16>(dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
-      }
-    }
+    const bool active = key < p.s_kv;
+    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D + cw * DH;
+    store_frag_row<T, DH>(dkp + off, dk, hf, ks, qd, vec16, active);
+    store_frag_row<T, DH>(dvp + off, dv, hf, 1.f, qd, vec16, active);
+  }
+  if constexpr (DQ_TMA) {
+    // The reduces read this CTA's shared memory: complete them before exit (after the dK / dV
+    // stores, which they overlap). The last stage's release is not needed (the producer has issued
+    // its last loads).
+    if (ltid == 0) bulk_wait_group<0>();
   }
 #endif
 }

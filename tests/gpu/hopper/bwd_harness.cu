@@ -794,7 +794,7 @@ static int run_stamps(int s, bool causal) {
   const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
   const std::vector<unsigned long long> hs = collect_stamps(ctas, [&] { CK(hp::bwd_sm90_launch(L)); });
   const char* names[5] = {"start->K,V landed", "K,V->first q tile done", "first->loop done",
-                          "loop->reduces done", "reduces->dK,dV stored"};
+                          "loop->epilogue (DET: reduces done)", "->dK,dV stored (reduces done)"};
   char head[160];
   std::snprintf(head, sizeof(head), "HSTAMP bwd d=%d s=%d causal=%d", D, s, causal ? 1 : 0);
   // Non-causal CTAs all run n_m query tiles (CTA 0's count).
