@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   auto bar_ve = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };  // V slot empty (8 warps)
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  const int wg = warpgroup_index();
   phase_stamp_sm();
   phase_stamp(0, 0);
   // Causal: heaviest query tiles first.

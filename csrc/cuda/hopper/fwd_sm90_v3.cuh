@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   auto bar_ve = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + 3 * STAGES + s); }; // V slot empty (8 warps)
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  const int wg = warpgroup_index();
   const int n_m = (p.s_q + BM - 1) / BM;
   const int n_hb = p.h * p.b;
   const int n_tiles = n_m * n_hb;  // host: fits in int, gridDim.x <= n_tiles

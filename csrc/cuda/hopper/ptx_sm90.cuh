@@ -177,6 +177,15 @@ __device__ __forceinline__ void bar_arrive_imm() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
 }
 
+// This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0 so that ptxas knows it is
+// warp-uniform: values derived from it (the consumers' shared-memory offsets, hence the wgmma
+// descriptors) can then live in uniform registers. Derived from threadIdx.x directly, ptxas treats
+// them as per-thread, and in the persistent d = 256 kernel it built each descriptor with vector
+// arithmetic and R2UR moves before every HGMMA (the CUTLASS warp-index idiom).
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
 // ---- shared -> global tensor reduce (the backward's DQ_TMA variant) ----
 // Element-wise reduce-add of a shared-memory box into the global tensor of a
 // 4-D tensor map (element type from the map, e.g. f32). Box elements outside
