@@ -180,8 +180,8 @@ __device__ __forceinline__ void bar_arrive_imm() {
 // This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0 so that ptxas knows it is
 // warp-uniform: values derived from it (the consumers' shared-memory offsets, hence the wgmma
 // descriptors) can then live in uniform registers. Derived from threadIdx.x directly, ptxas treats
-// them as per-thread, and in the persistent d = 256 kernel it built each descriptor with vector
-// arithmetic and R2UR moves before every HGMMA (the CUTLASS warp-index idiom).
+// them as per-thread and builds descriptors with vector arithmetic and R2UR moves before the HGMMAs
+// (v2 at d = 256 non-causal: 120 R2UR in the kernel, 12 with this; the CUTLASS warp-index idiom).
 __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 }
