@@ -830,6 +830,7 @@ int main(int argc, char** argv) {
     const bool causal = std::atoi(argv[4]) != 0;
     if (d == 64) return run_stamps<64>(s, causal);
     if (d == 128) return run_stamps<128>(s, causal);
+    std::fprintf(stderr, "stamps: D must be 64 or 128 (the d = 256 backward has no stamps), not %d\n", d);
     return 2;
 #else
     std::fprintf(stderr, "stamps: build with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS\n");

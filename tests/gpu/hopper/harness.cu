@@ -955,6 +955,7 @@ int main(int argc, char** argv) {
     if (d == 64) return run_stamps<64>(s, causal, persistent);
     if (d == 128) return run_stamps<128>(s, causal, persistent);
     if (d == 256) return run_stamps<256>(s, causal, persistent);
+    std::fprintf(stderr, "stamps: D must be 64, 128 or 256, not %d\n", d);
     return 2;
 #else
     std::fprintf(stderr, "stamps: build with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS\n");
