@@ -327,7 +327,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     const int row_base = ti.m_blk * BM + row_in_tile;
     const int wg_row0 = ti.m_blk * BM + cw * 64;
     const uint32_t qs = j % QBUF;
-    const uint32_t sQ = sQ0 + qs * Cfg::kQBytes;
+    const uint32_t sQ = warp_uniform_here(sQ0 + qs * Cfg::kQBytes);
+    const uint32_t sKt = warp_uniform_here(sK0), sVt = warp_uniform_here(sV0);
 
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
@@ -346,7 +347,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       if (PP) v2_pp_wait_turn(cw);
       v2_fence_f(sacc);
       wgmma_fence();
-      v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
+      v2_issue_s<D, BN, F16>(sacc, sQ, sKt + s * Cfg::kKVBytes, cw);
       wgmma_commit();
       if (PP) v2_pp_pass_turn(cw);
       wgmma_wait<0>();
@@ -376,7 +377,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       // group A: S_n
       v2_fence_f(sacc);
       wgmma_fence();
-      v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
+      v2_issue_s<D, BN, F16>(sacc, sQ, sKt + s * Cfg::kKVBytes, cw);
       wgmma_commit();
       v2_rescale_o<D>(o, corr);
       wait_full(bar_vf(sp), php);
@@ -385,7 +386,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_fence_f(o);
       v2_fence_p(pa);
       wgmma_fence();
-      v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
+      v2_issue_pv<D, BN, F16>(o, pa, sVt + sp * Cfg::kKVBytes);
       wgmma_commit();
       if (PP) v2_pp_pass_turn(cw);
 
@@ -422,7 +423,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_fence_f(o);
       v2_fence_p(pa);
       wgmma_fence();
-      v2_issue_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
+      v2_issue_pv<D, BN, F16>(o, pa, sVt + s * Cfg::kKVBytes);
       wgmma_commit();
       // Only consumer 1's last turn of the whole loop passes nothing.
       if (PP && !(cw == 1 && last_tile)) v2_pp_pass_turn(cw);

@@ -186,6 +186,16 @@ __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 }
 
+// x (the same in every lane) made warp-uniform to ptxas at this point of the program: the volatile
+// move keeps it from being hoisted out of an enclosing loop (where ptxas may park a loop invariant
+// in a vector register), the lane-0 broadcast marks it uniform. The persistent kernel's smem bases
+// per tile: without it, at d = 256 non-causal, its K / V descriptors were rebuilt in vector registers
+// with R2UR moves before every HGMMA.
+__device__ __forceinline__ uint32_t warp_uniform_here(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return __shfl_sync(0xffffffffu, x, 0);
+}
+
 // ---- shared -> global tensor reduce (the backward's DQ_TMA variant) ----
 // Element-wise reduce-add of a shared-memory box into the global tensor of a
 // 4-D tensor map (element type from the map, e.g. f32). Box elements outside
