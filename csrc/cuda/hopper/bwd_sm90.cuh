@@ -459,7 +459,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  const int wg = warpgroup_index();
   phase_stamp_sm();
   phase_stamp(0, 0);
   // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.

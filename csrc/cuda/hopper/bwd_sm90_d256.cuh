@@ -170,7 +170,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  const int wg = warpgroup_index();
   const int n_blk = blockIdx.x;
   const int hk = blockIdx.y;
   const int batch = blockIdx.z;

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   auto bar_ve = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };  // V slot empty (12 warps)
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  const int wg = warpgroup_index();
   // Causal: heaviest query tiles first.
   const int m_blk = CAUSAL ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
   const int head = blockIdx.y;
