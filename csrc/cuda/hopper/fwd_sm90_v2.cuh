@@ -154,24 +154,9 @@ __device__ __forceinline__ void v2_mask(float (&sacc)[BN / 2], int n, int s_kv, 
   }
 }
 
-// Every POLY_MOD-th 8-column group of an S tile takes its exponentials from poly_exp2 instead of
-// the SFU (0: none). Where it pays is measured per head dim (docs/perf-notes.md, eleventh
-// session); the macros let the harness build the alternatives side by side.
-#ifndef FUSEDATTN_HOPPER_POLY_MOD_D64
-#define FUSEDATTN_HOPPER_POLY_MOD_D64 0
-#endif
-#ifndef FUSEDATTN_HOPPER_POLY_MOD_D128
-#define FUSEDATTN_HOPPER_POLY_MOD_D128 0
-#endif
-template <int D>
-constexpr int kPolyExpMod = D == 64 ? FUSEDATTN_HOPPER_POLY_MOD_D64 : (D == 128 ? FUSEDATTN_HOPPER_POLY_MOD_D128 : 0);
-
-__device__ constexpr bool v2_poly_group(int j, int mod) { return mod > 0 && j % mod == mod - 1; }
-
 // Online softmax of one S tile in place (S -> unnormalised P, fp32), rows r
-// and r+8 of this thread (4 threads per row). Same arithmetic as v1, except
-// the exponentials of the groups POLY_MOD picks (poly_exp2 above).
-template <int BN, int POLY_MOD = 0>
+// and r+8 of this thread (4 threads per row). Same arithmetic as v1.
+template <int BN>
 __device__ __forceinline__ void v2_softmax(float (&sacc)[BN / 2], float (&row_m)[2], float (&row_l)[2],
                                            float (&corr)[2], float sl2) {
 #pragma unroll
@@ -193,8 +178,7 @@ __device__ __forceinline__ void v2_softmax(float (&sacc)[BN / 2], float (&row_m)
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float x = fmaf(sacc[4 * j + 2 * hf + e], sl2, -m_use);
-        const float pv = v2_poly_group(j, POLY_MOD) ? poly_exp2(x) : fast_exp2(x);
+        const float pv = fast_exp2(fmaf(sacc[4 * j + 2 * hf + e], sl2, -m_use));
         sacc[4 * j + 2 * hf + e] = pv;
         sum += pv;
       }
@@ -383,7 +367,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   __syncwarp();
   if (lane == 0) mbar_arrive(bar_ke(0));
   v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
-  v2_softmax<BN, kPolyExpMod<D>>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
+  v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
   v2_pack_p<BN, F16>(pa, sacc);
 
   // ------------------------------------------------ steady state
@@ -418,7 +402,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_ke(s));
     v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
-    v2_softmax<BN, kPolyExpMod<D>>(sacc, row_m, row_l, corr, sl2);
+    v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
     // Pin the softmax before the wait (else the compiler may sink it past
     // wait_group 0 and the overlap with PV_{n-1} is lost).
     v2_fence_f(sacc);

@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         if (n_blocks == 1) mbar_arrive(bar_qe(qs));  // S_0 was this tile's last read of Q
       }
       v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
-      v2_softmax<BN, kPolyExpMod<D>>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
+      v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
       v2_pack_p<BN, F16>(pa, sacc);
     }
 
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         if (n == n_blocks - 1) mbar_arrive(bar_qe(qs));  // last S GEMM of the tile: Q slot free
       }
       v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
-      v2_softmax<BN, kPolyExpMod<D>>(sacc, row_m, row_l, corr, sl2);
+      v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
       v2_fence_f(sacc);
       reg_fence(row_l[0]);
       reg_fence(row_l[1]);

@@ -142,28 +142,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 2^x for x <= 0 on the FP32 and integer pipes instead of the SFU. The SFU does 16 exponentials
-// per clock per SM, so at d = 64 a forward tile's exponentials take as long as its two matmuls;
-// taking a share of them here moves that work to pipes with spare issue slots (FlashAttention-4's
-// trick). x is clamped to -127 with a NaN-propagating max (a NaN score stays NaN, as with
-// ex2.approx); a round-down add of 1.5 * 2^23 leaves floor(x) = j in the sum's low mantissa bits,
-// f = x - j in [0, 1) goes through a degree-3 minimax polynomial for 2^f with p(0) = 1 and
-// p(1) = 2 (relative error 1.03e-4: a tenth of an fp16 ulp, a seventieth of a bf16 one, of the P
-// it becomes), and 2^j is built in the exponent field: 0 at j = -127, so masked (-inf) scores give
-// exactly 0 and no result is subnormal.
-__device__ __forceinline__ float poly_exp2(float x) {
-  constexpr float kShift = 12582912.f;  // 1.5 * 2^23: ulp 1 over the whole range of x
-  float xc;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.f));
-  const float t = __fadd_rd(xc, kShift);
-  const float f = xc - (t - kShift);
-  const float p = fmaf(fmaf(fmaf(0.07826747f, f, 0.22630836f), f, 0.6954242f), f, 1.f);
-  // The sum's bits are bits(kShift) + j, whose low nine bits are j + 512 mod 512: shifted into the
-  // exponent field with the bias added, they give the float 2^j.
-  const float scale = __uint_as_float((__float_as_uint(t) + 127u) << 23);
-  return p * scale;
-}
-
 // Plain (non-tensor) bulk copy global -> shared, completing on an mbarrier
 // with complete_tx like the tensor loads (the backward's per-row lse / D slices).
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
