@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 # The tuned dispatch (csrc/cuda/hopper/tuning.h) picks the persistent kernel up to s_kv = 2048 at d = 64,
-# causal d = 128 / 256 up to 8192 and non-causal d = 128 / 256 up to 2048 / 1024, the three-consumer one
+# causal d = 128 / 256 up to 8192 and non-causal d = 128 / 256 up to 2048, the three-consumer one
 # beyond 2048 at d = 64, v2 elsewhere. Every variant also runs forced on all of them
 # (test_hopper_forward_forced_variant).
 # FUSEDATTN_CUDA_ENGINE=simt or sm80 (scripts/gpu_check.sh's second engine pass) keeps calls off the
@@ -106,6 +106,37 @@ def test_hopper_forward_matches_reference_many_tiles_per_cta(d, causal):
     torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("profile,s", [("rise_fast", 1024), ("rise_slow", 4096), ("fall", 2048)])
+def test_hopper_forward_matches_reference_rising_scores(profile, s, d, causal, dtype):
+    """Scores whose row maxima move across the key tiles. The kernels keep a row's reference max
+    until a tile's max exceeds it by more than 8 in log2 (kV2MaxSlack), rescaling O only then. Keys
+    scaled by a ramp from 1 to 7, scores of standard deviation 4 x the ramp (a float64 model of the
+    rule, d = 128): at s = 1k a row moves its reference in 5 of its 8 key tiles, at s = 4k in 7.5 of
+    32 (kept across several tiles, with P up to 2^8 before it moves), with the falling ramp in 1.5
+    of 16 (the first tile, then rarely)."""
+    gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
+    q = torch.randn(1, s, 2, d, device="cuda", generator=gen)
+    k = torch.randn(1, s, 1, d, device="cuda", generator=gen)
+    v = torch.randn(1, s, 1, d, device="cuda", generator=gen)
+    ramp = torch.linspace(1, 7, s, device="cuda")
+    if profile == "fall":
+        ramp = ramp.flip(0)
+    q, k, v = q.to(dtype), (k * ramp.view(1, s, 1, 1)).to(dtype), v.to(dtype)
+    scale = 4 / math.sqrt(d)
+    args = FwdArgs(scale=scale, mask_type="causal" if causal else "no_mask")
+    out, lse, _, _ = torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, None, None, None, None,
+                                             *args.op_args(), False)
+    ref, ref_lse = _reference(q, k, v, "bshd", causal, scale)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    # |lse| reaches ~100 here: fp32 score sums carry ~1e-7 of it.
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-3)
+
+
 # FUSEDATTN_HOPPER_FWD forces one forward variant (read once per process, as the library reads it).
 FORCED_FWD = os.environ.get("FUSEDATTN_HOPPER_FWD", "") not in ("", "auto")
 KERNEL_OF = {"v2": "fwd_sm90_v2_kernel", "persistent": "fwd_sm90_v3_kernel",
@@ -177,7 +208,7 @@ def test_hopper_kernel_runs_for_eligible_calls():
     (64, 512, False, "persistent"), (64, 2048, True, "persistent"), (64, 4096, False, "three_consumer"),
     (64, 2304, True, "three_consumer"), (128, 1024, False, "persistent"), (128, 1024, True, "persistent"),
     (128, 4096, False, "v2"), (128, 8192, True, "persistent"), (128, 16384, True, "v2"),
-    (256, 1024, False, "persistent"), (256, 2048, False, "v2"), (256, 512, True, "persistent"),
+    (256, 2048, False, "persistent"), (256, 4096, False, "v2"), (256, 512, True, "persistent"),
     (256, 16384, True, "v2"),
 ])
 def test_hopper_forward_dispatch_follows_tuning(d, s, causal, variant):

@@ -30,8 +30,9 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   // slower: unequal tile lengths and, at short s, one query tile of every head in a round.
   if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
   // Non-causal d = 128: +14 / +8 / +4% at s = 512 / 1k / 2k, within 1% above; d = 256: +7 / +1.5% at
-  // s = 512 / 1k, 1-4% slower from 2k (its 2-stage ring gains nothing from continuing across tiles).
-  return s_kv <= (d == 128 ? 2048 : 1024) ? FwdVariant::kPersistent : FwdVariant::kV2;
+  // s = 512 / 1k, and +2.3% at 2k since the kept row maxima (kV2MaxSlack; 744-752 against 728-731
+  // TFLOP/s, eleventh session); 5% slower at 8k (740 against 783, both measured before it).
+  return s_kv <= 2048 ? FwdVariant::kPersistent : FwdVariant::kV2;
 }
 
 // The persistent kernel's work-tile schedule for a causal call (fwd_sm90_v3.cuh, kV3Snake and
