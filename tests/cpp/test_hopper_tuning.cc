@@ -79,8 +79,8 @@ void test_variants() {
   CHECK(choose_fwd_variant(256, true, 512) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(128, false, 2048) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(128, false, 4096) == FwdVariant::kV2);
-  CHECK(choose_fwd_variant(256, false, 1024) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(256, false, 2048) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(256, false, 2048) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(256, false, 2049) == FwdVariant::kV2);
 }
 
 }  // namespace
