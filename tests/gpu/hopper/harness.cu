@@ -246,17 +246,48 @@ static cudaError_t launch_fast(const Variant& var, const T* q, const T* k, const
 }
 
 // ------------------------------------------------------------------- check
-// o_offset: the output starts that many elements into its allocation (2: 4-byte aligned only, so
-// the epilogue takes store_frag_row's 4-byte path instead of its 16-byte one).
+// How a check case departs from the default inputs. o_offset: the output starts that many elements
+// into its allocation (2: 4-byte aligned only, so the epilogue takes store_frag_row's 4-byte path
+// instead of its 16-byte one). key_ramp > 0: key j is scaled by 1 + key_ramp * j / s and the softmax
+// scale by score_gain, so a row's maximum rises across its key tiles, several times by more than the
+// kernels' kept-reference slack (the tiles that move the reference, and any path taken only when
+// scores leave the expected range).
+struct CaseInputs {
+  int o_offset = 0;
+  float key_ramp = 0.f;
+  float score_gain = 1.f;
+};
+
+template <typename T>
+static T* upload_keys(size_t n, Rng& rng, int s, int row_elems, const CaseInputs& in) {
+  std::vector<T> hbuf(n);
+  for (size_t i = 0; i < n; ++i) {
+    float x = rng.uniform(-2.f, 2.f);
+    if (x == 0.f) x = 0.015625f;  // never exactly zero
+    const int j = static_cast<int>((i / row_elems) % s);
+    hbuf[i] = Conv<T>::from_f(x * (1.f + in.key_ramp * static_cast<float>(j) / static_cast<float>(s)));
+  }
+  T* d = nullptr;
+  CK(cudaMalloc(&d, n * sizeof(T)));
+  CK(cudaMemcpy(d, hbuf.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+static const char* inputs_tag(const CaseInputs& in) {
+  if (in.key_ramp > 0.f) return in.o_offset != 0 ? " ramp o+2" : " ramp";
+  return in.o_offset != 0 ? " o+2" : "";
+}
+
 template <typename T, int D>
 static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool causal, uint64_t seed,
-                       int o_offset = 0) {
+                       const CaseInputs& in = {}) {
   Rng rng(seed);
   const size_t nq = static_cast<size_t>(b) * s * h * D;
   const size_t nkv = static_cast<size_t>(b) * s * h_kv * D;
   const size_t nl = static_cast<size_t>(b) * h * s;
+  const int o_offset = in.o_offset;
   T* q = upload_random<T>(nq, rng, -2.f, 2.f);
-  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
+  T* k = upload_keys<T>(nkv, rng, s, h_kv * D, in);
   T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
   T* o_buf = nullptr;
   float *lse = nullptr, *o_ref = nullptr, *lse_ref = nullptr;
@@ -268,7 +299,7 @@ static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool c
   // Poison: 0xFF.. is NaN for bf16, fp16 and fp32.
   CK(cudaMemset(o_buf, 0xFF, (nq + o_offset) * sizeof(T)));
   CK(cudaMemset(lse, 0xFF, nl * sizeof(float)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = in.score_gain / std::sqrt(static_cast<float>(D));
 
   const long long total = static_cast<long long>(b) * h * s;
   ref_attn_kernel<T, D><<<static_cast<unsigned>((total + 127) / 128), 128>>>(q, k, v, o_ref, lse_ref, b, s, s, h,
@@ -322,7 +353,7 @@ static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool c
     ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2 && max_abs < 5e-2;
     std::printf("%s %s%s%s d=%d s=%d causal=%d h=%d/%d%s err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu\n",
                 ok ? "PASS" : "FAIL", var.name == "v1" ? "" : var.name.c_str(), var.name == "v1" ? "" : " ",
-                Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, o_offset != 0 ? " o+2" : "", rel, max_abs,
+                Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, inputs_tag(in), rel, max_abs,
                 lse_err, nan_count);
   }
   CK(cudaFree(q));
@@ -400,10 +431,21 @@ static int run_check2() {
   using T = __nv_bfloat16;
   for (int causal = 0; causal < 2; ++causal) {
     n += 3;
-    if (!check_case<T, 64>(v2_variant<T, 64>(), 2, 200, 4, 2, causal != 0, seed++, 2)) ++fails;
-    if (!check_case<T, 128>(v2_variant<T, 128>(), 2, 200, 4, 2, causal != 0, seed++, 2)) ++fails;
-    if (!check_case<T, 256>(v2_variant<T, 256>(), 2, 200, 4, 2, causal != 0, seed++, 2)) ++fails;
+    if (!check_case<T, 64>(v2_variant<T, 64>(), 2, 200, 4, 2, causal != 0, seed++, CaseInputs{2})) ++fails;
+    if (!check_case<T, 128>(v2_variant<T, 128>(), 2, 200, 4, 2, causal != 0, seed++, CaseInputs{2})) ++fails;
+    if (!check_case<T, 256>(v2_variant<T, 256>(), 2, 200, 4, 2, causal != 0, seed++, CaseInputs{2})) ++fails;
   }
+  // Rising score maxima (key ramp 1 -> 7, scores 4x): the reference moves in most key tiles.
+  const CaseInputs ramp{0, 6.f, 4.f};
+  for (int causal = 0; causal < 2; ++causal)
+    for (int sr : {1024, 2000}) {
+      n += 4;
+      if (!check_case<T, 64>(v2_variant<T, 64>(), 1, sr, 2, 1, causal != 0, seed++, ramp)) ++fails;
+      if (!check_case<T, 128>(v2_variant<T, 128>(), 1, sr, 2, 1, causal != 0, seed++, ramp)) ++fails;
+      if (!check_case<T, 256>(v2_variant<T, 256>(), 1, sr, 2, 1, causal != 0, seed++, ramp)) ++fails;
+      using H = __half;
+      if (!check_case<H, 128>(v2_variant<H, 128>(), 1, sr, 2, 1, causal != 0, seed++, ramp)) ++fails;
+    }
   std::printf("check2: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
@@ -473,14 +515,15 @@ static VsV2 compare_vs_ref_and_v2(const T* o2, const float* l2, const T* o3, con
 // dtype d s causal h [sms=..] err max_abs lse_err nan v2diff: bitwise=0|1
 // max_abs_o max_abs_lse.
 template <typename T, int D>
-static bool check_vs_v2_case(const Variant& var, int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed) {
+static bool check_vs_v2_case(const Variant& var, int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed,
+                             const CaseInputs& in = {}) {
   const Variant v2 = v2_variant<T, D>();
   Rng rng(seed);
   const size_t nq = static_cast<size_t>(b) * s * h * D;
   const size_t nkv = static_cast<size_t>(b) * s * h_kv * D;
   const size_t nl = static_cast<size_t>(b) * h * s;
   T* q = upload_random<T>(nq, rng, -2.f, 2.f);
-  T* k = upload_random<T>(nkv, rng, -2.f, 2.f);
+  T* k = upload_keys<T>(nkv, rng, s, h_kv * D, in);
   T* v = upload_random<T>(nkv, rng, -1.f, 1.f);
   T *o2 = nullptr, *o3 = nullptr;
   float *l2 = nullptr, *l3 = nullptr, *o_ref = nullptr, *lse_ref = nullptr;
@@ -494,7 +537,7 @@ static bool check_vs_v2_case(const Variant& var, int b, int s, int h, int h_kv, 
   CK(cudaMemset(o3, 0xFF, nq * sizeof(T)));
   CK(cudaMemset(l2, 0xFF, nl * sizeof(float)));
   CK(cudaMemset(l3, 0xFF, nl * sizeof(float)));
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = in.score_gain / std::sqrt(static_cast<float>(D));
   const long long total = static_cast<long long>(b) * h * s;
   ref_attn_kernel<T, D><<<static_cast<unsigned>((total + 127) / 128), 128>>>(q, k, v, o_ref, lse_ref, b, s, s, h,
                                                                               h_kv, scale, causal ? 1 : 0);
@@ -507,8 +550,8 @@ static bool check_vs_v2_case(const Variant& var, int b, int s, int h, int h_kv, 
   g_v3_sms = saved_sms;
   // The line's case: the persistent kernel's grid (sms=) where it matters.
   char where[160];
-  const int wn = std::snprintf(where, sizeof(where), "%s %s d=%d s=%d causal=%d h=%d/%d", var.name.c_str(),
-                               Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv);
+  const int wn = std::snprintf(where, sizeof(where), "%s %s d=%d s=%d causal=%d h=%d/%d%s", var.name.c_str(),
+                               Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, inputs_tag(in));
   if (sms > 0) std::snprintf(where + wn, sizeof(where) - wn, " sms=%d", sms);
   bool ok = true;
   if (e2 != cudaSuccess || e3 != cudaSuccess) {
@@ -609,6 +652,20 @@ static int run_check3() {
     check3_pass(fails, n);
   }
   g_v3_sched = kV3RoundRobin;
+  // Rising score maxima (check2's ramp cases), round-robin and snake, at each head dim.
+  const CaseInputs ramp{0, 6.f, 4.f};
+  uint64_t seed = 9876;
+  for (int sched : {kV3RoundRobin, kV3Snake}) {
+    g_v3_sched = sched;
+    for (int causal = 0; causal < 2; ++causal) {
+      n += 3;
+      using T = __nv_bfloat16;
+      if (!check_vs_v2_case<T, 64>(v3_variant<T, 64>(), 1, 1024, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
+      if (!check_vs_v2_case<T, 128>(v3_variant<T, 128>(), 1, 1024, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
+      if (!check_vs_v2_case<T, 256>(v3_variant<T, 256>(), 1, 2000, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
+    }
+  }
+  g_v3_sched = kV3RoundRobin;
   std::printf("check3: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
@@ -617,8 +674,9 @@ static int run_check3() {
 // w3 (d = 64, fwd_sm90_v2w3.cuh) through check_vs_v2_case: bit for bit vs v2's
 // default config (same BN = 128).
 template <typename T>
-static bool checkw3_case(const Variant& w3, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  return check_vs_v2_case<T, 64>(w3, b, s, h, h_kv, causal, 0, seed);
+static bool checkw3_case(const Variant& w3, int b, int s, int h, int h_kv, bool causal, uint64_t seed,
+                         const CaseInputs& in = {}) {
+  return check_vs_v2_case<T, 64>(w3, b, s, h, h_kv, causal, 0, seed, in);
 }
 
 // check2's d = 64 grid (tails: s = 17, 200 are < 192 or not a multiple of
@@ -659,6 +717,14 @@ static int run_checkw3() {
         ++n;
         if (!checkw3_case<__nv_bfloat16>(var, 2, s, 4, 2, causal != 0, seed++)) ++fails;
       }
+  // Rising score maxima (check2's ramp cases).
+  const CaseInputs ramp{0, 6.f, 4.f};
+  for (int s : {1024, 4096})
+    for (int causal = 0; causal < 2; ++causal) {
+      n += 2;
+      if (!checkw3_case<__nv_bfloat16>(def, 1, s, 2, 1, causal != 0, seed++, ramp)) ++fails;
+      if (!checkw3_case<__half>(def16, 1, s, 2, 1, causal != 0, seed++, ramp)) ++fails;
+    }
   std::printf("checkw3: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
