@@ -194,7 +194,7 @@ __device__ __forceinline__ void v2_softmax(float (&sacc)[BN / 2], float (&row_m)
         sum += pv;
       }
     }
-    row_l[hf] = grow ? row_l[hf] * corr[hf] + sum : row_l[hf] + sum;
+    row_l[hf] = row_l[hf] * corr[hf] + sum;  // corr is exactly 1 where the row kept its max
   }
 }
 

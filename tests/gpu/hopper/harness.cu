@@ -258,19 +258,13 @@ struct CaseInputs {
   float score_gain = 1.f;
 };
 
+// Keys, rows of row_elems elements, s rows per batch: scaled by the ramp of CaseInputs.
 template <typename T>
 static T* upload_keys(size_t n, Rng& rng, int s, int row_elems, const CaseInputs& in) {
-  std::vector<T> hbuf(n);
-  for (size_t i = 0; i < n; ++i) {
-    float x = rng.uniform(-2.f, 2.f);
-    if (x == 0.f) x = 0.015625f;  // never exactly zero
+  return upload_random<T>(n, rng, -2.f, 2.f, [&](size_t i) {
     const int j = static_cast<int>((i / row_elems) % s);
-    hbuf[i] = Conv<T>::from_f(x * (1.f + in.key_ramp * static_cast<float>(j) / static_cast<float>(s)));
-  }
-  T* d = nullptr;
-  CK(cudaMalloc(&d, n * sizeof(T)));
-  CK(cudaMemcpy(d, hbuf.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
+    return 1.f + in.key_ramp * static_cast<float>(j) / static_cast<float>(s);
+  });
 }
 
 static const char* inputs_tag(const CaseInputs& in) {

@@ -54,18 +54,24 @@ struct Rng {  // splitmix64, deterministic
   float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); }
 };
 
-template <typename T>
-static T* upload_random(size_t n, Rng& rng, float lo, float hi) {
+// Element i is a uniform draw in [lo, hi) (never exactly zero) times scale(i), as T.
+template <typename T, typename Scale>
+static T* upload_random(size_t n, Rng& rng, float lo, float hi, Scale scale) {
   std::vector<T> hbuf(n);
   for (size_t i = 0; i < n; ++i) {
     float x = rng.uniform(lo, hi);
-    if (x == 0.f) x = 0.015625f;  // never exactly zero
-    hbuf[i] = Conv<T>::from_f(x);
+    if (x == 0.f) x = 0.015625f;
+    hbuf[i] = Conv<T>::from_f(x * scale(i));
   }
   T* d = nullptr;
   CK(cudaMalloc(&d, n * sizeof(T)));
   CK(cudaMemcpy(d, hbuf.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   return d;
+}
+
+template <typename T>
+static T* upload_random(size_t n, Rng& rng, float lo, float hi) {
+  return upload_random<T>(n, rng, lo, hi, [](size_t) { return 1.f; });
 }
 
 // Contiguous bshd tensors (the library passes its own strides).
