@@ -49,7 +49,9 @@
 // the V_{n-1} full barrier; the producer's load of V_{n-1} needs only
 // releases from iterations <= n-STAGES+1 (earlier turns of every consumer),
 // so holding the turn cannot deadlock (same argument as v2's, whose protocol
-// model checked 2 consumers; the rotation only changes who goes next).
+// model checked 2 consumers; the rotation only changes who goes next). As
+// in v2, K_n is released after the softmax (v2_softmax_steady), which waits
+// only on the consumer's own warpgroup (vote barrier 4 + c) and own GEMMs.
 // PP = false: no named barriers at all; each consumer runs v2's per-warpgroup
 // schedule independently (the harness times both).
 // Bounded mbarrier waits as in v2 (producer traps, consumers give up and
@@ -289,10 +291,12 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 
     wgmma_wait<1>();  // group A (S_n) complete; B may still run
     v2_fence_f(sacc);
+    v2_softmax_steady<BN, kW3Consumers>(
+        sacc, row_m, row_l, corr, sl2, cw,
+        [&] { w3_issue_s<BN, F16>(sacc, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
+        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ke(s));
-    v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
-    v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
+    if (lane == 0) mbar_arrive(bar_ke(s));  // only now: the softmax's slow path reads K_n again
     // Pin the softmax before the wait (else it may sink past wait_group 0).
     v2_fence_f(sacc);
     reg_fence(row_l[0]);

@@ -30,15 +30,16 @@
 // (2) Q. QBUF (1 or 2) Q slots, each with a full (tx) and an empty (8
 //     consumer-warp arrivals) mbarrier; local tile j uses slot j % QBUF with
 //     phase (j / QBUF) & 1 -- the same ring rule as K/V. Q is read only by
-//     the S GEMMs, so a consumer warp releases the Q slot right after its
-//     LAST S GEMM of the tile has completed (wait_group: after S_0 in the
-//     prologue when the tile has one kv block, else after S_{last} in the
-//     last steady-state iteration), i.e. before that tile's last P V and
-//     epilogue. QBUF = 2 where it fits in 227 KB (d = 64): the next Q is
-//     issued right after the current tile's last V load; else 1 (d = 128 at
-//     3 stages, d = 256 at 2 stages: a second 32 / 64 KB slot does not fit):
-//     the next Q is issued once both consumers' last S GEMM of the current
-//     tile is done, and lands during its softmax, last PV and epilogue.
+//     the S GEMMs, so a consumer warp releases the Q slot once its LAST S
+//     GEMM of the tile has completed (wait_group: after S_0 in the prologue
+//     when the tile has one kv block, else after the softmax of S_{last} in
+//     the last steady-state iteration, whose slow path may issue S_{last}
+//     again), i.e. before that tile's last P V and epilogue. QBUF = 2 where
+//     it fits in 227 KB (d = 64): the next Q is issued right after the
+//     current tile's last V load; else 1 (d = 128 at 3 stages, d = 256 at 2
+//     stages: a second 32 / 64 KB slot does not fit): the next Q is issued
+//     once both consumers have released the slot, and lands during their
+//     last PV and epilogue.
 //     Smem (default configs): d=64 165,120 B (2 Q slots), d=128 230,528 B,
 //     d=256 230,528 B (1 Q slot each) of 232,448.
 // (3) K/V rings continue across tiles. Producer and consumers count kv blocks
@@ -53,8 +54,11 @@
 //     a load earlier in this order than any load the producer may be blocked
 //     on while that wait is pending: the producer blocks only on slots whose
 //     release comes from GEMMs issued earlier in the consumer's program
-//     order (checked by the model for 1-6 tiles per CTA, 1-7 kv blocks per
-//     tile, STAGES 2-4, QBUF 1-2).
+//     order. The K and last Q releases of a steady-state iteration follow
+//     its softmax, whose only waits are on the consumer's own warpgroup (the
+//     vote) and own GEMMs (the slow path's S reissue, wait_group 0), never on
+//     the producer (checked by the model for 1-6 tiles per CTA, 1-7 kv
+//     blocks per tile, STAGES 2-4, QBUF 1-2, slow path at random).
 // (4) Ping-pong across tiles. The turns form ONE alternating sequence over
 //     the CTA's whole loop, not one per tile: consumer c takes its turns
 //     (wait bar 1+c, issue, arrive on the other's bar) in program order; per
@@ -392,13 +396,15 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
       wgmma_wait<1>();  // group A (S_n) complete; B may still run
       v2_fence_f(sacc);
+      v2_softmax_steady<BN, 2>(
+          sacc, row_m, row_l, corr, sl2, cw,
+          [&] { v2_issue_s<D, BN, F16>(sacc, sQ, sKt + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes, cw); },
+          [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
       __syncwarp();
-      if (lane == 0) {
+      if (lane == 0) {  // only now: the softmax's slow path reads Q and K_n again
         mbar_arrive(bar_ke(s));
         if (n == n_blocks - 1) mbar_arrive(bar_qe(qs));  // last S GEMM of the tile: Q slot free
       }
-      v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd);
-      v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
       v2_fence_f(sacc);
       reg_fence(row_l[0]);
       reg_fence(row_l[1]);

@@ -176,6 +176,23 @@ template <int ID, int NTHREADS>
 __device__ __forceinline__ void bar_arrive_imm() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(NTHREADS) : "memory");
 }
+// bar.red.or: a vote across warps. True in every one of the NTHREADS threads iff pred is true in
+// any of them; synchronises them like bar.sync (aligned, same rules).
+template <int ID, int NTHREADS>
+__device__ __forceinline__ bool bar_red_or_imm(bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n"
+      ".reg .pred p, q;\n"
+      "setp.ne.u32 q, %1, 0;\n"
+      "bar.red.or.pred p, %2, %3, q;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "n"(ID), "n"(NTHREADS)
+      : "memory");
+  return any != 0;
+}
 
 // This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0 so that ptxas knows it is
 // warp-uniform: values derived from it (the consumers' shared-memory offsets, hence the wgmma

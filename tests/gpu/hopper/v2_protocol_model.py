@@ -1,7 +1,8 @@
 # Protocol model of the v2 Hopper forward kernel (csrc/cuda/hopper/fwd_sm90_v2.cuh),
 # one CTA: the producer thread, the two consumer warpgroups (each one agent; its
 # 4 warps' arrivals count 4), asynchronous TMA completions, in-order wgmma-group
-# completions and the ping-pong named barriers, under random interleavings.
+# completions and the ping-pong named barriers, under random interleavings; the
+# softmax's slow path (S_n issued again before K_n's release) taken at random.
 # Checks: no deadlock, every S / PV GEMM reads the right tile, no slot is
 # refilled while a GEMM still reads it, barriers balanced at the end.
 # Not a pytest module (no test_ prefix). Run: python3 tests/gpu/hopper/v2_protocol_model.py
@@ -31,7 +32,7 @@ class NBar:  # named barrier, count in WG units (256 threads = 2 WGs)
     def sync(s):  # returns generation to wait past
         g=s.gen; s.arrive(); return g
 
-def run(n_blocks, ST, PP, seed):
+def run(n_blocks, ST, PP, seed, bug=None):
     rnd=random.Random(seed)
     q=MBar(1); kf=[MBar(1) for _ in range(ST)]; vf=[MBar(1) for _ in range(ST)]
     ke=[MBar(8) for _ in range(ST)]; ve=[MBar(8) for _ in range(ST)]
@@ -91,8 +92,15 @@ def run(n_blocks, ST, PP, seed):
             vread[sp]+=1; issue([('v',sp)])
             pass_turn()
             yield from wait_group(1)
-            for _ in range(4): ke[s].arrive()
-            yield
+            if bug=='k_release_before_redo':
+                for _ in range(4): ke[s].arrive()
+            yield  # softmax
+            if rnd.random()<0.3:  # slow path (v2_softmax_steady): S_n again, a group of its own
+                assert kslot[s]==n and not kwriting[s], ("S redo reads wrong K", n, kslot[s])
+                kread[s]+=1; issue([('k',s)])
+                yield from wait_group(0)
+            if bug!='k_release_before_redo':
+                for _ in range(4): ke[s].arrive()
             yield from wait_group(0)
             for _ in range(4): ve[sp].arrive()
         last=n_blocks-1; s=last%ST; ph=(last//ST)&1
@@ -136,3 +144,14 @@ for ST in (2,3,4):
             for seed in range(60):
                 run(n_blocks,ST,PP,seed*1000+n_blocks); cnt+=1
 print("ok", cnt, "runs")
+# Seeded bug: K released at the S wait, before the slow path reads it again; must be caught.
+caught=None
+for ST in (2,3):
+    for n_blocks in (3,5,9):
+        for seed in range(200):
+            try: run(n_blocks,ST,1,seed,bug='k_release_before_redo')
+            except AssertionError as e: caught=(ST,n_blocks,seed,str(e)[:80]); break
+        if caught: break
+    if caught: break
+print("seeded bug k_release_before_redo:", "CAUGHT ST=%d n_blocks=%d seed=%d: %s"%caught if caught else "NOT CAUGHT")
+if not caught: sys.exit(1)

@@ -5,7 +5,8 @@
 # completions per consumer, the ping-pong named barriers (counted in threads:
 # 128 per warpgroup arrival, a generation completes at 256) -- random
 # interleavings. The Q ring (QBUF slots, full/empty pair per slot) and the K/V
-# rings continue across tiles (kv counter over the CTA's life).
+# rings continue across tiles (kv counter over the CTA's life). The softmax's
+# slow path (S_n issued again before the K / last Q release) is taken at random.
 # Checks: no deadlock; every S GEMM reads the right Q (tile) and K (tile,
 # block), every PV the right V; no Q/K/V slot is refilled while a GEMM reads
 # it; no named-barrier generation completes with the same warpgroup arriving
@@ -186,10 +187,21 @@ def run(tiles, ST, QBUF, PP, seed, bug=None):
                 issue([('v', sp)])
                 pass_turn()
                 yield from wait_group(1)
-                arrive4(ke[s])
-                if n == nbk - 1 and bug not in ('q_release_at_issue', 'q_release_after_s0'):
-                    arrive4(qe[qs])
+                last_s = n == nbk - 1 and bug not in ('q_release_at_issue', 'q_release_after_s0')
+                if bug == 'k_release_before_redo':
+                    arrive4(ke[s])
+                    if last_s:
+                        arrive4(qe[qs])
                 yield 'prog'  # softmax under PV
+                if rnd.random() < 0.3:  # slow path (v2_softmax_steady): S_n again, a group of its own
+                    check(qslot[qs] == j, ("S redo reads wrong Q", cw, j, qslot[qs]))
+                    check(kslot[s] == (j, n), ("S redo reads wrong K", cw, (j, n), kslot[s]))
+                    issue([('k', s), ('q', qs)])
+                    yield from wait_group(0)
+                if bug != 'k_release_before_redo':
+                    arrive4(ke[s])
+                    if last_s:
+                        arrive4(qe[qs])
                 yield from wait_group(0)
                 arrive4(ve[sp])
             it = kv + nbk - 1; s = it % ST
@@ -379,6 +391,7 @@ def main():
         'pp_never_skip': "consumer 1 also arrives after its very last turn (unbalanced at the end)",
         'no_last_v_release': "last kv block's V slot not released (v2's 'no waiter' arrival dropped)",
         'kv_reset_per_tile': "consumers restart the ring counter every tile, producer does not",
+        'k_release_before_redo': "K (and last Q) released after the S wait, before the softmax's slow path reads them",
     }
     caught = 0
     for bug, what in bugs.items():
