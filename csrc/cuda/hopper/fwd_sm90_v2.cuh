@@ -38,6 +38,9 @@
 // (3) STAGES (ring depth) and BN are template parameters; FwdV2Default<D>
 //     picks the defaults (d=64: 128/4, d=128: 128/3, d=256: 80/2 with PP for
 //     causal calls only); the harness sweep times the alternatives.
+// (4) Q in registers (kV2QInRegs, d = 128): each consumer loads its 64 Q rows
+//     into RS A fragments once, after the Q barrier, and S = Q K^T reads only
+//     K from shared memory.
 // Bounded mbarrier waits as in v1 (producer traps, consumers give up and
 // report NaN lse), so a pipeline bug cannot hang the GPU; a consumer warp
 // that gave up once skips its later waits. The named barriers are not
@@ -119,6 +122,50 @@ __device__ __forceinline__ void v2_issue_s(float (&sacc)[BN / 2], uint32_t sQ, u
     const uint32_t a_addr = sQ + (k / 4) * (128 * 128) + cw * (64 * 128) + (k % 4) * 32;
     const uint32_t b_addr = sK + (k / 4) * (BN * 128) + (k % 4) * 32;
     Wgmma<BN, F16>::ss(sacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+  }
+}
+
+// Q in registers for the S GEMM (an RS wgmma with this warpgroup's 64 Q rows as 16-bit A
+// fragments): the S wgmmas then read only K from shared memory, a third fewer bytes for that GEMM
+// (per tile pair of a CTA 64 KB instead of 96 KB; all wgmma reads 128 KB instead of 160 KB), at the
+// price of D / 4 registers per thread, loaded once per query tile. The d = 128 forward runs at the
+// power limit from its first calls (perf-notes, eleventh session), where shared-memory traffic is
+// energy. d = 256 has no room for 64 more registers beside O's 128; the K-major RS wrapper exists
+// for N = 128 (gen_wgmma.py's RSK_N), every BN but d = 256's. FUSEDATTN_HOPPER_QREG_DIMS (a bit per
+// head dim: 1 = 64, 2 = 128, 4 = 256) lets harness builds choose other head dims.
+#ifndef FUSEDATTN_HOPPER_QREG_DIMS
+#define FUSEDATTN_HOPPER_QREG_DIMS 2
+#endif
+template <int D, int BN>
+constexpr bool kV2QInRegs = (FUSEDATTN_HOPPER_QREG_DIMS & (D / 64)) != 0 && BN == 128;
+
+// This warpgroup's Q rows as A fragments, k-step k in qa[k], from the 128-byte-swizzled Q tile
+// ([D / 64] chunks of [128 rows][64], 16-byte unit u of row r at unit u ^ (r % 8)). Lane l reads
+// row l % 8 (+ 8 for the matrices 1 and 3) and 16-byte unit 2 (k % 4) + l / 16 of its chunk.
+template <int D>
+__device__ __forceinline__ void v2_load_q_frags(uint32_t (&qa)[D / 16][4], uint32_t sQ, int cw, int warp, int lane) {
+  const int r8 = lane & 7;
+  const int row = cw * 64 + warp * 16 + ((lane >> 3) & 1) * 8 + r8;
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    const int unit = (k % 4) * 2 + (lane >> 4);
+    ldmatrix_x4(qa[k], sQ + (k / 4) * (128 * 128) + row * 128 + ((unit ^ r8) << 4));
+  }
+}
+
+// S = Q K^T with Q from registers (v2_load_q_frags) when QREG, else from shared memory (v2_issue_s).
+template <int D, int BN, bool F16, bool QREG, int QK>
+__device__ __forceinline__ void v2_issue_s_q(float (&sacc)[BN / 2], const uint32_t (&qa)[QK][4], uint32_t sQ,
+                                             uint32_t sK, int cw) {
+  if constexpr (QREG) {
+    static_assert(QK == D / 16, "one A fragment per k-step");
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const uint32_t b_addr = sK + (k / 4) * (BN * 128) + (k % 4) * 32;
+      Wgmma<BN, F16>::rs_k(sacc, qa[k], make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+    }
+  } else {
+    v2_issue_s<D, BN, F16>(sacc, sQ, sK, cw);
   }
 }
 
@@ -331,6 +378,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
   constexpr bool PP = Cfg::PP;
   constexpr int DCH = D / 64;  // 128-byte chunks per row
+  constexpr bool QREG = kV2QInRegs<D, BN>;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -451,6 +499,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   auto wait_full = [&](uint32_t bar, uint32_t parity) {
     if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
   };
+  uint32_t qa[QREG ? D / 16 : 1][4];
+  if constexpr (QREG) {
+    __syncwarp();
+    v2_load_q_frags<D>(qa, sQ, cw, warp, lane);
+  }
 
   // ------------------------------------------------ prologue: S_0 alone
   wait_full(bar_kf(0), 0);
@@ -458,7 +511,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (PP) v2_pp_wait_turn(cw);
   v2_fence_f(sacc);
   wgmma_fence();
-  v2_issue_s<D, BN, F16>(sacc, sQ, sK0, cw);
+  v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK0, cw);
   wgmma_commit();
   if (PP) v2_pp_pass_turn(cw);
   wgmma_wait<0>();
@@ -483,7 +536,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // group A: S_n
     v2_fence_f(sacc);
     wgmma_fence();
-    v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
+    v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK0 + s * Cfg::kKVBytes, cw);
     wgmma_commit();
     // O is not an operand of any wgmma in flight: rescale it for tile n-1.
     v2_rescale_o<D>(o, corr);
@@ -501,7 +554,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     v2_fence_f(sacc);
     v2_softmax_steady<BN, 2>(
         sacc, row_m, row_l, corr, sl2, cw,
-        [&] { v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
+        [&] { v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
         [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_ke(s));  // only now: the softmax's slow path reads K_n again

@@ -40,6 +40,9 @@
 //     stages: a second 32 / 64 KB slot does not fit): the next Q is issued
 //     once both consumers have released the slot, and lands during their
 //     last PV and epilogue.
+//     With Q in registers (kV2QInRegs, d = 128) each consumer warp loads its
+//     fragments right after the Q barrier and releases the slot at once (the
+//     slow path's S reissue then takes Q from the registers too).
 //     Smem (default configs): d=64 165,120 B (2 Q slots), d=128 230,528 B,
 //     d=256 230,528 B (1 Q slot each) of 232,448.
 // (3) K/V rings continue across tiles. Producer and consumers count kv blocks
@@ -206,6 +209,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, QBUF = Cfg::QBUF;
   constexpr bool PP = Cfg::PP;
   constexpr int DCH = D / 64;  // 128-byte chunks per row
+  constexpr bool QREG = kV2QInRegs<D, BN>;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -314,6 +318,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
   float o[D / 2];
   uint32_t pa[BN / 16][4];
+  uint32_t qa[QREG ? D / 16 : 1][4];
 
   bool timed_out = false;  // sticky for the CTA's life (see the header)
   auto wait_full = [&](uint32_t bar, uint32_t parity) {
@@ -342,6 +347,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
     wait_full(bar_qf(qs), (j / QBUF) & 1u);
     phase_stamp(j, 1);
+    if constexpr (QREG) {
+      // Q lives in registers from here, so its slot is free at once: the producer can issue the
+      // next tile's Q a whole tile earlier than after this tile's last S GEMM.
+      __syncwarp();
+      v2_load_q_frags<D>(qa, sQ, cw, warp, lane);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_qe(qs));
+    }
 
     // ---------------------------------------------- prologue: S_0 alone
     {
@@ -351,7 +364,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       if (PP) v2_pp_wait_turn(cw);
       v2_fence_f(sacc);
       wgmma_fence();
-      v2_issue_s<D, BN, F16>(sacc, sQ, sKt + s * Cfg::kKVBytes, cw);
+      v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sKt + s * Cfg::kKVBytes, cw);
       wgmma_commit();
       if (PP) v2_pp_pass_turn(cw);
       wgmma_wait<0>();
@@ -360,7 +373,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       __syncwarp();
       if (lane == 0) {
         mbar_arrive(bar_ke(s));
-        if (n_blocks == 1) mbar_arrive(bar_qe(qs));  // S_0 was this tile's last read of Q
+        if (!QREG && n_blocks == 1) mbar_arrive(bar_qe(qs));  // S_0 was this tile's last read of Q
       }
       v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
       v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
@@ -381,7 +394,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       // group A: S_n
       v2_fence_f(sacc);
       wgmma_fence();
-      v2_issue_s<D, BN, F16>(sacc, sQ, sKt + s * Cfg::kKVBytes, cw);
+      v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sKt + s * Cfg::kKVBytes, cw);
       wgmma_commit();
       v2_rescale_o<D>(o, corr);
       wait_full(bar_vf(sp), php);
@@ -398,12 +411,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_fence_f(sacc);
       v2_softmax_steady<BN, 2>(
           sacc, row_m, row_l, corr, sl2, cw,
-          [&] { v2_issue_s<D, BN, F16>(sacc, sQ, sKt + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes, cw); },
+          [&] { v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sKt + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes, cw); },
           [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
       __syncwarp();
-      if (lane == 0) {  // only now: the softmax's slow path reads Q and K_n again
+      if (lane == 0) {  // only now: the softmax's slow path reads K_n (and Q, if not in registers) again
         mbar_arrive(bar_ke(s));
-        if (n == n_blocks - 1) mbar_arrive(bar_qe(qs));  // last S GEMM of the tile: Q slot free
+        if (!QREG && n == n_blocks - 1) mbar_arrive(bar_qe(qs));  // last S GEMM of the tile: Q slot free
       }
       v2_fence_f(sacc);
       reg_fence(row_l[0]);

@@ -5,6 +5,7 @@ Each wrapper is one inline-asm statement whose accumulator operand list has N/2 
 is why the header is generated rather than written by hand. Families:
   Wgmma<N, F16>::ss   A and B from shared memory, both K-major (S = Q K^T; the backward's S^T, dP^T)
   Wgmma<N, F16>::rs   A from registers, B from shared memory MN-major (O += P V; dV, dK)
+  Wgmma<N, F16>::rs_k A from registers, B from shared memory K-major (the forward's S = Q K^T, Q in registers)
   WgmmaTT<N, F16>::ss A and B from shared memory, both MN-major (the backward's dQ = dS K; d=256 dV, dK)
   WgmmaNT<N, F16>::ss A from shared memory K-major, B from shared memory MN-major (d=256 dQ = dS K)
 The lists of N below are the tile widths the kernels instantiate; add one here, not in the header.
@@ -21,6 +22,7 @@ import sys
 
 SS_N = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 RS_N = (64, 128, 256)
+RSK_N = (128,)
 TT_N = (64, 128)
 NT_N = (128,)
 HEADER = pathlib.Path(__file__).with_name("wgmma.cuh")
@@ -36,15 +38,16 @@ def acc_list(n_acc: int) -> str:
 
 def wrapper(name: str, n: int, f16: bool, form: str) -> str:
     """One static member function; form is 'ss' / 'tt' / 'nt' (both from smem; trans-a, trans-b = 0,0 / 1,1 / 0,1)
-    or 'rs' (A from registers, trans-b = 1)."""
+    or 'rs' / 'rsk' (A from registers, trans-b = 1 / 0)."""
     t = "f16" if f16 else "bf16"
     n_acc = n // 2
     instr = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "
-    if form == "rs":
+    if form in ("rs", "rsk"):
         sig = (f"static void {name}(float (&d)[{n_acc}], const uint32_t (&a)[4], uint64_t desc_b, "
                f"int scale_d)")
         pred = n_acc + 5
-        args = (f'"{{%{n_acc}, %{n_acc + 1}, %{n_acc + 2}, %{n_acc + 3}}}, %{n_acc + 4}, p, 1, 1, 1;\\n"')
+        trans_b = 1 if form == "rs" else 0
+        args = (f'"{{%{n_acc}, %{n_acc + 1}, %{n_acc + 2}, %{n_acc + 3}}}, %{n_acc + 4}, p, 1, 1, {trans_b};\\n"')
         inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
     else:
         trans = {"tt": "1, 1", "nt": "0, 1"}.get(form, "0, 0")
@@ -73,6 +76,7 @@ def render() -> str:
         "// wgmma.mma_async wrappers, m64nNk16 with an fp32 accumulator of N/2 floats per thread:",
         "//   Wgmma<N, F16>::ss   A, B from shared memory, both K-major (trans-a = trans-b = 0)",
         "//   Wgmma<N, F16>::rs   A from registers (4 x b32), B from shared memory MN-major (trans-b = 1)",
+        "//   Wgmma<N, F16>::rs_k A from registers (4 x b32), B from shared memory K-major (trans-b = 0)",
         "//   WgmmaTT<N, F16>::ss A, B from shared memory, both MN-major (trans-a = trans-b = 1)",
         "//   WgmmaNT<N, F16>::ss A, B from shared memory, A K-major, B MN-major (trans-a = 0, trans-b = 1)",
         "// scale_d = 0 overwrites the accumulator, 1 adds to it.",
@@ -97,6 +101,8 @@ def render() -> str:
             body = wrapper("ss", n, f16, "ss")
             if n in RS_N:
                 body += wrapper("rs", n, f16, "rs")
+            if n in RSK_N:
+                body += wrapper("rs_k", n, f16, "rsk")
             out += ["template <>", f"struct Wgmma<{n}, {'true' if f16 else 'false'}> {{",
                     f"  static constexpr int kAcc = {n // 2};", body.rstrip("\n"), "};", ""]
     for f16 in (False, True):

@@ -100,6 +100,18 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void reg_fence(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
+// ------------------------------------------------------------------ ldmatrix
+// Four 8x8 16-bit matrices; lane l gives the address of row l % 8 of matrix l / 8, and r[i] is
+// this lane's pair of matrix i (row lane / 4, columns 2 (lane % 4) and + 1): for a 16 x 16 tile
+// whose matrices are ordered (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+// (rows 8-15, k 8-15) that is the A fragment of an m16k16 (and wgmma RS) operand.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t saddr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(saddr)
+               : "memory");
+}
+
 // ---------------------------------------------------------------- setmaxnreg
 template <int R>
 __device__ __forceinline__ void setmaxnreg_dec() {
