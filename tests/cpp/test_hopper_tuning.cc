@@ -72,15 +72,16 @@ void test_model_and_schedule() {
 }
 
 void test_variants() {
-  CHECK(choose_fwd_variant(64, true, 2048) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(64, true, 2049) == FwdVariant::kThreeConsumer);
+  CHECK(choose_fwd_variant(64, true, 1024) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(64, false, 1025) == FwdVariant::kThreeConsumer);
+  CHECK(choose_fwd_variant(64, true, 2048) == FwdVariant::kThreeConsumer);
   CHECK(choose_fwd_variant(128, true, 8192) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(128, true, 16384) == FwdVariant::kV2);
   CHECK(choose_fwd_variant(256, true, 512) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(128, false, 2048) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(128, false, 4096) == FwdVariant::kV2);
-  CHECK(choose_fwd_variant(256, false, 2048) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(256, false, 2049) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(128, false, 4096) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(128, false, 4097) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(256, false, 8192) == FwdVariant::kPersistent);
+  CHECK(choose_fwd_variant(256, false, 8193) == FwdVariant::kV2);
 }
 
 }  // namespace

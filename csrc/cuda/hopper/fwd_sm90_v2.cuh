@@ -38,9 +38,6 @@
 // (3) STAGES (ring depth) and BN are template parameters; FwdV2Default<D>
 //     picks the defaults (d=64: 128/4, d=128: 128/3, d=256: 80/2 with PP for
 //     causal calls only); the harness sweep times the alternatives.
-// (4) Q in registers (kV2QInRegs, d = 128): each consumer loads its 64 Q rows
-//     into RS A fragments once, after the Q barrier, and S = Q K^T reads only
-//     K from shared memory.
 // Bounded mbarrier waits as in v1 (producer traps, consumers give up and
 // report NaN lse), so a pipeline bug cannot hang the GPU; a consumer warp
 // that gave up once skips its later waits. The named barriers are not
@@ -126,18 +123,20 @@ __device__ __forceinline__ void v2_issue_s(float (&sacc)[BN / 2], uint32_t sQ, u
 }
 
 // Q in registers for the S GEMM (an RS wgmma with this warpgroup's 64 Q rows as 16-bit A
-// fragments): the S wgmmas then read only K from shared memory, a third fewer bytes for that GEMM
-// (per tile pair of a CTA 64 KB instead of 96 KB; all wgmma reads 128 KB instead of 160 KB), at the
-// price of D / 4 registers per thread, loaded once per query tile. The d = 128 forward runs at the
-// power limit from its first calls (perf-notes, eleventh session), where shared-memory traffic is
-// energy. d = 256 has no room for 64 more registers beside O's 128; the K-major RS wrapper exists
-// for N = 128 (gen_wgmma.py's RSK_N), every BN but d = 256's. FUSEDATTN_HOPPER_QREG_DIMS (a bit per
-// head dim: 1 = 64, 2 = 128, 4 = 256) lets harness builds choose other head dims.
+// fragments), taken by the persistent kernel (fwd_sm90_v3.cuh) at d = 128: the S wgmmas then read
+// only K from shared memory (a third fewer bytes for that GEMM), at the price of D / 4 registers per
+// thread loaded once per query tile, and the kernel frees its one Q slot as soon as the fragments
+// are loaded, so the next tile's Q lands a whole tile earlier. Measured (twelfth session, with the
+// lazy row max): operator grid +2-4% on the persistent kernel's d = 128 points, harness -1 to +2%;
+// v2 gained nothing there (operator -4 to +1%, harness -1.3%), so v2 keeps Q in shared memory.
+// d = 256 has no room for 64 more registers beside O's 128; the K-major RS wrapper exists for
+// N = 128 (gen_wgmma.py's RSK_N). FUSEDATTN_HOPPER_QREG_DIMS (a bit per head dim: 1 = 64, 2 = 128,
+// 4 = 256) lets harness builds choose other head dims.
 #ifndef FUSEDATTN_HOPPER_QREG_DIMS
 #define FUSEDATTN_HOPPER_QREG_DIMS 2
 #endif
 template <int D, int BN>
-constexpr bool kV2QInRegs = (FUSEDATTN_HOPPER_QREG_DIMS & (D / 64)) != 0 && BN == 128;
+constexpr bool kFwdQInRegs = (FUSEDATTN_HOPPER_QREG_DIMS & (D / 64)) != 0 && BN == 128;
 
 // This warpgroup's Q rows as A fragments, k-step k in qa[k], from the 128-byte-swizzled Q tile
 // ([D / 64] chunks of [128 rows][64], 16-byte unit u of row r at unit u ^ (r % 8)). Lane l reads
@@ -378,7 +377,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
   constexpr bool PP = Cfg::PP;
   constexpr int DCH = D / 64;  // 128-byte chunks per row
-  constexpr bool QREG = kV2QInRegs<D, BN>;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -499,11 +497,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   auto wait_full = [&](uint32_t bar, uint32_t parity) {
     if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
   };
-  uint32_t qa[QREG ? D / 16 : 1][4];
-  if constexpr (QREG) {
-    __syncwarp();
-    v2_load_q_frags<D>(qa, sQ, cw, warp, lane);
-  }
 
   // ------------------------------------------------ prologue: S_0 alone
   wait_full(bar_kf(0), 0);
@@ -511,7 +504,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (PP) v2_pp_wait_turn(cw);
   v2_fence_f(sacc);
   wgmma_fence();
-  v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK0, cw);
+  v2_issue_s<D, BN, F16>(sacc, sQ, sK0, cw);
   wgmma_commit();
   if (PP) v2_pp_pass_turn(cw);
   wgmma_wait<0>();
@@ -536,7 +529,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // group A: S_n
     v2_fence_f(sacc);
     wgmma_fence();
-    v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK0 + s * Cfg::kKVBytes, cw);
+    v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
     wgmma_commit();
     // O is not an operand of any wgmma in flight: rescale it for tile n-1.
     v2_rescale_o<D>(o, corr);
@@ -554,7 +547,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     v2_fence_f(sacc);
     v2_softmax_steady<BN, 2>(
         sacc, row_m, row_l, corr, sl2, cw,
-        [&] { v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
+        [&] { v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
         [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_ke(s));  // only now: the softmax's slow path reads K_n again

@@ -40,7 +40,7 @@
 //     stages: a second 32 / 64 KB slot does not fit): the next Q is issued
 //     once both consumers have released the slot, and lands during their
 //     last PV and epilogue.
-//     With Q in registers (kV2QInRegs, d = 128) each consumer warp loads its
+//     With Q in registers (kFwdQInRegs, d = 128) each consumer warp loads its
 //     fragments right after the Q barrier and releases the slot at once (the
 //     slow path's S reissue then takes Q from the registers too).
 //     Smem (default configs): d=64 165,120 B (2 Q slots), d=128 230,528 B,
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, QBUF = Cfg::QBUF;
   constexpr bool PP = Cfg::PP;
   constexpr int DCH = D / 64;  // 128-byte chunks per row
-  constexpr bool QREG = kV2QInRegs<D, BN>;
+  constexpr bool QREG = kFwdQInRegs<D, BN>;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);

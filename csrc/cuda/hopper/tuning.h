@@ -21,18 +21,23 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
     // Persistent vs v2: +25 / +15 / +10% non-causal and +29 / +17 / +10% causal at s = 512 / 1k / 2k
     // (short tiles: the per-CTA prologue and epilogue are a large share). Three consumers vs v2:
     // +7 to +13% at s >= 4k, causal or not (each K/V tile serves 192 rows), but -3 to -6% causal at
-    // s <= 1k; at 2k the two tie (438 vs 428 TFLOP/s non-causal, 348 vs 348 causal).
-    return s_kv <= 2048 ? FwdVariant::kPersistent : FwdVariant::kThreeConsumer;
+    // s <= 1k. Since the lazy row max (twelfth session, harness) three consumers beat the persistent
+    // kernel at 2k, 505 vs 436 TFLOP/s non-causal and 379 vs 362 causal, and at 1k only by 3%
+    // non-causal (409 vs 397), where causal calls lost before: the persistent kernel keeps s <= 1k.
+    return s_kv <= 1024 ? FwdVariant::kPersistent : FwdVariant::kThreeConsumer;
   }
   // Causal at d = 128 / 256 with the schedule choose_v3_schedule picks, against v2: d = 128 +24 /
   // +19 / +12 / +6 / +3% at s = 512 / 1k / 2k / 4k / 8k, d = 256 +19 / +10 / +13 / +12 / +9%; at 16k
   // both 1-2% slower (2026-11-30 run 1 of the fifth session). With round-robin tiles it was 2-20%
   // slower: unequal tile lengths and, at short s, one query tile of every head in a round.
   if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
-  // Non-causal d = 128: +14 / +8 / +4% at s = 512 / 1k / 2k, within 1% above; d = 256: +7 / +1.5% at
-  // s = 512 / 1k, and +2.3% at 2k since the kept row maxima (kV2MaxSlack; 744-752 against 728-731
-  // TFLOP/s, eleventh session); 5% slower at 8k (740 against 783, both measured before it).
-  return s_kv <= 2048 ? FwdVariant::kPersistent : FwdVariant::kV2;
+  // Non-causal d = 128: +14 / +8 / +4% at s = 512 / 1k / 2k; with the lazy row max (twelfth session,
+  // harness) +3% at 2k and +2% at 4k (704 / 750 against 682 / 736 TFLOP/s), and the persistent
+  // kernel holds Q in registers (kFwdQInRegs), which gave it another +2-3% in the operator grid.
+  // d = 256: +7 / +1.5% at s = 512 / 1k; with the lazy row max +4.6% at 2k and +4% at 8k (764 / 843
+  // against 730 / 811), where it was 5% slower before; 16k not measured, v2 kept there.
+  if (d == 128) return s_kv <= 4096 ? FwdVariant::kPersistent : FwdVariant::kV2;
+  return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
 }
 
 // The persistent kernel's work-tile schedule for a causal call (fwd_sm90_v3.cuh, kV3Snake and
