@@ -411,7 +411,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_fence_f(sacc);
       v2_softmax_steady<BN, 2>(
           sacc, row_m, row_l, corr, sl2, cw,
-          [&] { v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sKt + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes, cw); },
+          [&] {
+            const uint32_t sK = sKt + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes;
+            v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK, cw);
+          },
           [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
       __syncwarp();
       if (lane == 0) {  // only now: the softmax's slow path reads K_n (and Q, if not in registers) again
