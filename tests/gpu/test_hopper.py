@@ -109,14 +109,19 @@ def test_hopper_forward_matches_reference_many_tiles_per_cta(d, causal):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("profile,s", [("rise_fast", 1024), ("rise_slow", 4096), ("fall", 2048)])
+@pytest.mark.parametrize("profile,s", [("rise_fast", 1024), ("rise_slow", 4096), ("fall", 2048), ("jump", 2048)])
 def test_hopper_forward_matches_reference_rising_scores(profile, s, d, causal, dtype):
-    """Scores whose row maxima move across the key tiles. The kernels keep a row's reference max
-    until a tile's max exceeds it by more than 8 in log2 (kV2MaxSlack), rescaling O only then. Keys
-    scaled by a ramp from 1 to 7, scores of standard deviation 4 x the ramp (a float64 model of the
-    rule, d = 128): at s = 1k a row moves its reference in 5 of its 8 key tiles, at s = 4k in 7.5 of
-    32 (kept across several tiles, with P up to 2^8 before it moves), with the falling ramp in 1.5
-    of 16 (the first tile, then rarely)."""
+    """Scores whose row maxima move across the key tiles. After a row's first tile the kernels
+    exponentiate against its reference max without a row max of the tile, and take the slow path
+    (S issued again, full online softmax) when some partial row sum of the warpgroup exceeds 2^15;
+    there the reference moves only when the tile's max exceeds it by more than 8 in log2
+    (kV2MaxSlack), and O is rescaled only then. Keys scaled by a ramp from 1 to 7, scores of standard
+    deviation 4 x the ramp (a float64 model of the kept-max rule, d = 128): at s = 1k a row moves its
+    reference in 5 of its 8 key tiles, at s = 4k in 7.5 of 32, with the falling ramp in 1.5 of 16
+    (the first tile, then rarely). "jump": keys [s/2, s/2 + 96) scaled by 15 (scores of standard
+    deviation 60 there, ~200 above the reference in log2), so the fast path's exponentials overflow
+    to inf in the tiles that hold them, and the tiles after them underflow to 0 against the moved
+    reference."""
     gen = torch.Generator(device="cuda").manual_seed(s + d + causal)
     q = torch.randn(1, s, 2, d, device="cuda", generator=gen)
     k = torch.randn(1, s, 1, d, device="cuda", generator=gen)
@@ -124,6 +129,9 @@ def test_hopper_forward_matches_reference_rising_scores(profile, s, d, causal, d
     ramp = torch.linspace(1, 7, s, device="cuda")
     if profile == "fall":
         ramp = ramp.flip(0)
+    if profile == "jump":
+        ramp = torch.ones(s, device="cuda")
+        ramp[s // 2:s // 2 + 96] = 15
     q, k, v = q.to(dtype), (k * ramp.view(1, s, 1, 1)).to(dtype), v.to(dtype)
     scale = 4 / math.sqrt(d)
     args = FwdArgs(scale=scale, mask_type="causal" if causal else "no_mask")
