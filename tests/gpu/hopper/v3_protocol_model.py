@@ -7,6 +7,8 @@
 # interleavings. The Q ring (QBUF slots, full/empty pair per slot) and the K/V
 # rings continue across tiles (kv counter over the CTA's life). The softmax's
 # slow path (S_n issued again before the K / last Q release) is taken at random.
+# With Q in registers (kFwdQInRegs) a consumer reads its Q fragments right after
+# the Q barrier and releases the slot at once; every run is made both ways.
 # Checks: no deadlock; every S GEMM reads the right Q (tile) and K (tile,
 # block), every PV the right V; no Q/K/V slot is refilled while a GEMM reads
 # it; no named-barrier generation completes with the same warpgroup arriving
@@ -65,8 +67,10 @@ class NBar:  # hardware named barrier, 256 threads; arrivals in warpgroups
         g = s.gen; s.arrive(who); return g
 
 
-def run(tiles, ST, QBUF, PP, seed, bug=None):
-    """tiles: n_blocks of each of this CTA's tiles, in order."""
+def run(tiles, ST, QBUF, PP, seed, bug=None, qreg=False):
+    """tiles: n_blocks of each of this CTA's tiles, in order. qreg: Q held in registers (kFwdQInRegs):
+    each consumer warp reads its Q fragments once, right after the Q barrier, and releases the slot
+    at once; no S GEMM reads Q from shared memory."""
     rnd = random.Random(seed)
     T = len(tiles)
     qf = [MBar(1) for _ in range(QBUF)]; qe = [MBar(8) for _ in range(QBUF)]
@@ -154,19 +158,27 @@ def run(tiles, ST, QBUF, PP, seed, bug=None):
             last_tile = j == T - 1
             qs = j % QBUF
             yield from wait_mbar(qf[qs], (j // QBUF) & 1)
+            q_reads = [] if qreg else [('q', qs)]
+            if qreg:
+                if bug == 'qreg_release_before_load':
+                    arrive4(qe[qs])
+                yield 'prog'
+                check(qslot[qs] == j, ("Q fragments read from the wrong Q", cw, j, qslot[qs]))
+                if bug != 'qreg_release_before_load':
+                    arrive4(qe[qs])
             # prologue: S_0
             s = kv % ST
             yield from wait_mbar(kf[s], (kv // ST) & 1)
             yield from wait_turn()
-            check(qslot[qs] == j, ("S_0 reads wrong Q", cw, j, qslot[qs]))
+            check(qreg or qslot[qs] == j, ("S_0 reads wrong Q", cw, j, qslot[qs]))
             check(kslot[s] == (j, 0), ("S_0 reads wrong K", cw, (j, 0), kslot[s]))
-            issue([('k', s), ('q', qs)])
+            issue([('k', s)] + q_reads)
             if bug == 'q_release_at_issue' and nbk == 1:
                 arrive4(qe[qs])
             pass_turn()
             yield from wait_group(0)
             arrive4(ke[s])
-            if nbk == 1 and bug != 'q_release_at_issue':
+            if nbk == 1 and bug != 'q_release_at_issue' and not qreg:
                 arrive4(qe[qs])
             if bug == 'q_release_after_s0' and nbk > 1:
                 arrive4(qe[qs])
@@ -176,9 +188,9 @@ def run(tiles, ST, QBUF, PP, seed, bug=None):
                 sp = (it - 1) % ST; php = ((it - 1) // ST) & 1
                 yield from wait_mbar(kf[s], ph)
                 yield from wait_turn()
-                check(qslot[qs] == j, ("S reads wrong Q", cw, j, qslot[qs]))
+                check(qreg or qslot[qs] == j, ("S reads wrong Q", cw, j, qslot[qs]))
                 check(kslot[s] == (j, n), ("S reads wrong K", cw, (j, n), kslot[s]))
-                issue([('k', s), ('q', qs)])
+                issue([('k', s)] + q_reads)
                 if bug == 'q_release_at_issue' and n == nbk - 1:
                     arrive4(qe[qs])
                 yield 'prog'  # rescale O
@@ -187,16 +199,16 @@ def run(tiles, ST, QBUF, PP, seed, bug=None):
                 issue([('v', sp)])
                 pass_turn()
                 yield from wait_group(1)
-                last_s = n == nbk - 1 and bug not in ('q_release_at_issue', 'q_release_after_s0')
+                last_s = n == nbk - 1 and bug not in ('q_release_at_issue', 'q_release_after_s0') and not qreg
                 if bug == 'k_release_before_redo':
                     arrive4(ke[s])
                     if last_s:
                         arrive4(qe[qs])
                 yield 'prog'  # softmax under PV
                 if rnd.random() < 0.3:  # slow path (v2_softmax_steady): S_n again, a group of its own
-                    check(qslot[qs] == j, ("S redo reads wrong Q", cw, j, qslot[qs]))
+                    check(qreg or qslot[qs] == j, ("S redo reads wrong Q", cw, j, qslot[qs]))
                     check(kslot[s] == (j, n), ("S redo reads wrong K", cw, (j, n), kslot[s]))
-                    issue([('k', s), ('q', qs)])
+                    issue([('k', s)] + q_reads)
                     yield from wait_group(0)
                 if bug != 'k_release_before_redo':
                     arrive4(ke[s])
@@ -374,11 +386,13 @@ def main():
     for ST in (2, 3, 4):
         for QBUF in (1, 2):
             for PP in (0, 1):
-                for tiles in sets:
-                    for seed in range(seeds):
-                        ovl += run(tiles, ST, QBUF, PP, seed * 7919 + 31 * len(tiles) + sum(tiles))
-                        cnt += 1; multi += len(tiles) > 1
-    print("ok: %d randomised runs (STAGES 2-4, QBUF 1-2, ping-pong on/off, %d tile lists); in %d of the %d multi-tile"
+                for qreg in (False, True):
+                    for tiles in sets:
+                        for seed in range(seeds):
+                            ovl += run(tiles, ST, QBUF, PP, seed * 7919 + 31 * len(tiles) + sum(tiles), qreg=qreg)
+                            cnt += 1; multi += len(tiles) > 1
+    print("ok: %d randomised runs (STAGES 2-4, QBUF 1-2, ping-pong on/off, Q in shared memory / registers, %d tile"
+          " lists); in %d of the %d multi-tile"
           " runs the next tile's Q load was issued before both consumers had finished the current tile"
           % (cnt, len(sets), ovl, multi))
 
@@ -392,6 +406,7 @@ def main():
         'no_last_v_release': "last kv block's V slot not released (v2's 'no waiter' arrival dropped)",
         'kv_reset_per_tile': "consumers restart the ring counter every tile, producer does not",
         'k_release_before_redo': "K (and last Q) released after the S wait, before the softmax's slow path reads them",
+        'qreg_release_before_load': "Q in registers: the slot released before the fragments are read",
     }
     caught = 0
     for bug, what in bugs.items():
@@ -401,7 +416,7 @@ def main():
                 for tiles in ([3, 2, 1], [1, 1, 1], [2, 7, 1, 3], [4, 4, 4]):
                     for seed in range(25):
                         try:
-                            run(tiles, ST, QBUF, 1, seed, bug=bug)
+                            run(tiles, ST, QBUF, 1, seed, bug=bug, qreg=bug.startswith('qreg'))
                         except ModelError as e:
                             hit = (ST, QBUF, tiles, seed, str(e)[:110])
                             break
