@@ -33,9 +33,11 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
   // Non-causal d = 128: +14 / +8 / +4% at s = 512 / 1k / 2k; with the lazy row max (twelfth session,
   // harness) +3% at 2k and +2% at 4k (704 / 750 against 682 / 736 TFLOP/s), and the persistent
-  // kernel holds Q in registers (kFwdQInRegs), which gave it another +2-3% in the operator grid.
+  // kernel holds Q in registers (kFwdQInRegs), which gave it another +2-4% in the operator grid.
   // d = 256: +7 / +1.5% at s = 512 / 1k; with the lazy row max +4.6% at 2k and +4% at 8k (764 / 843
-  // against 730 / 811), where it was 5% slower before; 16k not measured, v2 kept there.
+  // against 730 / 811), where it was 5% slower before. Beyond these thresholds the harness also has
+  // the persistent kernel ahead (d = 128 8k / 16k +2 / +3.5%, d = 256 16k +2.6%; run 5, after the
+  // last operator grid): v2 stays there until the operator grid confirms it (perf-notes).
   if (d == 128) return s_kv <= 4096 ? FwdVariant::kPersistent : FwdVariant::kV2;
   return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
 }
