@@ -79,9 +79,9 @@ void test_variants() {
   CHECK(choose_fwd_variant(128, true, 16384) == FwdVariant::kV2);
   CHECK(choose_fwd_variant(256, true, 512) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(128, false, 4096) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(128, false, 4097) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(128, false, 16384) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(256, false, 8192) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(256, false, 8193) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(256, false, 32768) == FwdVariant::kPersistent);
 }
 
 }  // namespace

@@ -23,8 +23,8 @@ pytestmark = [
 ]
 
 # The tuned dispatch (csrc/cuda/hopper/tuning.h) picks the persistent kernel up to s_kv = 1024 at d = 64,
-# causal d = 128 / 256 up to 8192, non-causal d = 128 up to 4096 and d = 256 up to 8192, the
-# three-consumer one beyond 1024 at d = 64, v2 elsewhere. Every variant also runs forced on all of them
+# causal d = 128 / 256 up to 8192 and non-causal d = 128 / 256 at every length, the three-consumer one
+# beyond 1024 at d = 64, v2 for causal d = 128 / 256 beyond 8192. Every variant also runs forced on all of them
 # (test_hopper_forward_forced_variant).
 # FUSEDATTN_CUDA_ENGINE=simt or sm80 (scripts/gpu_check.sh's second engine pass) keeps calls off the
 # Hopper kernels: the numerics tests still hold, the tests of which kernel runs do not apply.
@@ -215,8 +215,8 @@ def test_hopper_kernel_runs_for_eligible_calls():
 @pytest.mark.parametrize("d,s,causal,variant", [
     (64, 512, False, "persistent"), (64, 1024, True, "persistent"), (64, 2048, True, "three_consumer"),
     (64, 4096, False, "three_consumer"), (128, 1024, False, "persistent"), (128, 1024, True, "persistent"),
-    (128, 4096, False, "persistent"), (128, 8192, False, "v2"), (128, 8192, True, "persistent"),
-    (128, 16384, True, "v2"), (256, 8192, False, "persistent"), (256, 16384, False, "v2"),
+    (128, 4096, False, "persistent"), (128, 16384, False, "persistent"), (128, 8192, True, "persistent"),
+    (128, 16384, True, "v2"), (256, 8192, False, "persistent"), (256, 16384, False, "persistent"),
     (256, 512, True, "persistent"), (256, 16384, True, "v2"),
 ])
 def test_hopper_forward_dispatch_follows_tuning(d, s, causal, variant):

@@ -31,15 +31,14 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   // both 1-2% slower (2026-11-30 run 1 of the fifth session). With round-robin tiles it was 2-20%
   // slower: unequal tile lengths and, at short s, one query tile of every head in a round.
   if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
-  // Non-causal d = 128: +14 / +8 / +4% at s = 512 / 1k / 2k; with the lazy row max (twelfth session,
-  // harness) +3% at 2k and +2% at 4k (704 / 750 against 682 / 736 TFLOP/s), and the persistent
-  // kernel holds Q in registers (kFwdQInRegs), which gave it another +2-4% in the operator grid.
-  // d = 256: +7 / +1.5% at s = 512 / 1k; with the lazy row max +4.6% at 2k and +4% at 8k (764 / 843
-  // against 730 / 811), where it was 5% slower before. Beyond these thresholds the harness also has
-  // the persistent kernel ahead (d = 128 8k / 16k +2 / +3.5%, d = 256 16k +2.6%; run 5, after the
-  // last operator grid): v2 stays there until the operator grid confirms it (perf-notes).
-  if (d == 128) return s_kv <= 4096 ? FwdVariant::kPersistent : FwdVariant::kV2;
-  return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
+  // Non-causal d = 128 / 256: the persistent kernel at every length. Against v2, d = 128: +14 / +8 /
+  // +4% at s = 512 / 1k / 2k; with the lazy row max (twelfth session) and Q in registers the harness
+  // has it ahead at every length (+3% at 2k, +2% at 4k, +2 / +3.5% at 8k / 16k). d = 256: +7 / +1.5%
+  // at 512 / 1k, +4.6% at 2k and +4% at 8k with the lazy row max. The operator grid (thirteenth
+  // session, three alternated rounds of FUSEDATTN_HOPPER_FWD=persistent against the old thresholds)
+  // confirmed the rest: d = 128 +1.6 / +4.7% at 8k / 16k, d = 256 +5.8% at 16k (-0.8% at 8k, where
+  // both runs already took it).
+  return FwdVariant::kPersistent;
 }
 
 // The persistent kernel's work-tile schedule for a causal call (fwd_sm90_v3.cuh, kV3Snake and
