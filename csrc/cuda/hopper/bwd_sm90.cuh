@@ -128,6 +128,7 @@
 #include <type_traits>
 
 #include "fwd_sm90.cuh"  // detail::make_map, pack2 (and ptx_sm90.cuh, wgmma.cuh)
+#include "tuning.h"      // choose_bwd_causal_chunk
 
 namespace fusedattn {
 namespace hopper {
@@ -186,6 +187,7 @@ struct BwdKParams {
   int b, s_q, s_kv, h, h_kv, s_pad;
   float scale_log2;  // softmax scale * log2(e)
   float scale;       // softmax scale
+  int causal_chunk;  // causal, not DET: (kv head, batch) groups per chunk of the key-tile order (<= 1: none)
 };
 
 constexpr int kBwdThreads = 384;
@@ -277,6 +279,37 @@ __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
 #endif
   fence_proxy_async_global();
   return true;
+}
+
+// The CTA's key tile, KV head and batch. The grid is (key tiles N, h_kv, b), dispatched in
+// increasing linear block index (x fastest). Non-causal tiles all do the same work, and CTAs of one
+// (kv head, batch) group run side by side, sharing its Q, dO and dQ rows in L2. Causally key tile n
+// sees the query tiles from n BN / BM on, so tile 0 does the most work, and group by group the
+// longest tiles of the last groups would start last: 3-7% of the kernel's time went idle at the end
+// (a list-scheduling model of the grid, tests/gpu/hopper/bwd_order_model.py). With causal_chunk = C
+// > 1, blocks are dealt in chunks of C groups (the last chunk may hold fewer), key-tile-major inside
+// a chunk: every group's tile 0 of a chunk, then every tile 1, ... So long tiles start early and the
+// CTAs that run together still cover only C groups' rows. DET keeps its own order (decreasing key
+// tiles within a group, which its turn-taking relies on) and is not chunked.
+struct BwdTileIdx {
+  int n_blk, hk, batch;
+};
+template <bool CAUSAL, bool DET>
+__device__ __forceinline__ BwdTileIdx bwd_tile_idx(const BwdKParams& p) {
+  const int n_kt = static_cast<int>(gridDim.x);
+  if constexpr (DET) {
+    return {n_kt - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  }
+  if (!CAUSAL || p.causal_chunk <= 1) {
+    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  }
+  const int groups = static_cast<int>(gridDim.y * gridDim.z);
+  const int lin = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  const int g0 = lin / (p.causal_chunk * n_kt) * p.causal_chunk;  // the chunk's first group
+  const int cc = min(p.causal_chunk, groups - g0);                   // groups in this chunk
+  const int within = lin - g0 * n_kt;
+  const int g = g0 + within % cc;
+  return {within / cc, g % static_cast<int>(gridDim.y), g / static_cast<int>(gridDim.y)};
 }
 
 // ------------------------------------------------------------- preprocess
@@ -463,9 +496,10 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   phase_stamp_sm();
   phase_stamp(0, 0);
   // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.
-  const int n_blk = DET ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int hk = blockIdx.y;
-  const int batch = blockIdx.z;
+  const BwdTileIdx tile = bwd_tile_idx<CAUSAL, DET>(p);
+  const int n_blk = tile.n_blk;
+  const int hk = tile.hk;
+  const int batch = tile.batch;
   const int G = p.h / p.h_kv;
   const int n_m = (p.s_q + BM - 1) / BM;
   const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
@@ -824,6 +858,10 @@ struct Sm90BwdArgs {
   int b, s_q, s_kv, h, h_kv;
   float scale;
   bool causal;
+  // The causal key-tile order (bwd_tile_idx): groups per chunk, 0 for choose_bwd_causal_chunk's
+  // choice, which needs the device's SM count (0, unknown: group by group).
+  int causal_chunk = 0;
+  int sm_count = 0;
 };
 
 inline int bwd_sm90_s_pad(int s_q) { return (s_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
@@ -931,11 +969,21 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   p.s_pad = s_pad;
   p.scale = a.scale;
   p.scale_log2 = a.scale * 1.4426950408889634f;
+  const int n_kt = (a.s_kv + Tile::BN - 1) / Tile::BN;
+  const int64_t groups = int64_t{a.h_kv} * a.b;
+  if (!a.causal || DET) {
+    p.causal_chunk = 1;
+  } else if (a.causal_chunk > 0) {
+    p.causal_chunk = static_cast<int>(std::min<int64_t>(a.causal_chunk, groups));
+  } else {
+    p.causal_chunk = choose_bwd_causal_chunk(n_kt, groups, a.sm_count);
+  }
+  if (int64_t{n_kt} * groups > 0x7fffffff) p.causal_chunk = 1;  // bwd_tile_idx's linear index is an int
   L->o = a.o;
   L->dout = a.dout;
   L->lse = a.lse;
   L->dq = a.dq;
-  L->grid = dim3((a.s_kv + Tile::BN - 1) / Tile::BN, a.h_kv, a.b);
+  L->grid = dim3(n_kt, a.h_kv, a.b);
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
   } else {

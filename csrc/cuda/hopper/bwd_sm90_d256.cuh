@@ -171,9 +171,10 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const int n_blk = blockIdx.x;
-  const int hk = blockIdx.y;
-  const int batch = blockIdx.z;
+  const BwdTileIdx tile = bwd_tile_idx<CAUSAL, false>(p);
+  const int n_blk = tile.n_blk;
+  const int hk = tile.hk;
+  const int batch = tile.batch;
   const int G = p.h / p.h_kv;
   const int n_m = (p.s_q + BM - 1) / BM;
   const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;

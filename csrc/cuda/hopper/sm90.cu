@@ -190,6 +190,30 @@ bool bwd_enabled() {
   return on;
 }
 
+// FUSEDATTN_HOPPER_BWD_CHUNK=C: the causal backward deals its key-tile CTAs in chunks of C (kv head,
+// batch) groups (bwd_tile_idx); 1 is group by group, the order before the chunks; unset, "", "auto"
+// or 0 lets tuning.h choose. For A/B timing; read once. Anything else is an error at the first
+// Hopper backward.
+struct BwdChunkOverride {
+  int chunk = 0;
+  bool valid = true;
+  std::string raw;
+};
+const BwdChunkOverride& bwd_chunk_override() {
+  static const BwdChunkOverride o = [] {
+    BwdChunkOverride r;
+    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_CHUNK");
+    r.raw = e == nullptr ? "" : e;
+    if (r.raw.empty() || r.raw == "auto") return r;
+    char* end = nullptr;
+    const long v = std::strtol(r.raw.c_str(), &end, 10);
+    r.valid = end != r.raw.c_str() && *end == '\0' && v >= 0 && v <= 65535;
+    r.chunk = r.valid ? static_cast<int>(v) : 0;
+    return r;
+  }();
+  return o;
+}
+
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
@@ -227,7 +251,7 @@ std::string bwd_support(const BwdParams& p) {
 }
 
 template <typename T, int D>
-Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
+Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t st) {
   const FwdParams& f = p.fwd;
   const Problem& pr = f.prob;
   Sm90BwdArgs a{};
@@ -248,6 +272,12 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, cudaStream_t st) {
   a.h_kv = static_cast<int>(pr.h_kv);
   a.scale = f.scale;
   a.causal = f.mask.window_right == 0;
+  const BwdChunkOverride& chunk = bwd_chunk_override();
+  if (!chunk.valid) {
+    return Status::Invalid(cat("FUSEDATTN_HOPPER_BWD_CHUNK=", chunk.raw, " (expected auto or a group count 0-65535)"));
+  }
+  a.causal_chunk = chunk.chunk;
+  a.sm_count = sm_count;
   cudaError_t e;
   if constexpr (D == 256) {
     e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256
@@ -275,16 +305,17 @@ Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) 
   *handled = true;
   auto st = static_cast<cudaStream_t>(launch.stream);
   const bool f16 = p.fwd.prob.dtype == DType::kFloat16;
+  const int sms = launch.sm_count;
   switch (p.fwd.prob.d_qk) {
     case 64:
-      return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, st)
-                 : run_bwd_kernels<__nv_bfloat16, 64>(p, launch.workspace, st);
+      return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, sms, st)
+                 : run_bwd_kernels<__nv_bfloat16, 64>(p, launch.workspace, sms, st);
     case 128:
-      return f16 ? run_bwd_kernels<__half, 128>(p, launch.workspace, st)
-                 : run_bwd_kernels<__nv_bfloat16, 128>(p, launch.workspace, st);
+      return f16 ? run_bwd_kernels<__half, 128>(p, launch.workspace, sms, st)
+                 : run_bwd_kernels<__nv_bfloat16, 128>(p, launch.workspace, sms, st);
     default:  // 256: fwd_support admits no other head dim
-      return f16 ? run_bwd_kernels<__half, 256>(p, launch.workspace, st)
-                 : run_bwd_kernels<__nv_bfloat16, 256>(p, launch.workspace, st);
+      return f16 ? run_bwd_kernels<__half, 256>(p, launch.workspace, sms, st)
+                 : run_bwd_kernels<__nv_bfloat16, 256>(p, launch.workspace, sms, st);
   }
 }
 
