@@ -9,7 +9,7 @@
 
 namespace {
 
-using fusedattn::hopper::choose_bwd_causal_chunk;
+using fusedattn::hopper::choose_causal_chunk;
 using fusedattn::hopper::choose_fwd_variant;
 using fusedattn::hopper::choose_v3_schedule;
 using fusedattn::hopper::FwdVariant;
@@ -86,16 +86,16 @@ void test_variants() {
 }
 
 // The same choices as tests/gpu/hopper/bwd_order_model.py's choose_chunk on the benchmark's shapes.
-void test_bwd_causal_chunk() {
-  CHECK(choose_bwd_causal_chunk(16, 128, 132) == 16);  // d = 128, s = 2k: 264 / 16 = 16.5
-  CHECK(choose_bwd_causal_chunk(32, 64, 132) == 8);    // d = 128, s = 4k
-  CHECK(choose_bwd_causal_chunk(64, 32, 132) == 4);    // d = 128, s = 8k
-  CHECK(choose_bwd_causal_chunk(128, 16, 132) == 2);   // d = 128, s = 16k
-  CHECK(choose_bwd_causal_chunk(256, 8, 132) == 1);    // d = 256, s = 16k: one chunk would hold less
-  CHECK(choose_bwd_causal_chunk(8, 4, 132) == 4);      // capped at the group count
-  CHECK(choose_bwd_causal_chunk(8, 1, 132) == 1);      // one group: nothing to interleave
-  CHECK(choose_bwd_causal_chunk(8, 512, 0) == 1);      // SM count unknown: group by group
-  CHECK(choose_bwd_causal_chunk(int64_t{1} << 20, int64_t{1} << 12, 132) == 1);  // past int
+void test_causal_chunk() {
+  CHECK(choose_causal_chunk(16, 128, 132) == 16);  // d = 128, s = 2k: 264 / 16 = 16.5
+  CHECK(choose_causal_chunk(32, 64, 132) == 8);    // d = 128, s = 4k
+  CHECK(choose_causal_chunk(64, 32, 132) == 4);    // d = 128, s = 8k
+  CHECK(choose_causal_chunk(128, 16, 132) == 2);   // d = 128, s = 16k
+  CHECK(choose_causal_chunk(256, 8, 132) == 1);    // d = 256, s = 16k: one chunk would hold less
+  CHECK(choose_causal_chunk(8, 4, 132) == 4);      // capped at the group count
+  CHECK(choose_causal_chunk(8, 1, 132) == 1);      // one group: nothing to interleave
+  CHECK(choose_causal_chunk(8, 512, 0) == 1);      // SM count unknown: group by group
+  CHECK(choose_causal_chunk(int64_t{1} << 20, int64_t{1} << 12, 132) == 1);  // past int
 }
 
 }  // namespace
@@ -103,6 +103,6 @@ void test_bwd_causal_chunk() {
 int main() {
   test_model_and_schedule();
   test_variants();
-  test_bwd_causal_chunk();
+  test_causal_chunk();
   return fa_test::finish("test_hopper_tuning");
 }

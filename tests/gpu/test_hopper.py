@@ -417,70 +417,81 @@ def test_hopper_backward_first_cuda_work_of_the_autograd_thread():
                     "test covers did not arise")
 
 
-# A child process's backward grads for the causal key-tile order test: 5 (batch, kv head) groups (b = 5,
-# h = 2 query heads on one KV head), so chunks of 3 leave a shorter last chunk of 2.
+# The causal tile-order test's child: forward outputs at s = 1300 (d = 64: the three-consumer kernel,
+# whose 192-row tiles give 7 per group; d = 128 / 256: the persistent kernel unless FUSEDATTN_HOPPER_FWD
+# says otherwise) and backward grads at s = 700, all causal, with 5 (batch, kv head) groups (b = 5, two
+# query heads on one KV head), so chunks of 3 leave a shorter last chunk of 2.
 _CHUNK_CHILD = (
     "import math, sys, torch\n"
     "from fusedattn._ops import FwdArgs, attention\n"
     "res = {}\n"
     "for d in (64, 128, 256):\n"
     "    gen = torch.Generator(device='cuda').manual_seed(d)\n"
+    "    args = FwdArgs(scale=1 / math.sqrt(d), mask_type='causal')\n"
+    "    fq = torch.randn(5, 1300, 2, d, device='cuda', dtype=torch.bfloat16, generator=gen)\n"
+    "    fk, fv = (torch.randn(5, 1300, 1, d, device='cuda', dtype=torch.bfloat16, generator=gen) for _ in range(2))\n"
+    "    fout, _ = attention(fq, fk, fv, args)\n"
     "    q = torch.randn(5, 700, 2, d, device='cuda', dtype=torch.bfloat16, generator=gen).requires_grad_()\n"
     "    k, v = (torch.randn(5, 700, 1, d, device='cuda', dtype=torch.bfloat16, generator=gen).requires_grad_()\n"
     "            for _ in range(2))\n"
     "    dout = torch.randn(5, 700, 2, d, device='cuda', dtype=torch.bfloat16, generator=gen)\n"
-    "    out, _ = attention(q, k, v, FwdArgs(scale=1 / math.sqrt(d), mask_type='causal'))\n"
-    "    res[d] = [g.cpu() for g in torch.autograd.grad(out, (q, k, v), dout)]\n"
+    "    out, _ = attention(q, k, v, args)\n"
+    "    res[d] = [fout.cpu()] + [g.cpu() for g in torch.autograd.grad(out, (q, k, v), dout)]\n"
     "torch.save(res, sys.argv[1])\n"
 )
 
 
 @needs_hopper_engine
 @needs_hopper_bwd
-def test_hopper_backward_causal_chunk_order(tmp_path):
-    """The causal backward deals its key-tile CTAs in chunks of (batch, kv head) groups, key-tile-major
-    inside a chunk (bwd_tile_idx; FUSEDATTN_HOPPER_BWD_CHUNK sets the chunk, 1 = group by group). The
-    order changes when a CTA runs, not what it computes: for chunks of 1, 3 (a shorter last chunk) and
-    the tuned choice, dk and dv are bitwise equal (each CTA sums them in registers in a fixed order),
-    and dq (fp32 reduce-adds in whatever order they land) matches the float64 reference like the
-    others."""
+@pytest.mark.skipif(FORCED_FWD, reason="FUSEDATTN_HOPPER_FWD set by the caller")
+def test_hopper_causal_chunk_order(tmp_path):
+    """Causal v2 / three-consumer forwards and the backward deal their CTAs in chunks of groups,
+    tile-major inside a chunk (fwd_sm90.cuh's chunked_tile; FUSEDATTN_HOPPER_CAUSAL_CHUNK sets the chunk,
+    1 = group by group). The order changes when a CTA runs, not what it computes: with chunks of 1, 3
+    (a shorter last chunk) and the tuned choice, the forward outputs, dk and dv are bitwise equal (dq,
+    fp32 reduce-adds in whatever order they land, need not be), and every run, v2 forced with chunks
+    of 3 among them, matches the float64 reference."""
     runs = {}
-    for chunk in ("1", "3", "auto"):
-        path = tmp_path / f"grads_{chunk}.pt"
-        env = dict(os.environ, FUSEDATTN_HOPPER_BWD_CHUNK=chunk)
+    for chunk, fwd in (("1", ""), ("3", ""), ("auto", ""), ("3", "v2")):
+        path = tmp_path / f"grads_{chunk}_{fwd}.pt"
+        env = dict(os.environ, FUSEDATTN_HOPPER_CAUSAL_CHUNK=chunk, FUSEDATTN_HOPPER_FWD=fwd)
         proc = subprocess.run([sys.executable, "-c", _CHUNK_CHILD, str(path)], env=env, capture_output=True,
                               text=True, timeout=300)
-        assert proc.returncode == 0, f"FUSEDATTN_HOPPER_BWD_CHUNK={chunk}:\n{proc.stderr[-3000:]}"
-        runs[chunk] = torch.load(path)
+        assert proc.returncode == 0, f"FUSEDATTN_HOPPER_CAUSAL_CHUNK={chunk} FWD={fwd}:\n{proc.stderr[-3000:]}"
+        runs[(chunk, fwd)] = torch.load(path)
     for d in (64, 128, 256):
         gen = torch.Generator(device="cuda").manual_seed(d)
+        scale = 1 / math.sqrt(d)
+        fq = torch.randn(5, 1300, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        fk, fv = (torch.randn(5, 1300, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         q = torch.randn(5, 700, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         k, v = (torch.randn(5, 700, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         dout = torch.randn(5, 700, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-        want = _reference_grads(q, k, v, dout, True, 1 / math.sqrt(d))
-        for chunk, grads in runs.items():
-            for name, g, w in zip(("dq", "dk", "dv"), grads, want):
-                assert torch.isfinite(g).all(), f"d={d} chunk={chunk}: {name} has non-finite values"
+        want = [_reference(fq, fk, fv, "bshd", True, scale)[0]] + list(_reference_grads(q, k, v, dout, True, scale))
+        for key, res in runs.items():
+            for name, g, w in zip(("out", "dq", "dk", "dv"), res[d], want):
+                assert torch.isfinite(g).all(), f"d={d} {key}: {name} has non-finite values"
                 err = ((g.double().cuda() - w).norm() / w.norm()).item()
-                assert err < 1e-2, f"d={d} chunk={chunk}: {name} relative error {err:.2e}"
-            for i, name in ((1, "dk"), (2, "dv")):
-                assert torch.equal(grads[i], runs["1"][i]), f"d={d}: {name} with chunk {chunk} differs from chunk 1"
+                assert err < 1e-2, f"d={d} {key}: {name} relative error {err:.2e}"
+            if key[1] == "":
+                for i, name in ((0, "out"), (2, "dk"), (3, "dv")):
+                    assert torch.equal(res[d][i], runs[("1", "")][d][i]), f"d={d}: {name} with chunk {key[0]} differs"
 
 
 @needs_hopper_engine
 @needs_hopper_bwd
-def test_hopper_backward_bad_chunk_raises():
-    """A malformed FUSEDATTN_HOPPER_BWD_CHUNK is an error naming the variable, not a silent fallback."""
+def test_hopper_bad_chunk_raises():
+    """A malformed FUSEDATTN_HOPPER_CAUSAL_CHUNK is an error naming the variable at the first Hopper
+    call, not a silent fallback (the backward checks it the same way, sm90.cu's run_bwd_kernels)."""
     script = (
-        "import pytest, torch\n"
+        "import sys, pytest, torch\n"
         "from fusedattn._ops import FwdArgs, attention\n"
         "q, k, v = (torch.randn(1, 256, 2, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True)"
         " for _ in range(3))\n"
-        "out, _ = attention(q, k, v, FwdArgs(scale=0.1, mask_type='causal'))\n"
-        "with pytest.raises(ValueError, match='FUSEDATTN_HOPPER_BWD_CHUNK=two'):\n"
-        "    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))\n"
+        "with pytest.raises(ValueError, match='FUSEDATTN_HOPPER_CAUSAL_CHUNK=two'):\n"
+        "    attention(q, k, v, FwdArgs(scale=0.1, mask_type='causal'))\n"
         "print('ok')\n"
     )
-    env = dict(os.environ, FUSEDATTN_HOPPER_BWD_CHUNK="two")
+    env = dict(os.environ, FUSEDATTN_HOPPER_CAUSAL_CHUNK="two")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

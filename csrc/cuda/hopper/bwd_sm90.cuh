@@ -128,7 +128,6 @@
 #include <type_traits>
 
 #include "fwd_sm90.cuh"  // detail::make_map, pack2 (and ptx_sm90.cuh, wgmma.cuh)
-#include "tuning.h"      // choose_bwd_causal_chunk
 
 namespace fusedattn {
 namespace hopper {
@@ -281,16 +280,11 @@ __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
   return true;
 }
 
-// The CTA's key tile, KV head and batch. The grid is (key tiles N, h_kv, b), dispatched in
-// increasing linear block index (x fastest). Non-causal tiles all do the same work, and CTAs of one
-// (kv head, batch) group run side by side, sharing its Q, dO and dQ rows in L2. Causally key tile n
-// sees the query tiles from n BN / BM on, so tile 0 does the most work, and group by group the
-// longest tiles of the last groups would start last: 3-7% of the kernel's time went idle at the end
-// (a list-scheduling model of the grid, tests/gpu/hopper/bwd_order_model.py). With causal_chunk = C
-// > 1, blocks are dealt in chunks of C groups (the last chunk may hold fewer), key-tile-major inside
-// a chunk: every group's tile 0 of a chunk, then every tile 1, ... So long tiles start early and the
-// CTAs that run together still cover only C groups' rows. DET keeps its own order (decreasing key
-// tiles within a group, which its turn-taking relies on) and is not chunked.
+// The CTA's key tile, KV head and batch. Non-causal tiles all do the same work: group by group, so
+// that a group's CTAs run side by side and share its Q, dO and dQ rows in L2. Causally key tile n
+// sees the query tiles from n BN / BM on, so tile 0 does the most work and leads each group, the
+// groups dealt in chunks of p.causal_chunk (fwd_sm90.cuh's chunked_tile). DET keeps its own order
+// (decreasing key tiles within a group, which its turn-taking relies on) and is not chunked.
 struct BwdTileIdx {
   int n_blk, hk, batch;
 };
@@ -300,16 +294,11 @@ __device__ __forceinline__ BwdTileIdx bwd_tile_idx(const BwdKParams& p) {
   if constexpr (DET) {
     return {n_kt - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
   }
-  if (!CAUSAL || p.causal_chunk <= 1) {
+  if constexpr (!CAUSAL) {
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
   }
-  const int groups = static_cast<int>(gridDim.y * gridDim.z);
-  const int lin = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-  const int g0 = lin / (p.causal_chunk * n_kt) * p.causal_chunk;  // the chunk's first group
-  const int cc = min(p.causal_chunk, groups - g0);                   // groups in this chunk
-  const int within = lin - g0 * n_kt;
-  const int g = g0 + within % cc;
-  return {within / cc, g % static_cast<int>(gridDim.y), g / static_cast<int>(gridDim.y)};
+  const ChunkedTile t = chunked_tile(n_kt, static_cast<int>(gridDim.y * gridDim.z), p.causal_chunk);
+  return {t.rank, t.group % static_cast<int>(gridDim.y), t.group / static_cast<int>(gridDim.y)};
 }
 
 // ------------------------------------------------------------- preprocess
@@ -858,7 +847,7 @@ struct Sm90BwdArgs {
   int b, s_q, s_kv, h, h_kv;
   float scale;
   bool causal;
-  // The causal key-tile order (bwd_tile_idx): groups per chunk, 0 for choose_bwd_causal_chunk's
+  // The causal key-tile order (bwd_tile_idx): groups per chunk, 0 for choose_causal_chunk's
   // choice, which needs the device's SM count (0, unknown: group by group).
   int causal_chunk = 0;
   int sm_count = 0;
@@ -970,15 +959,8 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   p.scale = a.scale;
   p.scale_log2 = a.scale * 1.4426950408889634f;
   const int n_kt = (a.s_kv + Tile::BN - 1) / Tile::BN;
-  const int64_t groups = int64_t{a.h_kv} * a.b;
-  if (!a.causal || DET) {
-    p.causal_chunk = 1;
-  } else if (a.causal_chunk > 0) {
-    p.causal_chunk = static_cast<int>(std::min<int64_t>(a.causal_chunk, groups));
-  } else {
-    p.causal_chunk = choose_bwd_causal_chunk(n_kt, groups, a.sm_count);
-  }
-  if (int64_t{n_kt} * groups > 0x7fffffff) p.causal_chunk = 1;  // bwd_tile_idx's linear index is an int
+  // DET keeps its own order (bwd_tile_idx).
+  p.causal_chunk = DET ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
   L->o = a.o;
   L->dout = a.dout;
   L->lse = a.lse;

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "ptx_sm90.cuh"
+#include "tuning.h"  // causal_chunk_for
 #include "wgmma.cuh"
 
 namespace fusedattn {
@@ -63,7 +64,44 @@ struct KParams {
   int64_t lse_sb, lse_sh, lse_ss;
   int b, s_q, s_kv, h, h_kv;
   float scale_log2;  // softmax scale * log2(e)
+  int causal_chunk;  // causal v2 / three-consumer: (batch, head) groups per chunk of the tile order (<= 1: none)
 };
+
+// The causal tile order shared by the non-persistent kernels (v2 and three-consumer forwards, the
+// backward): a grid of (tiles per group, groups...) is dispatched in increasing linear block index,
+// x fastest. Group by group, each group's longest tile first, the longest tiles of the last groups
+// would start last and leave SMs idle at the end (3-7% of the time on the benchmark's causal shapes
+// in tests/gpu/hopper/bwd_order_model.py's list-scheduling model). Dealt in chunks of `chunk` groups
+// (the last chunk may hold fewer), tile-major inside a chunk, every chunk's long tiles start early
+// while the CTAs that run together still cover only `chunk` groups' rows in L2. Returns the rank of
+// the block's tile within its group (0: the one dispatched first) and its group; chunk <= 1 is group
+// by group. tuning.h's choose_causal_chunk picks the chunk.
+struct ChunkedTile {
+  int rank, group;
+};
+__device__ __forceinline__ ChunkedTile chunked_tile(int tiles, int groups, int chunk) {
+  const int lin = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  if (chunk <= 1) return {lin % tiles, lin / tiles};
+  const int g0 = lin / (chunk * tiles) * chunk;  // the chunk's first group
+  const int cc = min(chunk, groups - g0);       // groups in this chunk
+  const int within = lin - g0 * tiles;
+  return {within / cc, g0 + within % cc};
+}
+
+// The query tile, head and batch of a v2 / three-consumer forward CTA: causally the heaviest query
+// tiles first (rank 0 is the last tile), in chunks of p.causal_chunk (batch, head) groups.
+struct FwdTileIdx {
+  int m_blk, head, batch;
+};
+template <bool CAUSAL>
+__device__ __forceinline__ FwdTileIdx fwd_tile_idx(const KParams& p) {
+  if constexpr (!CAUSAL) {
+    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  }
+  const int n_m = static_cast<int>(gridDim.x);
+  const ChunkedTile t = chunked_tile(n_m, static_cast<int>(gridDim.y * gridDim.z), p.causal_chunk);
+  return {n_m - 1 - t.rank, t.group % static_cast<int>(gridDim.y), t.group / static_cast<int>(gridDim.y)};
+}
 
 template <int D>
 struct FwdSmem {
@@ -543,6 +581,10 @@ struct Sm90Args {
   detail::MapDesc q, k, v;  // k, v: hh = h_kv
   KParams out;      // o, lse and their strides; b, s_q, s_kv, h, h_kv; scale_log2
   bool causal;
+  // The device's SM count, for the causal tile order's chunk (out.causal_chunk is set by the v2 and
+  // three-consumer prepare functions from it; 0, unknown: group by group) and the persistent grid.
+  int sm_count = 0;
+  int causal_chunk = 0;  // > 0: that chunk instead of tuning.h's choice
 };
 
 // T = __nv_bfloat16 or __half; D in {64, 128, 256}: D must equal the head dim.

@@ -395,9 +395,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   phase_stamp_sm();
   phase_stamp(0, 0);
   // Causal: heaviest query tiles first.
-  const int m_blk = CAUSAL ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const FwdTileIdx tile = fwd_tile_idx<CAUSAL>(p);
+  const int m_blk = tile.m_blk;
+  const int head = tile.head;
+  const int batch = tile.batch;
   const int head_kv = head / (p.h / p.h_kv);
   // Per CTA (not per warpgroup): both consumers run the same number of
   // iterations, which the ping-pong barrier counts rely on. Always >= 1.
@@ -614,6 +615,8 @@ inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
       !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
     return cudaErrorInvalidValue;
   L->p = p;
+  L->p.causal_chunk =
+      causal_chunk_for(a.causal, a.causal_chunk, (p.s_q + Cfg::BM - 1) / Cfg::BM, int64_t{p.h} * p.b, a.sm_count);
   L->smem = Cfg::kTotal;
   L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
   L->causal = a.causal;

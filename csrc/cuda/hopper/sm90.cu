@@ -79,6 +79,34 @@ const FwdOverride& fwd_override() {
   return o;
 }
 
+// FUSEDATTN_HOPPER_CAUSAL_CHUNK=C: the causal tile order of the v2 and three-consumer forwards and
+// of the backward deals its CTAs in chunks of C groups (fwd_sm90.cuh's chunked_tile); 1 is group by
+// group, the order before the chunks; unset, "", "auto" or 0 lets tuning.h choose. For A/B timing;
+// read once. Anything else is an error at the first Hopper call.
+struct ChunkOverride {
+  int chunk = 0;
+  bool valid = true;
+  std::string raw;
+};
+const ChunkOverride& chunk_override() {
+  static const ChunkOverride o = [] {
+    ChunkOverride r;
+    const char* e = std::getenv("FUSEDATTN_HOPPER_CAUSAL_CHUNK");
+    r.raw = e == nullptr ? "" : e;
+    if (r.raw.empty() || r.raw == "auto") return r;
+    char* end = nullptr;
+    const long v = std::strtol(r.raw.c_str(), &end, 10);
+    r.valid = end != r.raw.c_str() && *end == '\0' && v >= 0 && v <= 65535;
+    r.chunk = r.valid ? static_cast<int>(v) : 0;
+    return r;
+  }();
+  return o;
+}
+Status chunk_override_error() {
+  return Status::Invalid(
+      cat("FUSEDATTN_HOPPER_CAUSAL_CHUNK=", chunk_override().raw, " (expected auto or a group count 0-65535)"));
+}
+
 std::string check_rows(const SeqTensor& t, const char* name) {
   if (t.data == nullptr) return cat(name, " is null");
   if (t.stride_d != 1) return cat(name, " has head-dim stride ", t.stride_d);
@@ -118,6 +146,9 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   k.h_kv = static_cast<int>(pr.h_kv);
   k.scale_log2 = p.scale * 1.4426950408889634f;
   a.causal = causal;
+  if (!chunk_override().valid) return chunk_override_error();
+  a.causal_chunk = chunk_override().chunk;
+  a.sm_count = sm_count;
   const FwdOverride& o = fwd_override();
   if (!o.valid) {
     return Status::Invalid(cat("FUSEDATTN_HOPPER_FWD=", o.raw, " (expected auto, v2, persistent or three_consumer)"));
@@ -190,30 +221,6 @@ bool bwd_enabled() {
   return on;
 }
 
-// FUSEDATTN_HOPPER_BWD_CHUNK=C: the causal backward deals its key-tile CTAs in chunks of C (kv head,
-// batch) groups (bwd_tile_idx); 1 is group by group, the order before the chunks; unset, "", "auto"
-// or 0 lets tuning.h choose. For A/B timing; read once. Anything else is an error at the first
-// Hopper backward.
-struct BwdChunkOverride {
-  int chunk = 0;
-  bool valid = true;
-  std::string raw;
-};
-const BwdChunkOverride& bwd_chunk_override() {
-  static const BwdChunkOverride o = [] {
-    BwdChunkOverride r;
-    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_CHUNK");
-    r.raw = e == nullptr ? "" : e;
-    if (r.raw.empty() || r.raw == "auto") return r;
-    char* end = nullptr;
-    const long v = std::strtol(r.raw.c_str(), &end, 10);
-    r.valid = end != r.raw.c_str() && *end == '\0' && v >= 0 && v <= 65535;
-    r.chunk = r.valid ? static_cast<int>(v) : 0;
-    return r;
-  }();
-  return o;
-}
-
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
@@ -272,11 +279,8 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.h_kv = static_cast<int>(pr.h_kv);
   a.scale = f.scale;
   a.causal = f.mask.window_right == 0;
-  const BwdChunkOverride& chunk = bwd_chunk_override();
-  if (!chunk.valid) {
-    return Status::Invalid(cat("FUSEDATTN_HOPPER_BWD_CHUNK=", chunk.raw, " (expected auto or a group count 0-65535)"));
-  }
-  a.causal_chunk = chunk.chunk;
+  if (!chunk_override().valid) return chunk_override_error();
+  a.causal_chunk = chunk_override().chunk;
   a.sm_count = sm_count;
   cudaError_t e;
   if constexpr (D == 256) {

@@ -116,21 +116,30 @@ inline V3Schedule choose_v3_schedule(const V3Grid& gr) {
   return choice;
 }
 
-// The causal backward's key-tile order (bwd_sm90.cuh, bwd_tile_idx): how many (kv head, batch)
-// groups share a chunk, inside which the blocks go key-tile-major so that every group's longest tile
-// (key tile 0) starts early. A chunk holds about C key_tiles n_m / 2 iterations of work, and its
-// tile-0 CTAs (n_m iterations each) end no later than the rest when that work covers every SM for
-// n_m iterations: C >= 2 sms / key_tiles. The largest power of two at or below that keeps C, hence
-// the Q / dO / dQ rows that concurrent CTAs touch, small; tests/gpu/hopper/bwd_order_model.py gives
-// the idle tail at the end as 0-2% with it against 3-7% group by group (C = 1) on the benchmark's
-// causal shapes at s = 1k-8k. Returns 1 (group by group) when there is nothing to reorder or the
-// linear block index would not fit in int.
-inline int choose_bwd_causal_chunk(int64_t key_tiles, int64_t groups, int sms) {
-  if (sms <= 0 || key_tiles <= 0 || groups <= 1 || key_tiles * groups > 0x7fffffff) return 1;
-  const int64_t want = 2 * int64_t{sms} / key_tiles;
+// The causal tile order of the non-persistent kernels (fwd_sm90.cuh's chunked_tile: the v2 and
+// three-consumer forwards, the backward): how many groups ((batch, head) forward, (batch, kv head)
+// backward) share a chunk, inside which the blocks go tile-major so that every group's longest tile
+// starts early. With `tiles` tiles per group, a chunk holds about C tiles / 2 times the longest
+// tile's work, and its longest tiles end no later than the rest when that covers every SM once:
+// C >= 2 sms / tiles. The largest power of two at or below that keeps C, hence the rows that
+// concurrent CTAs touch, small; tests/gpu/hopper/bwd_order_model.py gives the backward's idle tail
+// at the end as 0-2% with it against 3-7% group by group (C = 1) on the benchmark's causal shapes at
+// s = 1k-8k, and the same model of the d = 64 three-consumer forward 0.8-1.8% against 3.5-4.9%.
+inline int choose_causal_chunk(int64_t tiles, int64_t groups, int sms) {
+  if (sms <= 0 || tiles <= 0 || groups <= 1) return 1;
+  const int64_t want = 2 * int64_t{sms} / tiles;
   int64_t c = 1;
   while (c * 2 <= want) c *= 2;
   return static_cast<int>(c < groups ? c : groups);
+}
+
+// The chunk a causal launch uses: `requested` (> 0, e.g. FUSEDATTN_HOPPER_CAUSAL_CHUNK) or
+// choose_causal_chunk's; 1 for non-causal calls and for grids whose linear block index would not
+// fit in int (chunked_tile computes it in int).
+inline int causal_chunk_for(bool causal, int requested, int64_t tiles, int64_t groups, int sms) {
+  if (!causal || tiles * groups > 0x7fffffff) return 1;
+  if (requested > 0) return static_cast<int>(requested < groups ? requested : groups);
+  return choose_causal_chunk(tiles, groups, sms);
 }
 
 }  // namespace hopper

@@ -11,7 +11,7 @@ over the ideal (total work / SMs) for:
   group-major   blocks in (n, head, batch) order, x fastest: every group's tiles in turn (the order
                 before the thirteenth session)
   chunk C       bwd_tile_idx with causal_chunk = C: chunks of C groups, key-tile-major inside
-  chosen        the C that choose_bwd_causal_chunk (csrc/cuda/hopper/tuning.h) picks
+  chosen        the C that choose_causal_chunk (csrc/cuda/hopper/tuning.h) picks
 
 on the benchmark's shapes (bf16, b*s = 16k tokens, h*d = 2048: d = 64 h 32, d = 128 h 16, d = 256
 h 8; tiles BM x BN = 128 x 128, 64 x 128, 64 x 64) and the H200's 132 SMs.
@@ -29,7 +29,7 @@ import heapq
 
 
 def choose_chunk(key_tiles: int, groups: int, sms: int) -> int:
-    """tuning.h's choose_bwd_causal_chunk, mirrored (tests/cpp/test_hopper_tuning.cc checks the C++)."""
+    """tuning.h's choose_causal_chunk, mirrored (tests/cpp/test_hopper_tuning.cc checks the C++)."""
     if sms <= 0 or key_tiles <= 0 or groups <= 1:
         return 1
     want = 2 * sms // key_tiles
