@@ -294,7 +294,7 @@ __device__ __forceinline__ BwdTileIdx bwd_tile_idx(const BwdKParams& p) {
   if constexpr (DET) {
     return {n_kt - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
   }
-  if constexpr (!CAUSAL) {
+  if (!CAUSAL || p.causal_chunk <= 1) {
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
   }
   const ChunkedTile t = chunked_tile(n_kt, static_cast<int>(gridDim.y * gridDim.z), p.causal_chunk);

@@ -74,14 +74,15 @@ struct KParams {
 // in tests/gpu/hopper/bwd_order_model.py's list-scheduling model). Dealt in chunks of `chunk` groups
 // (the last chunk may hold fewer), tile-major inside a chunk, every chunk's long tiles start early
 // while the CTAs that run together still cover only `chunk` groups' rows in L2. Returns the rank of
-// the block's tile within its group (0: the one dispatched first) and its group; chunk <= 1 is group
-// by group. tuning.h's choose_causal_chunk picks the chunk.
+// the block's tile within its group (0: the one dispatched first) and its group. chunk > 1 only:
+// callers keep the plain block indices for chunk <= 1 (group by group), which is also what
+// causal_chunk_for gives grids whose linear index would not fit in int. tuning.h's
+// choose_causal_chunk picks the chunk.
 struct ChunkedTile {
   int rank, group;
 };
 __device__ __forceinline__ ChunkedTile chunked_tile(int tiles, int groups, int chunk) {
   const int lin = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-  if (chunk <= 1) return {lin % tiles, lin / tiles};
   const int g0 = lin / (chunk * tiles) * chunk;  // the chunk's first group
   const int cc = min(chunk, groups - g0);       // groups in this chunk
   const int within = lin - g0 * tiles;
@@ -95,10 +96,11 @@ struct FwdTileIdx {
 };
 template <bool CAUSAL>
 __device__ __forceinline__ FwdTileIdx fwd_tile_idx(const KParams& p) {
-  if constexpr (!CAUSAL) {
-    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-  }
   const int n_m = static_cast<int>(gridDim.x);
+  if (!CAUSAL || p.causal_chunk <= 1) {
+    const int m = static_cast<int>(blockIdx.x);
+    return {CAUSAL ? n_m - 1 - m : m, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  }
   const ChunkedTile t = chunked_tile(n_m, static_cast<int>(gridDim.y * gridDim.z), p.causal_chunk);
   return {n_m - 1 - t.rank, t.group % static_cast<int>(gridDim.y), t.group / static_cast<int>(gridDim.y)};
 }
