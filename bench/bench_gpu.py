@@ -99,7 +99,12 @@ def write_table(title, caption, lines, out_path):
     """Prints the markdown table (title with date, GPU, torch and the FUSEDATTN_ switches) and
     appends it to out_path when given."""
     switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
-    head = (f"## {title}, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    # The peer's library version and which physical GPU ran the table: the cuDNN figures moved 8-12%
+    # between device sessions with the same torch (thirteenth session), and these tell a changed
+    # library or machine apart from noise.
+    uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))[:13]
+    head = (f"## {title}, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+            f"cuDNN {torch.backends.cudnn.version()}{', GPU ' + uuid if uuid else ''}"
             f"{', ' + switches if switches else ''}\n\n{caption}\n\n")
     table = head + "\n".join(lines) + "\n"
     print("\n" + table)
