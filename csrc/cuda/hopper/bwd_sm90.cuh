@@ -445,7 +445,14 @@ __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, in
 // DET (with DQ_TMA; bwd_sm90_dqtma_det_kernel): the reduces take turns on the
 // counters dq_cnt (see "Variant DET" at the top); the key tiles run in
 // reverse blockIdx.x order.
-template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false>
+// ORD (with DQ_TMA, not DET, d = 128; candidate, harness only: bwd_sm90_dqtma_ord_kernel): the GEMMs of an
+// iteration in FlashAttention-3's order. S^T and dP^T are committed as two groups; once S^T is done
+// (wait_group 1) the exponentials of P^T run while dP^T is still on the tensor cores, and dV += P^T dO
+// is issued before dS^T is computed, so it runs under the dS^T phase and the consumers' barrier 1.
+// Then dQ and dK. The default order issues S^T and dP^T as one group, waits for both and computes P^T
+// and dS^T in one pass, with no wgmma of this warpgroup in flight. Same arithmetic: every product and
+// sum as in the default order (dk / dv bitwise equal; dq differs only in the order of its reduces).
+template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false, bool ORD = false>
 __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                               const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
                                               const BwdKParams& p, int* dq_cnt = nullptr) {
@@ -461,6 +468,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
   static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
   static_assert(!DET || DQ_TMA, "DET orders the DQ_TMA reduces");
+  static_assert(!ORD || (DQ_TMA && !DET), "ORD: a DQ_TMA variant");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -580,6 +588,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         const uint32_t b_addr = sQ + (k / 4) * (BM * 128) + (k % 4) * 32;
         Wgmma<BM, F16>::ss(sacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
       }
+      if constexpr (ORD) wgmma_commit();  // S^T alone, so that its wait leaves dP^T running
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         const uint32_t a_addr = sV + (k / 4) * (BN * 128) + cw * (64 * 128) + (k % 4) * 32;
@@ -597,11 +606,12 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           st_release_gpu(rel_cnt, rel_val);
         }
       }
-      wgmma_wait<0>();
+      // ORD: S^T done, dP^T may still run (its registers are not touched until the wait below).
+      wgmma_wait<ORD ? 1 : 0>();
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) {
         reg_fence(sacc[i]);
-        reg_fence(pacc[i]);
+        if constexpr (!ORD) reg_fence(pacc[i]);
       }
 
       // ---------------- P^T, dS^T (fragment: rows key_l (+8 hf), cols 8j + 2qd + e),
@@ -614,45 +624,120 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
       const bool ktail = (n_blk + 1) * BN > p.s_kv;
       uint32_t pa[BM / 16][4], da[BM / 16][4];
+      if constexpr (ORD) {
+        // P^T while dP^T runs: exponentials, masks, and the 16-bit A fragments of dV's RS wgmma.
 #pragma unroll
-      for (int t = 0; t < BM / 16; ++t) {
+        for (int t = 0; t < BM / 16; ++t) {
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int j = 2 * t + jj;
-          const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
-          const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * t + jj;
+            const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
+            for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int idx = 4 * j + 2 * hf + e;
-              float sv = sacc[idx];
-              if (diag) {
-                const int q = m * BM + 8 * j + 2 * qd + e;
-                if (key_g + 8 * hf > q) sv = -INFINITY;
+              for (int e = 0; e < 2; ++e) {
+                const int idx = 4 * j + 2 * hf + e;
+                float sv = sacc[idx];
+                if (diag) {
+                  const int q = m * BM + 8 * j + 2 * qd + e;
+                  if (key_g + 8 * hf > q) sv = -INFINITY;
+                }
+                if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
+                sacc[idx] = fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
               }
-              if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
-              const float pv = fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
-              sacc[idx] = pv;
-              pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
             }
           }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
-          da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
-        }
-        // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
-        // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
+        for (int i = 0; i < D / 2; ++i) reg_fence(dv[i]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
-          const int kl = key_l + 8 * (i & 1);
-          const int cc = c & 63;
-          const uint32_t addr =
-              sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
-          st_shared_b32(addr, da[t][i]);
+        for (int t = 0; t < BM / 16; ++t) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) reg_fence(pa[t][i]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < BM / 16; ++t) {
+          const uint32_t b_addr = sdO + t * (16 * 128);
+          Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T done; dV may still run
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) reg_fence(pacc[i]);
+        // dS^T = P^T (dP^T - Dsum), its A fragments for dK, and dS^T -> smem for dQ.
+#pragma unroll
+        for (int t = 0; t < BM / 16; ++t) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * t + jj;
+            const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int idx = 4 * j + 2 * hf + e;
+                pacc[idx] = sacc[idx] * (pacc[idx] - (e ? dd.y : dd.x));
+              }
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
+          // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
+          // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
+            const int kl = key_l + 8 * (i & 1);
+            const int cc = c & 63;
+            const uint32_t addr =
+                sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
+            st_shared_b32(addr, da[t][i]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int t = 0; t < BM / 16; ++t) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * t + jj;
+            const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
+            const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int idx = 4 * j + 2 * hf + e;
+                float sv = sacc[idx];
+                if (diag) {
+                  const int q = m * BM + 8 * j + 2 * qd + e;
+                  if (key_g + 8 * hf > q) sv = -INFINITY;
+                }
+                if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
+                const float pv = fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
+                sacc[idx] = pv;
+                pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
+              }
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
+            da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
+          }
+          // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
+          // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
+            const int kl = key_l + 8 * (i & 1);
+            const int cc = c & 63;
+            const uint32_t addr =
+                sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
+            st_shared_b32(addr, da[t][i]);
+          }
         }
       }
       fence_proxy_async_smem();
@@ -669,16 +754,17 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       for (int i = 0; i < NDQ / 2; ++i) dq[i] = 0.f;
 #pragma unroll
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
+      // ORD: dV (and its A fragments pa) are in flight: not touched here.
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) {
         reg_fence(dk[i]);
-        reg_fence(dv[i]);
+        if constexpr (!ORD) reg_fence(dv[i]);
       }
 #pragma unroll
       for (int t = 0; t < BM / 16; ++t) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          reg_fence(pa[t][i]);
+          if constexpr (!ORD) reg_fence(pa[t][i]);
           reg_fence(da[t][i]);
         }
       }
@@ -692,10 +778,12 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
                               t > 0 ? 1 : 0);
       }
       wgmma_commit();
+      if constexpr (!ORD) {
 #pragma unroll
-      for (int t = 0; t < BM / 16; ++t) {
-        const uint32_t b_addr = sdO + t * (16 * 128);
-        Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
+        for (int t = 0; t < BM / 16; ++t) {
+          const uint32_t b_addr = sdO + t * (16 * 128);
+          Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
+        }
       }
 #pragma unroll
       for (int t = 0; t < BM / 16; ++t) {
@@ -703,7 +791,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         Wgmma<D, F16>::rs(dk, da[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
       }
       wgmma_commit();
-      wgmma_wait<1>();  // dQ group done
+      wgmma_wait<1>();  // dQ group done (ORD: and the dV group issued before it)
 #pragma unroll
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
 
@@ -814,6 +902,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   bwd_sm90_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
+// ORD candidate (harness only): the DQ_TMA kernel with FlashAttention-3's order of the GEMMs.
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_dqtma_ord_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                              const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                              const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
+  bwd_sm90_main<T, D, CAUSAL, true, false, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
+}
+
 // DET variant (deterministic dQ): as the DQ_TMA kernel, plus dq_cnt, the turn counters of
 // bwd_sm90_det_workspace_bytes (zeroed by bwd_pre_det_kernel).
 template <typename T, int D, bool CAUSAL>
@@ -918,11 +1015,15 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
-// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
-template <typename T, int D, bool DQ_TMA = false, bool DET = false>
+// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); ORD = true (with DQ_TMA;
+// harness only, d = 128): the candidate order of the GEMMs (bwd_sm90_dqtma_ord_kernel).
+template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool ORD = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || (DQ_TMA && D != 256), "DET: a DQ_TMA variant at d = 64, 128");
+  // ORD at d = 64 (P^T and dP^T 64 registers each, both live through the dS^T pass): ptxas spills
+  // 88-136 bytes.
+  static_assert(!ORD || (DQ_TMA && !DET && D == 128), "ORD: the DQ_TMA kernel at d = 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -998,6 +1099,8 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       L->pre_det = bwd_pre_det_kernel<T, D>;
       L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
       L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
+    } else if constexpr (ORD) {
+      L->kern_dq = a.causal ? bwd_sm90_dqtma_ord_kernel<T, D, true> : bwd_sm90_dqtma_ord_kernel<T, D, false>;
     } else {
       L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
     }
