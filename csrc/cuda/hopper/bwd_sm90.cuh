@@ -624,6 +624,38 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
       const bool ktail = (n_blk + 1) * BN > p.s_kv;
       uint32_t pa[BM / 16][4], da[BM / 16][4];
+      // P^T of accumulator element idx = 4j + 2hf + e (key key_g + 8hf, query m BM + 8j + 2qd + e):
+      // masked (causal diagonal, keys past s_kv), exponentiated against the row's lse2 (l2e).
+      auto p_of = [&](int j, int hf, int e, float l2e) {
+        float sv = sacc[4 * j + 2 * hf + e];
+        if (diag) {
+          const int q = m * BM + 8 * j + 2 * qd + e;
+          if (key_g + 8 * hf > q) sv = -INFINITY;
+        }
+        if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
+        return fast_exp2(fmaf(sv, sl2, -l2e));
+      };
+      // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
+      // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
+      auto store_ds = [&](int t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
+          const int kl = key_l + 8 * (i & 1);
+          const int cc = c & 63;
+          const uint32_t addr =
+              sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
+          st_shared_b32(addr, da[t][i]);
+        }
+      };
+      // dV += P^T dO: P^T from registers (RS), dO MN-major through trans-b.
+      auto issue_dv = [&]() {
+#pragma unroll
+        for (int t = 0; t < BM / 16; ++t) {
+          const uint32_t b_addr = sdO + t * (16 * 128);
+          Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
+        }
+      };
       if constexpr (ORD) {
         // P^T while dP^T runs: exponentials, masks, and the 16-bit A fragments of dV's RS wgmma.
 #pragma unroll
@@ -635,16 +667,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int idx = 4 * j + 2 * hf + e;
-                float sv = sacc[idx];
-                if (diag) {
-                  const int q = m * BM + 8 * j + 2 * qd + e;
-                  if (key_g + 8 * hf > q) sv = -INFINITY;
-                }
-                if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
-                sacc[idx] = fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
-              }
+              for (int e = 0; e < 2; ++e) sacc[4 * j + 2 * hf + e] = p_of(j, hf, e, e ? l2.y : l2.x);
             }
           }
 #pragma unroll
@@ -658,11 +681,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           for (int i = 0; i < 4; ++i) reg_fence(pa[t][i]);
         }
         wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
-          const uint32_t b_addr = sdO + t * (16 * 128);
-          Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
-        }
+        issue_dv();
         wgmma_commit();
         wgmma_wait<1>();  // dP^T done; dV may still run
 #pragma unroll
@@ -685,17 +704,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           }
 #pragma unroll
           for (int i = 0; i < 4; ++i) da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
-          // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
-          // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
-            const int kl = key_l + 8 * (i & 1);
-            const int cc = c & 63;
-            const uint32_t addr =
-                sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
-            st_shared_b32(addr, da[t][i]);
-          }
+          store_ds(t);
         }
       } else {
 #pragma unroll
@@ -710,13 +719,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int idx = 4 * j + 2 * hf + e;
-                float sv = sacc[idx];
-                if (diag) {
-                  const int q = m * BM + 8 * j + 2 * qd + e;
-                  if (key_g + 8 * hf > q) sv = -INFINITY;
-                }
-                if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
-                const float pv = fast_exp2(fmaf(sv, sl2, -(e ? l2.y : l2.x)));
+                const float pv = p_of(j, hf, e, e ? l2.y : l2.x);
                 sacc[idx] = pv;
                 pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
               }
@@ -727,17 +730,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
             pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
             da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
           }
-          // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
-          // Fragment word i of step t: key key_l + 8*(i&1), queries 16t + 8*(i>>1) + 2qd (+1).
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int c = 16 * t + 8 * (i >> 1) + 2 * qd;
-            const int kl = key_l + 8 * (i & 1);
-            const int cc = c & 63;
-            const uint32_t addr =
-                sdS + (c >> 6) * (BN * 128) + kl * 128 + ((((cc >> 3) ^ (kl & 7)) & 7) << 4) + (cc & 7) * 2;
-            st_shared_b32(addr, da[t][i]);
-          }
+          store_ds(t);
         }
       }
       fence_proxy_async_smem();
@@ -778,13 +771,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
                               t > 0 ? 1 : 0);
       }
       wgmma_commit();
-      if constexpr (!ORD) {
-#pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
-          const uint32_t b_addr = sdO + t * (16 * 128);
-          Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
-        }
-      }
+      if constexpr (!ORD) issue_dv();
 #pragma unroll
       for (int t = 0; t < BM / 16; ++t) {
         const uint32_t b_addr = sQ + t * (16 * 128);
