@@ -26,7 +26,9 @@
 #                          d=64 with three consumer warpgroups, the backward's dQ by TMA
 #                          reduce-add against the atomic one; bwd-det: the deterministic dQ
 #                          kernel (now the library's deterministic mode); bwd-ord: the d = 128 backward
-#                          with FlashAttention-3's GEMM order, a candidate; "" skips). A backward check that fails
+#                          with FlashAttention-3's GEMM order, a candidate; w3-skip: the d = 64
+#                          three-consumer forward skipping fully masked tiles per warpgroup, a
+#                          candidate; "" skips). A backward check that fails
 #                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_PREBUILT     a folder holding harness binaries built elsewhere (fwdh: build.sh's,
 #                          bwdh: build_bwd.sh's, e.g. carried to the device): each one that starts
@@ -82,7 +84,8 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
 # dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
 # checkdet, benchdet), bwd-ord (the d = 128 backward with FlashAttention-3's GEMM order, a candidate:
-# checkord, benchord), sweep2 / sweep3 (the v2 / persistent forward's configurations side by side),
+# checkord, benchord), w3-skip (the d = 64 three-consumer forward skipping the key tiles a warpgroup's
+# rows never see, a candidate: checkw3s, benchw3s), sweep2 / sweep3 (the v2 / persistent forward's configurations side by side),
 # v2-check / v3-check (check2 / check3 alone); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
@@ -91,7 +94,7 @@ HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
 pids=()
 need_fwd=0; need_bwd=0
 for step in $hopper_steps; do
-  case "$step" in fwd|v2*|v3*|w3|sweep*) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
+  case "$step" in fwd|v2*|v3*|w3*|sweep*) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
 done
 # prebuilt NAME DEST: copy GPU_CHECK_PREBUILT/NAME to DEST if it starts on this machine (an unknown
 # mode makes a harness print the device and exit 2; a binary the loader refuses exits otherwise).
@@ -134,13 +137,14 @@ run_hopper_steps() {
       bwd2) h="$HB"; runs="check2 bench2" ;;
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
       bwd-ord) h="$HB"; runs="checkord benchord" ;;
+      w3-skip) h="$HH"; runs="checkw3s benchw3s" ;;
       *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
     esac
     [ -x "$h" ] || continue
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkdet|checkord) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkw3s|checkdet|checkord) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && st=1

@@ -54,6 +54,21 @@
 // only on the consumer's own warpgroup (vote barrier 4 + c) and own GEMMs.
 // PP = false: no named barriers at all; each consumer runs v2's per-warpgroup
 // schedule independently (the harness times both).
+// SKIP (candidate, harness only; the library's FwdV2W3Default keeps it off): a warpgroup skips the
+// key tiles its own rows never see. Every consumer runs the CTA's n_blocks, so a warpgroup whose 64
+// rows lie wholly above a causal key tile, or wholly past s_q in the last 192-row query tile, spent
+// a whole tile's S GEMM and exponentials on scores that only add P = 0: 10.2% of the consumer-tiles
+// at s = 2k causal, 8.3% at 4k (docs/perf-notes.md, thirteenth session). With SKIP a warpgroup runs
+// the steady iterations n < n_eff as before (n_eff: the key tiles its rows see, at least 1) and
+// then, for n_eff <= n < n_blocks, iterations with no S_n and no softmax (the exponentials bound
+// this kernel at d = 64), whose PV multiplies P = 0 (pa zeroed, corr = 1 after PV_{n_eff - 1}): exact
+// zeros, as the full tiles added. The PV stays, and the skipping iterations are a loop of their own,
+// because S or PV issued under a per-warpgroup condition inside the steady loop made ptxas serialise
+// every wgmma of the kernel (C7518: a compiler-inserted warpgroup wait in a divergent path). Each
+// iteration of either loop waits for its own wgmma groups, so none crosses from one loop to the
+// other. Everything the protocol counts is kept: each turn's wait and pass on the rotation barriers
+// (T = n_blocks + 1 turns, as above) and each K / V slot's full wait and empty arrival. Outputs
+// bitwise equal to v2's, as without SKIP.
 // Bounded mbarrier waits as in v2 (producer traps, consumers give up and
 // report NaN lse).
 #pragma once
@@ -73,11 +88,11 @@ static_assert(kW3ConsumerRegs % 8 == 0 && kW3ProducerRegs % 8 == 0, "setmaxnreg 
 static_assert(kW3ConsumerRegs >= 65536 / kW3Threads && kW3ProducerRegs <= 65536 / kW3Threads, "inc / dec");
 
 // ------------------------------------------------------------------ config
-template <int BN_, int STAGES_, bool PP_>
+template <int BN_, int STAGES_, bool PP_, bool SKIP_ = false>
 struct FwdV2W3Cfg {
   static constexpr int D = 64;
   static constexpr int BM = 64 * kW3Consumers, BN = BN_, STAGES = STAGES_;
-  static constexpr bool PP = PP_;
+  static constexpr bool PP = PP_, SKIP = SKIP_;
   static constexpr int kQBytes = BM * D * 2;  // 24 KB
   static constexpr int kKVBytes = BN * D * 2;
   static constexpr int kBarOffset = kQBytes + 2 * STAGES * kKVBytes;
@@ -133,16 +148,16 @@ __device__ __forceinline__ void w3_issue_s(float (&sacc)[BN / 2], uint32_t sQ, u
 }
 
 // ------------------------------------------------------------------- kernel
-template <typename T, bool CAUSAL, int BN_, int STAGES_, bool PP_ = true>
+template <typename T, bool CAUSAL, int BN_, int STAGES_, bool PP_ = true, bool SKIP_ = false>
 __global__ void __launch_bounds__(kW3Threads, 1)
     fwd_sm90_v2w3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                          const __grid_constant__ CUtensorMap tmV, const KParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
-  using Cfg = FwdV2W3Cfg<BN_, STAGES_, PP_>;
+  using Cfg = FwdV2W3Cfg<BN_, STAGES_, PP_, SKIP_>;
   constexpr int D = 64;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
-  constexpr bool PP = Cfg::PP;
+  constexpr bool PP = Cfg::PP, SKIP = Cfg::SKIP;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -226,6 +241,16 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   const int row_base = m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
   const int wg_row0 = m_blk * BM + cw * 64;
   const float sl2 = p.scale_log2;
+  // SKIP: the key tiles this warpgroup's rows see, at least 1 (S_0 is always computed): causally up
+  // to its last row below s_q (top-left, as n_blocks); 1 for rows wholly past s_q (not stored).
+  int n_eff = n_blocks;
+  if constexpr (SKIP) {
+    if (wg_row0 >= p.s_q) {
+      n_eff = 1;
+    } else if (CAUSAL) {
+      n_eff = min(n_blocks, min(wg_row0 + 63, p.s_q - 1) / BN + 1);
+    }
+  }
 
   // Rotation: the last consumer hands consumer 0 its first turn.
   if (PP && cw == kW3Consumers - 1) w3_pass_turn(cw);
@@ -264,7 +289,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   v2_pack_p<BN, F16>(pa, sacc);
 
   // ------------------------------------------------ steady state
-  for (int n = 1; n < n_blocks; ++n) {
+  for (int n = 1; n < n_eff; ++n) {
     const int s = n % STAGES;
     const uint32_t ph = (n / STAGES) & 1u;
     const int sp = (n - 1) % STAGES;  // slot of tile n-1 (its V)
@@ -311,6 +336,42 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     v2_pack_p<BN, F16>(pa, sacc);
   }
 
+  // ------------------------------------------------ SKIP: tiles this warpgroup's rows never see
+  if constexpr (SKIP) {
+    for (int n = n_eff; n < n_blocks; ++n) {
+      const int s = n % STAGES;
+      const uint32_t ph = (n / STAGES) & 1u;
+      const int sp = (n - 1) % STAGES;
+      const uint32_t php = ((n - 1) / STAGES) & 1u;
+      wait_full(bar_kf(s), ph);  // K_n unused: waited so that the arrival below lands in its phase
+      __syncwarp();
+      if (PP) w3_wait_turn(cw);
+      v2_rescale_o<D>(o, corr);
+      wait_full(bar_vf(sp), php);
+      __syncwarp();
+      // O += P_{n-1} V_{n-1}: the last real tile's P in the first of these iterations, 0 after it.
+      v2_fence_f(o);
+      v2_fence_p(pa);
+      wgmma_fence();
+      v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
+      wgmma_commit();
+      if (PP) w3_pass_turn(cw);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_ke(s));
+      wgmma_wait<0>();
+      v2_fence_f(o);
+      v2_fence_p(pa);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_ve(sp));
+#pragma unroll
+      for (int t = 0; t < BN / 16; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[t][i] = 0u;
+      }
+      corr[0] = corr[1] = 1.f;
+    }
+  }
+
   // ------------------------------------------------ epilogue: PV_{last} alone
   {
     const int last = n_blocks - 1;
@@ -341,9 +402,9 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 // =================================================================== host
 // Same contract as fwd_sm90_v2_prepare_cfg for D = 64; launch with
 // fwd_sm90_v2w3_launch (512 threads), NOT fwd_sm90_launch (384).
-template <typename T, int BN, int STAGES, bool PP = true>
+template <typename T, int BN, int STAGES, bool PP = true, bool SKIP = false>
 inline cudaError_t fwd_sm90_v2w3_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
-  using Cfg = FwdV2W3Cfg<BN, STAGES, PP>;
+  using Cfg = FwdV2W3Cfg<BN, STAGES, PP, SKIP>;
   constexpr int D = 64;
   const KParams& p = a.out;
   if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || p.h > 65535 ||
@@ -362,7 +423,8 @@ inline cudaError_t fwd_sm90_v2w3_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
   L->smem = Cfg::kTotal;
   L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
   L->causal = a.causal;
-  L->kern = a.causal ? fwd_sm90_v2w3_kernel<T, true, BN, STAGES, PP> : fwd_sm90_v2w3_kernel<T, false, BN, STAGES, PP>;
+  L->kern = a.causal ? fwd_sm90_v2w3_kernel<T, true, BN, STAGES, PP, SKIP>
+                     : fwd_sm90_v2w3_kernel<T, false, BN, STAGES, PP, SKIP>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised[a.causal ? 1 : 0]);
 }

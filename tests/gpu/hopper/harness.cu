@@ -32,6 +32,9 @@
 //                              rotation and no-rotation configs) on the same
 //                              inputs, plus HDIFFW3: w3 vs v2 outputs
 //   harness onew3 S CAUSAL     one w3 (default config) d=64 bench point (for ncu)
+//   harness checkw3s           checkw3's cases with the SKIP candidate (a warpgroup skips the key
+//                              tiles its rows never see) as the default config: bit for bit vs v2
+//   harness benchw3s           s >= 1k: v2, w3 default, w3 SKIP, w3 default again (HDIFFW3 each)
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
 //                              timed, and its line ends with the SM clock and board power then
@@ -151,17 +154,18 @@ std::vector<Variant> v3_sweep_variants<256>() {
   return {v3_lib_variant<T, 256, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(), v3_lib_variant<T, 256, 80, 2, false, false>()};
 }
 
-// w3 (d = 64 only): BN/STAGES and rotation (pp) or none (nopp).
-template <typename T, int BN, int ST, bool PP>
+// w3 (d = 64 only): BN/STAGES, rotation (pp) or none (nopp), and the SKIP candidate (skip).
+template <typename T, int BN, int ST, bool PP, bool SKIP = false>
 static Variant w3_cfg_variant() {
-  return {fusedattn::hopper::fwd_sm90_v2w3_prepare_cfg<T, BN, ST, PP>,
-          "w3:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp"),
+  return {fusedattn::hopper::fwd_sm90_v2w3_prepare_cfg<T, BN, ST, PP, SKIP>,
+          "w3:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp") + (SKIP ? "/skip" : ""),
           fusedattn::hopper::fwd_sm90_v2w3_launch};
 }
+// The library's configuration; skip = true: with the SKIP candidate.
 template <typename T>
-static Variant w3_variant() {
+static Variant w3_variant(bool skip = false) {
   using C = fusedattn::hopper::FwdV2W3Default;
-  return w3_cfg_variant<T, C::BN, C::STAGES, C::PP>();
+  return skip ? w3_cfg_variant<T, C::BN, C::STAGES, C::PP, true>() : w3_cfg_variant<T, C::BN, C::STAGES, C::PP>();
 }
 // Configurations the sweep times (bf16); the default comes first.
 template <int D>
@@ -675,12 +679,15 @@ static bool checkw3_case(const Variant& w3, int b, int s, int h, int h_kv, bool 
 
 // check2's d = 64 grid (tails: s = 17, 200 are < 192 or not a multiple of
 // it), its long sequences, longer ones (ring wraps, many causal tile lengths),
-// and a few cases with the no-rotation config and other ring depths.
-static int run_checkw3() {
+// and a few cases with the no-rotation config and other ring depths. skip
+// (checkw3s): the same cases with the SKIP candidate instead of the default
+// (the other configs as they are); the tails and long causal sequences are the
+// cases where warpgroups skip tiles.
+static int run_checkw3(bool skip = false) {
   int fails = 0, n = 0;
   uint64_t seed = 1234;
-  const Variant def16 = w3_variant<__half>();
-  const Variant def = w3_variant<__nv_bfloat16>();
+  const Variant def16 = w3_variant<__half>(skip);
+  const Variant def = w3_variant<__nv_bfloat16>(skip);
   const int ss[] = {1, 17, 128, 200, 1024};
   const int hkvs[] = {2, 4};
   for (int s : ss)
@@ -719,7 +726,7 @@ static int run_checkw3() {
       if (!checkw3_case<__nv_bfloat16>(def, 1, s, 2, 1, causal != 0, seed++, ramp)) ++fails;
       if (!checkw3_case<__half>(def16, 1, s, 2, 1, causal != 0, seed++, ramp)) ++fails;
     }
-  std::printf("checkw3: %d/%d passed\n", n - fails, n);
+  std::printf("checkw3%s: %d/%d passed\n", skip ? "s" : "", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
@@ -941,15 +948,20 @@ static int run_sweep2() {
 
 // d = 64 rows of bench's table: v2 default (HBENCH2), w3 default (rotation)
 // and w3 without rotation (HBENCHW3, with HDIFFW3 vs v2). With only_s >= 0
-// (onew3): that one point, w3 default alone.
-static int run_benchw3(int only_s = -1, int only_causal = -1) {
+// (onew3): that one point, w3 default alone. skip (benchw3s): v2, w3 default,
+// w3 with the SKIP candidate, w3 default again (the drift between the two
+// default lines bounds what the SKIP line can show), s >= 1k.
+static int run_benchw3(int only_s = -1, int only_causal = -1, bool skip = false) {
   using T = __nv_bfloat16;
   bool ok = true;
   const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
-  if (only_s >= 0) return bench_point<64>(only_s, only_causal != 0, {w3_variant<T>()}, true) ? 0 : 1;
+  if (only_s >= 0) return bench_point<64>(only_s, only_causal != 0, {w3_variant<T>(skip)}, true) ? 0 : 1;
   for (int s : ss)
     for (int causal = 0; causal < 2; ++causal) {
-      const std::vector<Variant> vars = {v2_variant<T, 64>(), w3_variant<T>(), w3_cfg_variant<T, 128, 4, false>()};
+      if (skip && s < 1024) continue;
+      const std::vector<Variant> vars =
+          skip ? std::vector<Variant>{v2_variant<T, 64>(), w3_variant<T>(), w3_variant<T>(true), w3_variant<T>()}
+               : std::vector<Variant>{v2_variant<T, 64>(), w3_variant<T>(), w3_cfg_variant<T, 128, 4, false>()};
       ok = bench_point<64>(s, causal != 0, vars, true) && ok;
     }
   return ok ? 0 : 1;
@@ -1026,6 +1038,8 @@ int main(int argc, char** argv) {
   if (mode == "bench3") return run_bench(4);
   if (mode == "checkw3") return run_checkw3();
   if (mode == "benchw3") return run_benchw3();
+  if (mode == "checkw3s") return run_checkw3(true);
+  if (mode == "benchw3s") return run_benchw3(-1, -1, true);
   if (mode == "onew3") {
     if (argc < 4) {
       std::fprintf(stderr, "usage: %s onew3 S CAUSAL\n", argv[0]);
@@ -1043,7 +1057,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | sweepsus | stamps D S CAUSAL\n",
+               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | checkw3s | benchw3s | sweepsus | stamps D S CAUSAL\n",
                argv[0]);
   return 2;
 }
