@@ -288,6 +288,27 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
   v2_pack_p<BN, F16>(pa, sacc);
 
+  // O += P_{n-1} V_{n-1} for tile n-1 in slot sp (the steady and SKIP iterations): O rescaled for
+  // the tile first (no wgmma in flight has O as an operand), once V_{n-1} has landed.
+  auto issue_pv_prev = [&](int sp, uint32_t php) {
+    v2_rescale_o<D>(o, corr);
+    wait_full(bar_vf(sp), php);
+    __syncwarp();
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    wgmma_fence();
+    v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
+    wgmma_commit();
+  };
+  // That PV complete (its group the last in flight): O final for tile n-1, P_{n-1} free, V slot released.
+  auto finish_pv_prev = [&](int sp) {
+    wgmma_wait<0>();
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ve(sp));
+  };
+
   // ------------------------------------------------ steady state
   for (int n = 1; n < n_eff; ++n) {
     const int s = n % STAGES;
@@ -303,16 +324,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     wgmma_fence();
     w3_issue_s<BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
     wgmma_commit();
-    // O is not an operand of any wgmma in flight: rescale it for tile n-1.
-    v2_rescale_o<D>(o, corr);
-    wait_full(bar_vf(sp), php);
-    __syncwarp();
-    // group B: O += P_{n-1} V_{n-1}
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    wgmma_fence();
-    v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-    wgmma_commit();
+    issue_pv_prev(sp, php);  // group B
     if (PP) w3_pass_turn(cw);
 
     wgmma_wait<1>();  // group A (S_n) complete; B may still run
@@ -328,11 +340,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     reg_fence(row_l[0]);
     reg_fence(row_l[1]);
 
-    wgmma_wait<0>();  // group B complete: O final for tile n-1, P_{n-1} free
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ve(sp));
+    finish_pv_prev(sp);  // group B
     v2_pack_p<BN, F16>(pa, sacc);
   }
 
@@ -346,23 +354,11 @@ __global__ void __launch_bounds__(kW3Threads, 1)
       wait_full(bar_kf(s), ph);  // K_n unused: waited so that the arrival below lands in its phase
       __syncwarp();
       if (PP) w3_wait_turn(cw);
-      v2_rescale_o<D>(o, corr);
-      wait_full(bar_vf(sp), php);
-      __syncwarp();
-      // O += P_{n-1} V_{n-1}: the last real tile's P in the first of these iterations, 0 after it.
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      wgmma_fence();
-      v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-      wgmma_commit();
+      issue_pv_prev(sp, php);  // the last real tile's P in the first of these iterations, 0 after it
       if (PP) w3_pass_turn(cw);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_ke(s));
-      wgmma_wait<0>();
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ve(sp));
+      finish_pv_prev(sp);
 #pragma unroll
       for (int t = 0; t < BN / 16; ++t) {
 #pragma unroll
