@@ -151,10 +151,13 @@ constexpr int kBwdRowPad = 128;  // s_pad = roundup(s_q, kBwdRowPad) for lse2/Ds
 
 // DQ_TMA (variant, see bwd_sm90_main): + one fp32 dQ staging tile of 64 x 64
 // per consumer (2 x 16 KB, 1024-aligned for the 128B swizzle), single-buffered.
-template <int D, bool DQ_TMA = false>
+// ST3 (candidate, see bwd_sm90_main): three Q / dO stages and one dS^T buffer
+// instead of two of each (d = 128: 211 KB; d = 64: 196 KB, with DQ_TMA).
+template <int D, bool DQ_TMA = false, bool ST3 = false>
 struct BwdSmem {
   using Tile = BwdTile<D>;
-  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = ST3 ? 3 : Tile::STAGES;
+  static constexpr int kDSBufs = ST3 ? 1 : 2;
   static constexpr int kKVBytes = BN * D * 2;  // one of K, V
   static constexpr int kQBytes = BM * D * 2;   // one of Q, dO (per stage)
   static constexpr int kDSBytes = BM * BN * 2;  // one dS^T buffer
@@ -164,7 +167,7 @@ struct BwdSmem {
   static constexpr int kQ = kV + kKVBytes;
   static constexpr int kdO = kQ + STAGES * kQBytes;
   static constexpr int kdS = kdO + STAGES * kQBytes;
-  static constexpr int kL = kdS + 2 * kDSBytes;
+  static constexpr int kL = kdS + kDSBufs * kDSBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
   static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
@@ -445,22 +448,22 @@ __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, in
 // DET (with DQ_TMA; bwd_sm90_dqtma_det_kernel): the reduces take turns on the
 // counters dq_cnt (see "Variant DET" at the top); the key tiles run in
 // reverse blockIdx.x order.
-// ORD (with DQ_TMA, d = 128; candidate, harness only: bwd_sm90_dqtma_ord_kernel): the GEMMs of an
-// iteration in FlashAttention-3's order. S^T and dP^T are committed as two groups; once S^T is done
-// (wait_group 1) the exponentials of P^T run while dP^T is still on the tensor cores, and dV += P^T dO
-// is issued before dS^T is computed, so it runs under the dS^T phase and the consumers' barrier 1.
-// Then dQ and dK. The default order issues S^T and dP^T as one group, waits for both and computes P^T
-// and dS^T in one pass, with no wgmma of this warpgroup in flight. Same arithmetic: every product and
-// sum as in the default order (dk / dv bitwise equal; dq differs only in the order of its reduces).
-// With DET too it compiles as cleanly (168 registers, 0 spills, no wgmma diagnostic; its turn release
-// sits after the dP^T commit as before), for when the library takes the order; no entry uses it yet.
-template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false, bool ORD = false>
+// ST3 (with DQ_TMA; candidate, harness only: bwd_sm90_dqtma_st3_kernel): a third Q / dO stage in
+// the ring, paid for with the dS^T double buffer (the ring's waits were ~10% of the warp-stall
+// samples at s = 2k, and a third stage does not fit beside two dS^T buffers). With one buffer a
+// consumer may overwrite dS^T only once the other consumer's dQ wgmma of the previous iteration has
+// read it: each consumer arrives on barrier 4 + cw once its dQ group is done (when another
+// iteration follows) and waits on barrier 4 + (1 - cw) before its dS^T stores (from its second
+// iteration on). Arrive / wait rather than a rendezvous, so the consumer that is ahead waits only
+// if the other's dQ is still running, which it normally is not (issued right after barrier 1, it
+// is done long before the next iteration's elementwise pass). Same arithmetic as DQ_TMA.
+template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false, bool ST3 = false>
 __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                               const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
                                               const BwdKParams& p, int* dq_cnt = nullptr) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
-  using Smem = BwdSmem<D, DQ_TMA>;
+  using Smem = BwdSmem<D, DQ_TMA, ST3>;
   constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
   constexpr int DCH = D / 64;
   constexpr bool SPLIT_M = (BM == 128);      // dQ work split over the two consumers by rows (else by d columns)
@@ -470,7 +473,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
   static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
   static_assert(!DET || DQ_TMA, "DET orders the DQ_TMA reduces");
-  static_assert(!ORD || DQ_TMA, "ORD: a DQ_TMA variant");
+  static_assert(!ST3 || DQ_TMA, "ST3: a DQ_TMA variant");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -502,6 +505,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   const int G = p.h / p.h_kv;
   const int n_m = (p.s_q + BM - 1) / BM;
   const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
+  const int n_it = G * (n_m - m_start);  // iterations of the consumers' loop
 
   if (tid == 0) {
     mbar_init(bar_kv, 1);
@@ -567,7 +571,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       const uint32_t ph = (it / STAGES) & 1u;
       const uint32_t sQ = sQ0 + s * Smem::kQBytes;
       const uint32_t sdO = sdO0 + s * Smem::kQBytes;
-      const uint32_t sdS = sdS0 + (it & 1) * Smem::kDSBytes;
+      const uint32_t sdS = sdS0 + (Smem::kDSBufs == 2 ? (it & 1) * Smem::kDSBytes : 0);
 
       // ---------------- S^T = K Q^T, dP^T = V dO^T (64 keys x BM queries per WG)
       float sacc[BM / 2], pacc[BM / 2];
@@ -590,7 +594,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
         const uint32_t b_addr = sQ + (k / 4) * (BM * 128) + (k % 4) * 32;
         Wgmma<BM, F16>::ss(sacc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
       }
-      if constexpr (ORD) wgmma_commit();  // S^T alone, so that its wait leaves dP^T running
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         const uint32_t a_addr = sV + (k / 4) * (BN * 128) + cw * (64 * 128) + (k % 4) * 32;
@@ -608,12 +611,11 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           st_release_gpu(rel_cnt, rel_val);
         }
       }
-      // ORD: S^T done, dP^T may still run (its registers are not touched until the wait below).
-      wgmma_wait<ORD ? 1 : 0>();
+      wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) {
         reg_fence(sacc[i]);
-        if constexpr (!ORD) reg_fence(pacc[i]);
+        reg_fence(pacc[i]);
       }
 
       // ---------------- P^T, dS^T (fragment: rows key_l (+8 hf), cols 8j + 2qd + e),
@@ -658,82 +660,39 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
         }
       };
-      if constexpr (ORD) {
-        // P^T while dP^T runs: exponentials, masks, and the 16-bit A fragments of dV's RS wgmma.
+      if constexpr (ST3) {
+        // One dS^T buffer: the other consumer's dQ wgmma of the previous iteration has read it.
+        if (it > 0) {
+          if (cw == 0)
+            bar_sync_imm<5, 256>();
+          else
+            bar_sync_imm<4, 256>();
+        }
+      }
 #pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
+      for (int t = 0; t < BM / 16; ++t) {
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * t + jj;
-            const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
+        for (int jj = 0; jj < 2; ++jj) {
+          const int j = 2 * t + jj;
+          const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
+          const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
+          for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
-              for (int e = 0; e < 2; ++e) sacc[4 * j + 2 * hf + e] = p_of(j, hf, e, e ? l2.y : l2.x);
+            for (int e = 0; e < 2; ++e) {
+              const int idx = 4 * j + 2 * hf + e;
+              const float pv = p_of(j, hf, e, e ? l2.y : l2.x);
+              sacc[idx] = pv;
+              pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
             }
           }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
         }
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) reg_fence(dv[i]);
-#pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) reg_fence(pa[t][i]);
+        for (int i = 0; i < 4; ++i) {
+          pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
+          da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
         }
-        wgmma_fence();
-        issue_dv();
-        wgmma_commit();
-        wgmma_wait<1>();  // dP^T done; dV may still run
-#pragma unroll
-        for (int i = 0; i < BM / 2; ++i) reg_fence(pacc[i]);
-        // dS^T = P^T (dP^T - Dsum), its A fragments for dK, and dS^T -> smem for dQ.
-#pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * t + jj;
-            const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int idx = 4 * j + 2 * hf + e;
-                pacc[idx] = sacc[idx] * (pacc[idx] - (e ? dd.y : dd.x));
-              }
-            }
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
-          store_ds(t);
-        }
-      } else {
-#pragma unroll
-        for (int t = 0; t < BM / 16; ++t) {
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * t + jj;
-            const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
-            const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int idx = 4 * j + 2 * hf + e;
-                const float pv = p_of(j, hf, e, e ? l2.y : l2.x);
-                sacc[idx] = pv;
-                pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
-              }
-            }
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            pa[t][i] = pack2<F16>(sacc[8 * t + 2 * i], sacc[8 * t + 2 * i + 1]);
-            da[t][i] = pack2<F16>(pacc[8 * t + 2 * i], pacc[8 * t + 2 * i + 1]);
-          }
-          store_ds(t);
-        }
+        store_ds(t);
       }
       fence_proxy_async_smem();
       if constexpr (DQ_TMA) {
@@ -749,17 +708,16 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       for (int i = 0; i < NDQ / 2; ++i) dq[i] = 0.f;
 #pragma unroll
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
-      // ORD: dV (and its A fragments pa) are in flight: not touched here.
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) {
         reg_fence(dk[i]);
-        if constexpr (!ORD) reg_fence(dv[i]);
+        reg_fence(dv[i]);
       }
 #pragma unroll
       for (int t = 0; t < BM / 16; ++t) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          if constexpr (!ORD) reg_fence(pa[t][i]);
+          reg_fence(pa[t][i]);
           reg_fence(da[t][i]);
         }
       }
@@ -773,16 +731,26 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
                               t > 0 ? 1 : 0);
       }
       wgmma_commit();
-      if constexpr (!ORD) issue_dv();
+      issue_dv();
 #pragma unroll
       for (int t = 0; t < BM / 16; ++t) {
         const uint32_t b_addr = sQ + t * (16 * 128);
         Wgmma<D, F16>::rs(dk, da[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
       }
       wgmma_commit();
-      wgmma_wait<1>();  // dQ group done (ORD: and the dV group issued before it)
+      wgmma_wait<1>();  // dQ group done
 #pragma unroll
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
+      if constexpr (ST3) {
+        // This consumer's dQ wgmma has read dS^T: the other may overwrite it (when another
+        // iteration follows, so that every arrival has its wait).
+        if (it + 1 < n_it) {
+          if (cw == 0)
+            bar_arrive_imm<4, 256>();
+          else
+            bar_arrive_imm<5, 256>();
+        }
+      }
 
       if constexpr (DQ_TMA) {
         // dQ partial -> this consumer's staging tile (two boxes) -> TMA reduce-adds.
@@ -891,10 +859,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   bwd_sm90_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
-// ORD candidate (harness only): the DQ_TMA kernel with FlashAttention-3's order of the GEMMs.
+// ST3 candidate (harness only): the DQ_TMA kernel with three Q / dO stages and one dS^T buffer.
 template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_dqtma_ord_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+    bwd_sm90_dqtma_st3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                               const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                               const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
   bwd_sm90_main<T, D, CAUSAL, true, false, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
@@ -1004,15 +972,13 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
-// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); ORD = true (with DQ_TMA;
-// harness only, d = 128): the candidate order of the GEMMs (bwd_sm90_dqtma_ord_kernel).
-template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool ORD = false>
+// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); ST3 = true (with DQ_TMA;
+// harness only, d = 64 / 128): the three-stage candidate (bwd_sm90_dqtma_st3_kernel).
+template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool ST3 = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || (DQ_TMA && D != 256), "DET: a DQ_TMA variant at d = 64, 128");
-  // ORD at d = 64 (P^T and dP^T 64 registers each, both live through the dS^T pass): ptxas spills
-  // 88-136 bytes.
-  static_assert(!ORD || (DQ_TMA && D == 128), "ORD: a DQ_TMA kernel at d = 128");
+  static_assert(!ST3 || (DQ_TMA && !DET && D != 256), "ST3: a DQ_TMA kernel at d = 64, 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -1059,7 +1025,7 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
   } else {
-    L->smem = BwdSmem<D, DQ_TMA>::kTotal;
+    L->smem = BwdSmem<D, DQ_TMA, ST3>::kTotal;
   }
   const long long rows = static_cast<long long>(a.b) * a.h * s_pad;
   constexpr int kPreRowsPerBlock = 8 * kBwdPreRowsPerWarp<D>;  // 8 warps of 256 threads
@@ -1088,8 +1054,8 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       L->pre_det = bwd_pre_det_kernel<T, D>;
       L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
       L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
-    } else if constexpr (ORD) {
-      L->kern_dq = a.causal ? bwd_sm90_dqtma_ord_kernel<T, D, true> : bwd_sm90_dqtma_ord_kernel<T, D, false>;
+    } else if constexpr (ST3) {
+      L->kern_dq = a.causal ? bwd_sm90_dqtma_st3_kernel<T, D, true> : bwd_sm90_dqtma_st3_kernel<T, D, false>;
     } else {
       L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
     }

@@ -54,8 +54,9 @@
 // only on the consumer's own warpgroup (vote barrier 4 + c) and own GEMMs.
 // PP = false: no named barriers at all; each consumer runs v2's per-warpgroup
 // schedule independently (the harness times both).
-// SKIP (candidate, harness only; the library's FwdV2W3Default keeps it off): a warpgroup skips the
-// key tiles its own rows never see. Every consumer runs the CTA's n_blocks, so a warpgroup whose 64
+// SKIP (the library's FwdV2W3Default since 2026-12-02; +2.6% / +3.5% at d = 64 s = 2k / 4k causal,
+// +0.5-2% elsewhere, harness benchw3s on the H200): a warpgroup skips the key tiles its own rows
+// never see. Every consumer runs the CTA's n_blocks, so a warpgroup whose 64
 // rows lie wholly above a causal key tile, or wholly past s_q in the last 192-row query tile, spent
 // a whole tile's S GEMM and exponentials on scores that only add P = 0: 10.2% of the consumer-tiles
 // at s = 2k causal, 8.3% at 4k (docs/perf-notes.md, thirteenth session). With SKIP a warpgroup runs
@@ -110,7 +111,7 @@ struct FwdV2W3Cfg {
 
 struct FwdV2W3Default {
   static constexpr int BN = 128, STAGES = 4;  // smem 24 + 4 x 32 KB = 152 KB (+ barriers, slack)
-  static constexpr bool PP = true;
+  static constexpr bool PP = true, SKIP = true;
 };
 
 // ------------------------------------------------------- 3-way rotation
@@ -428,7 +429,7 @@ inline cudaError_t fwd_sm90_v2w3_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
 template <typename T>
 inline cudaError_t fwd_sm90_v2w3_prepare(FwdLaunch* L, const Sm90Args& a) {
   using C = FwdV2W3Default;
-  return fwd_sm90_v2w3_prepare_cfg<T, C::BN, C::STAGES, C::PP>(L, a);
+  return fwd_sm90_v2w3_prepare_cfg<T, C::BN, C::STAGES, C::PP, C::SKIP>(L, a);
 }
 
 inline cudaError_t fwd_sm90_v2w3_launch(const FwdLaunch& L, cudaStream_t stream = 0) {

@@ -32,9 +32,11 @@
 //                              rotation and no-rotation configs) on the same
 //                              inputs, plus HDIFFW3: w3 vs v2 outputs
 //   harness onew3 S CAUSAL     one w3 (default config) d=64 bench point (for ncu)
-//   harness checkw3s           checkw3's cases with the SKIP candidate (a warpgroup skips the key
-//                              tiles its rows never see) as the default config: bit for bit vs v2
-//   harness benchw3s           s >= 1k: v2, w3 default, w3 SKIP, w3 default again (HDIFFW3 each)
+//   harness checkw3s           checkw3's cases with the default config's SKIP flipped (off since
+//                              SKIP became the default: a warpgroup runs every key tile, whether
+//                              its rows see it or not): bit for bit vs v2
+//   harness benchw3s           s >= 1k: v2, w3 default, w3 with SKIP flipped, w3 default again
+//                              (HDIFFW3 each)
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
 //                              timed, and its line ends with the SM clock and board power then
@@ -161,11 +163,12 @@ static Variant w3_cfg_variant() {
           "w3:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp") + (SKIP ? "/skip" : ""),
           fusedattn::hopper::fwd_sm90_v2w3_launch};
 }
-// The library's configuration; skip = true: with the SKIP candidate.
+// The library's configuration; flip_skip = true: the same with SKIP flipped (the A/B of SKIP).
 template <typename T>
-static Variant w3_variant(bool skip = false) {
+static Variant w3_variant(bool flip_skip = false) {
   using C = fusedattn::hopper::FwdV2W3Default;
-  return skip ? w3_cfg_variant<T, C::BN, C::STAGES, C::PP, true>() : w3_cfg_variant<T, C::BN, C::STAGES, C::PP>();
+  return flip_skip ? w3_cfg_variant<T, C::BN, C::STAGES, C::PP, !C::SKIP>()
+                   : w3_cfg_variant<T, C::BN, C::STAGES, C::PP, C::SKIP>();
 }
 // Configurations the sweep times (bf16); the default comes first.
 template <int D>
@@ -680,9 +683,9 @@ static bool checkw3_case(const Variant& w3, int b, int s, int h, int h_kv, bool 
 // check2's d = 64 grid (tails: s = 17, 200 are < 192 or not a multiple of
 // it), its long sequences, longer ones (ring wraps, many causal tile lengths),
 // and a few cases with the no-rotation config and other ring depths. skip
-// (checkw3s): the same cases with the SKIP candidate instead of the default
-// (the other configs as they are); the tails and long causal sequences are the
-// cases where warpgroups skip tiles.
+// (checkw3s): the same cases with the default's SKIP flipped (the other configs
+// as they are); the tails and long causal sequences are the cases where
+// warpgroups skip tiles.
 static int run_checkw3(bool skip = false) {
   int fails = 0, n = 0;
   uint64_t seed = 1234;
@@ -949,8 +952,8 @@ static int run_sweep2() {
 // d = 64 rows of bench's table: v2 default (HBENCH2), w3 default (rotation)
 // and w3 without rotation (HBENCHW3, with HDIFFW3 vs v2). With only_s >= 0
 // (onew3): that one point, w3 default alone. skip (benchw3s): v2, w3 default,
-// w3 with the SKIP candidate, w3 default again (the drift between the two
-// default lines bounds what the SKIP line can show), s >= 1k.
+// w3 with SKIP flipped, w3 default again (the drift between the two default
+// lines bounds what the flipped line can show), s >= 1k.
 static int run_benchw3(int only_s = -1, int only_causal = -1, bool skip = false) {
   using T = __nv_bfloat16;
   bool ok = true;
