@@ -25,11 +25,12 @@
 #                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
 #                          d=64 with three consumer warpgroups, the backward's dQ by TMA
 #                          reduce-add against the atomic one; bwd-det: the deterministic dQ
-#                          kernel (now the library's deterministic mode); bwd-st3: the d = 64 / 128 backward
-#                          with three Q / dO stages and one dS^T buffer, a candidate; w3-skip: the d = 64
+#                          kernel (now the library's deterministic mode); w3-skip: the d = 64
 #                          three-consumer forward with and without skipping the tiles a
-#                          warpgroup's rows never see (SKIP, the default since 2026-12-02); "" skips). A backward check that fails
-#                          at d=256 makes the benchmark time d=256 with FUSEDATTN_HOPPER_BWD=0
+#                          warpgroup's rows never see (SKIP, the default since 2026-12-02);
+#                          w3-sweep: its key-tile sizes side by side; "" skips). A backward
+#                          check that fails at d=256 makes the benchmark time d=256 with
+#                          FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_PREBUILT     a folder holding harness binaries built elsewhere (fwdh: build.sh's,
 #                          bwdh: build_bwd.sh's, e.g. carried to the device): each one that starts
 #                          here is used instead of building it; when every harness the steps need
@@ -83,8 +84,9 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 # forward: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer forward: checkw3,
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
 # dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
-# checkdet, benchdet), bwd-st3 (the d = 64 / 128 backward with three Q / dO stages, a candidate:
-# checkst3, benchst3), w3-skip (the d = 64 three-consumer forward with SKIP flipped: checkw3s, benchw3s), sweep2 / sweep3 (the v2 / persistent forward's configurations side by side),
+# checkdet, benchdet), w3-skip (the d = 64 three-consumer forward with SKIP flipped: checkw3s,
+# benchw3s), w3-sweep (its key-tile sizes: sweepw3), sweep2 / sweep3 (the v2 / persistent forward's
+# configurations side by side),
 # v2-check / v3-check (check2 / check3 alone); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
@@ -135,15 +137,15 @@ run_hopper_steps() {
       bwd-check) h="$HB"; runs="check" ;;
       bwd2) h="$HB"; runs="check2 bench2" ;;
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
-      bwd-st3) h="$HB"; runs="checkst3 benchst3" ;;
       w3-skip) h="$HH"; runs="checkw3s benchw3s" ;;
+      w3-sweep) h="$HH"; runs="sweepw3" ;;
       *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
     esac
     [ -x "$h" ] || continue
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkw3s|checkdet|checkst3) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkw3s|checkdet) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && st=1

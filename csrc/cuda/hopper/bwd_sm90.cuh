@@ -151,13 +151,10 @@ constexpr int kBwdRowPad = 128;  // s_pad = roundup(s_q, kBwdRowPad) for lse2/Ds
 
 // DQ_TMA (variant, see bwd_sm90_main): + one fp32 dQ staging tile of 64 x 64
 // per consumer (2 x 16 KB, 1024-aligned for the 128B swizzle), single-buffered.
-// ST3 (candidate, see bwd_sm90_main): three Q / dO stages and one dS^T buffer
-// instead of two of each (d = 128: 211 KB; d = 64: 196 KB, with DQ_TMA).
-template <int D, bool DQ_TMA = false, bool ST3 = false>
+template <int D, bool DQ_TMA = false>
 struct BwdSmem {
   using Tile = BwdTile<D>;
-  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = ST3 ? 3 : Tile::STAGES;
-  static constexpr int kDSBufs = ST3 ? 1 : 2;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
   static constexpr int kKVBytes = BN * D * 2;  // one of K, V
   static constexpr int kQBytes = BM * D * 2;   // one of Q, dO (per stage)
   static constexpr int kDSBytes = BM * BN * 2;  // one dS^T buffer
@@ -167,7 +164,7 @@ struct BwdSmem {
   static constexpr int kQ = kV + kKVBytes;
   static constexpr int kdO = kQ + STAGES * kQBytes;
   static constexpr int kdS = kdO + STAGES * kQBytes;
-  static constexpr int kL = kdS + kDSBufs * kDSBytes;
+  static constexpr int kL = kdS + 2 * kDSBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
   static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
@@ -448,22 +445,13 @@ __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, in
 // DET (with DQ_TMA; bwd_sm90_dqtma_det_kernel): the reduces take turns on the
 // counters dq_cnt (see "Variant DET" at the top); the key tiles run in
 // reverse blockIdx.x order.
-// ST3 (with DQ_TMA; candidate, harness only: bwd_sm90_dqtma_st3_kernel): a third Q / dO stage in
-// the ring, paid for with the dS^T double buffer (the ring's waits were ~10% of the warp-stall
-// samples at s = 2k, and a third stage does not fit beside two dS^T buffers). With one buffer a
-// consumer may overwrite dS^T only once the other consumer's dQ wgmma of the previous iteration has
-// read it: each consumer arrives on barrier 4 + cw once its dQ group is done (when another
-// iteration follows) and waits on barrier 4 + (1 - cw) before its dS^T stores (from its second
-// iteration on). Arrive / wait rather than a rendezvous, so the consumer that is ahead waits only
-// if the other's dQ is still running, which it normally is not (issued right after barrier 1, it
-// is done long before the next iteration's elementwise pass). Same arithmetic as DQ_TMA.
-template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false, bool ST3 = false>
+template <typename T, int D, bool CAUSAL, bool DQ_TMA, bool DET = false>
 __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                               const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
                                               const BwdKParams& p, int* dq_cnt = nullptr) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
-  using Smem = BwdSmem<D, DQ_TMA, ST3>;
+  using Smem = BwdSmem<D, DQ_TMA>;
   constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
   constexpr int DCH = D / 64;
   constexpr bool SPLIT_M = (BM == 128);      // dQ work split over the two consumers by rows (else by d columns)
@@ -473,7 +461,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
   static_assert(!DQ_TMA || NDQ == 64, "DQ_TMA staging: a 64 x 64 dQ_part per consumer");
   static_assert(!DET || DQ_TMA, "DET orders the DQ_TMA reduces");
-  static_assert(!ST3 || DQ_TMA, "ST3: a DQ_TMA variant");
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -505,7 +492,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   const int G = p.h / p.h_kv;
   const int n_m = (p.s_q + BM - 1) / BM;
   const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
-  const int n_it = G * (n_m - m_start);  // iterations of the consumers' loop
 
   if (tid == 0) {
     mbar_init(bar_kv, 1);
@@ -571,7 +557,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       const uint32_t ph = (it / STAGES) & 1u;
       const uint32_t sQ = sQ0 + s * Smem::kQBytes;
       const uint32_t sdO = sdO0 + s * Smem::kQBytes;
-      const uint32_t sdS = sdS0 + (Smem::kDSBufs == 2 ? (it & 1) * Smem::kDSBytes : 0);
+      const uint32_t sdS = sdS0 + (it & 1) * Smem::kDSBytes;
 
       // ---------------- S^T = K Q^T, dP^T = V dO^T (64 keys x BM queries per WG)
       float sacc[BM / 2], pacc[BM / 2];
@@ -660,15 +646,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
           Wgmma<D, F16>::rs(dv, pa[t], make_smem_desc(b_addr, BM * 128, 1024), 1);
         }
       };
-      if constexpr (ST3) {
-        // One dS^T buffer: the other consumer's dQ wgmma of the previous iteration has read it.
-        if (it > 0) {
-          if (cw == 0)
-            bar_sync_imm<5, 256>();
-          else
-            bar_sync_imm<4, 256>();
-        }
-      }
 #pragma unroll
       for (int t = 0; t < BM / 16; ++t) {
 #pragma unroll
@@ -741,16 +718,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       wgmma_wait<1>();  // dQ group done
 #pragma unroll
       for (int i = 0; i < NDQ / 2; ++i) reg_fence(dq[i]);
-      if constexpr (ST3) {
-        // This consumer's dQ wgmma has read dS^T: the other may overwrite it (when another
-        // iteration follows, so that every arrival has its wait).
-        if (it + 1 < n_it) {
-          if (cw == 0)
-            bar_arrive_imm<4, 256>();
-          else
-            bar_arrive_imm<5, 256>();
-        }
-      }
 
       if constexpr (DQ_TMA) {
         // dQ partial -> this consumer's staging tile (two boxes) -> TMA reduce-adds.
@@ -859,15 +826,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   bwd_sm90_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
-// ST3 candidate (harness only): the DQ_TMA kernel with three Q / dO stages and one dS^T buffer.
-template <typename T, int D, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_dqtma_st3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                              const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                              const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_sm90_main<T, D, CAUSAL, true, false, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
-}
-
 // DET variant (deterministic dQ): as the DQ_TMA kernel, plus dq_cnt, the turn counters of
 // bwd_sm90_det_workspace_bytes (zeroed by bwd_pre_det_kernel).
 template <typename T, int D, bool CAUSAL>
@@ -972,13 +930,11 @@ inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, i
 }  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
-// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes(); ST3 = true (with DQ_TMA;
-// harness only, d = 64 / 128): the three-stage candidate (bwd_sm90_dqtma_st3_kernel).
-template <typename T, int D, bool DQ_TMA = false, bool DET = false, bool ST3 = false>
+// deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().
+template <typename T, int D, bool DQ_TMA = false, bool DET = false>
 inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || (DQ_TMA && D != 256), "DET: a DQ_TMA variant at d = 64, 128");
-  static_assert(!ST3 || (DQ_TMA && !DET && D != 256), "ST3: a DQ_TMA kernel at d = 64, 128");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -1025,7 +981,7 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
   } else {
-    L->smem = BwdSmem<D, DQ_TMA, ST3>::kTotal;
+    L->smem = BwdSmem<D, DQ_TMA>::kTotal;
   }
   const long long rows = static_cast<long long>(a.b) * a.h * s_pad;
   constexpr int kPreRowsPerBlock = 8 * kBwdPreRowsPerWarp<D>;  // 8 warps of 256 threads
@@ -1054,8 +1010,6 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       L->pre_det = bwd_pre_det_kernel<T, D>;
       L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
       L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
-    } else if constexpr (ST3) {
-      L->kern_dq = a.causal ? bwd_sm90_dqtma_st3_kernel<T, D, true> : bwd_sm90_dqtma_st3_kernel<T, D, false>;
     } else {
       L->kern_dq = a.causal ? bwd_sm90_dqtma_kernel<T, D, true> : bwd_sm90_dqtma_kernel<T, D, false>;
     }

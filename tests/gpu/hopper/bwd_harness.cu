@@ -19,15 +19,6 @@
 //   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
 //                                HBWDDET (the DET variant)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
-//   bwd_harness checkst3         ST3 candidate (d = 64, 128: three Q / dO stages, one dS^T buffer) vs.
-//                                the reference as check2, and vs. the library's DQ_TMA kernel: dk/dv
-//                                must be bitwise equal (same products and sums), dq differs by the
-//                                fp32 order of its reduce-adds
-//   bwd_harness benchst3         per point (d = 64, 128): HBWD (the library's DQ_TMA kernel), HBWDST3,
-//                                then both again on the same inputs (A B A B: the drift between the two
-//                                HBWD lines bounds what one ratio can show; the pair means cancel a
-//                                linear drift)
-//   bwd_harness onest3 D S CAUSAL  one benchst3 point
 //   bwd_harness stamps D S CAUSAL  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS; d = 64, 128)
 //                                one launch of the library's main kernel with per-CTA phase times
 //                                (K/V landed, first query tile done, loop done, reduces done, dK/dV
@@ -423,9 +414,8 @@ static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndi
   return r;
 }
 
-// ST3 = false: the DQ_TMA kernel (g) against the atomic-dQ kernel (g0). ST3 = true: the ST3 candidate
-// (g) against the library's DQ_TMA kernel (g0).
-template <typename T, int D, bool ST3 = false>
+// The DQ_TMA kernel (g) against the atomic-dQ kernel (g0).
+template <typename T, int D>
 static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
   const Grads<T> g(rc.nq, rc.nkv), g0(rc.nq, rc.nkv);
@@ -437,12 +427,11 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
 
   bool ok = true;
   // The baseline (g0), then the variant (g) on the same inputs.
-  const char* tag = ST3 ? "ST3" : "2";
-  constexpr bool kBaseDqTma = ST3;  // ST3's baseline is the library's DQ_TMA kernel, check2's the atomic one
-  cudaError_t le = hp::bwd_sm90<T, D, kBaseDqTma>(rc.args(g0.dq, g0.dk, g0.dv, ws));
+  const char* tag = "2";
+  cudaError_t le = hp::bwd_sm90<T, D, false>(rc.args(g0.dq, g0.dk, g0.dv, ws));
   if (le == cudaSuccess) le = cudaDeviceSynchronize();
   hp::BwdLaunch L;
-  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true, false, ST3>(&L, rc.args(g.dq, g.dk, g.dv, ws));
+  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true>(&L, rc.args(g.dq, g.dk, g.dv, ws));
   if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
   if (le != cudaSuccess) {
     std::printf("FAIL%s %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", tag, Conv<T>::name(), D, s, c, h, h_kv,
@@ -465,7 +454,7 @@ static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t see
         "%s%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
         "vs %s: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
         ok ? "PASS" : "FAIL", tag, Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
-        ST3 ? "DQ_TMA" : "default", kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
+        "default", kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
   }
   CK(cudaFree(ws));
   return ok;
@@ -500,33 +489,6 @@ static int run_check2() {
         if (!check2_d<__half>(d, s, 2, causal != 0, seed++)) ++fails;
       }
   std::printf("check2: %d/%d passed\n", n - fails, n);
-  return fails == 0 ? 0 : 1;
-}
-
-// check2's d = 64 / 128 cases (tails, GQA with the head changing inside a CTA's loop, causal, fp16),
-// ST3 against the library's DQ_TMA kernel, plus a longer one (the three stages wrap many times, and
-// causal key tiles run different loop lengths, so the consumers' dS^T handoff sees every phase).
-static int run_checkst3() {
-  int fails = 0, n = 0;
-  uint64_t seed = 8765;
-  for (int d : {64, 128}) {
-    for (int s : {1, 17, 128, 200, 1024, 2100})
-      for (int causal = 0; causal < 2; ++causal)
-        for (int hkv : {4, 2}) {
-          ++n;
-          const bool ok = d == 64 ? check2_case<__nv_bfloat16, 64, true>(2, s, 4, hkv, causal != 0, seed++)
-                                  : check2_case<__nv_bfloat16, 128, true>(2, s, 4, hkv, causal != 0, seed++);
-          if (!ok) ++fails;
-        }
-    for (int s : {17, 200})
-      for (int causal = 0; causal < 2; ++causal) {
-        ++n;
-        const bool ok = d == 64 ? check2_case<__half, 64, true>(2, s, 4, 2, causal != 0, seed++)
-                                : check2_case<__half, 128, true>(2, s, 4, 2, causal != 0, seed++);
-        if (!ok) ++fails;
-      }
-  }
-  std::printf("checkst3: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
@@ -673,9 +635,8 @@ static double time_bwd(const hp::BwdLaunch& L) {
 
 // bench: HBWD = the library's kernel. kBench2: HBWD = the atomic-dQ kernel, then an
 // HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
-// DQ_TMA kernel, then an HBWDDET line for the DET variant. kBenchSt3 (d = 64 / 128): HBWD = the
-// library's DQ_TMA kernel, an HBWDST3 line for the ST3 candidate, then both again.
-enum BenchMode { kBench, kBench2, kBenchDet, kBenchSt3 };
+// DQ_TMA kernel, then an HBWDDET line for the DET variant.
+enum BenchMode { kBench, kBench2, kBenchDet };
 
 // bench's problem at one point: bf16, b*s = 16k tokens, h*d = 2048, h_kv = h, inputs drawn as in
 // every bench mode (seeded by s and D), outputs and the workspace (det: the deterministic variant's)
@@ -768,13 +729,6 @@ static bool bench_point(int s, bool causal) {
       const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(&L2, in.args(causal));
       second("HBWDDET", pe, L2, "DQ_TMA");
     }
-    if constexpr (MODE == kBenchSt3 && D != 256) {
-      hp::BwdLaunch L2;
-      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, false, true>(&L2, in.args(causal));
-      second("HBWDST3", pe, L2, "DQ_TMA");
-      second("HBWD again", cudaSuccess, L, "first HBWD");
-      second("HBWDST3 again", pe, L2, "first HBWD");
-    }
   }
   return ok;
 }
@@ -800,21 +754,6 @@ static bool benchdet_d(int d, int s, bool causal) {
   if (d == 128) return bench_point<128, kBenchDet>(s, causal);
   std::printf("benchdet: unsupported d=%d (64, 128)\n", d);
   return false;
-}
-
-static bool benchst3_d(int d, int s, bool causal) {
-  if (d == 64) return bench_point<64, kBenchSt3>(s, causal);
-  if (d == 128) return bench_point<128, kBenchSt3>(s, causal);
-  std::printf("benchst3: unsupported d=%d (64, 128)\n", d);
-  return false;
-}
-
-static int run_benchst3() {
-  bool ok = true;
-  for (int d : {128, 64})
-    for (int s : {2048, 4096, 8192, 16384})
-      for (int causal = 0; causal < 2; ++causal) ok = benchst3_d(d, s, causal != 0) && ok;
-  return ok ? 0 : 1;
 }
 
 static int run_benchdet() {
@@ -901,15 +840,6 @@ int main(int argc, char** argv) {
 #endif
   }
   if (mode == "benchdet") return run_benchdet();
-  if (mode == "checkst3") return run_checkst3();
-  if (mode == "benchst3") return run_benchst3();
-  if (mode == "onest3") {
-    if (argc < 5) {
-      std::fprintf(stderr, "usage: %s onest3 D S CAUSAL\n", argv[0]);
-      return 2;
-    }
-    return benchst3_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
-  }
   if (mode == "onedet") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s onedet D S CAUSAL\n", argv[0]);
@@ -933,7 +863,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL | checkdet | benchdet | "
-               "onedet D S CAUSAL | checkst3 | benchst3 | onest3 D S CAUSAL | stamps D S CAUSAL\n",
+               "onedet D S CAUSAL | stamps D S CAUSAL\n",
                argv[0]);
   return 2;
 }

@@ -37,6 +37,7 @@
 //                              its rows see it or not): bit for bit vs v2
 //   harness benchw3s           s >= 1k: v2, w3 default, w3 with SKIP flipped, w3 default again
 //                              (HDIFFW3 each)
+//   harness sweepw3            d=64 three-consumer key-tile sizes (64 / 96 / 128) at s = 2k, 4k
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
 //                              timed, and its line ends with the SM clock and board power then
@@ -970,6 +971,22 @@ static int run_benchw3(int only_s = -1, int only_causal = -1, bool skip = false)
   return ok ? 0 : 1;
 }
 
+// d = 64 three-consumer configurations side by side (bf16, the library's rotation and SKIP): key tiles
+// of 64 / 96 / 128 (the default) with the ring depth that fits, s = 2k / 4k; the default again last
+// (its drift bounds the differences). 192-key tiles spill at 160 registers (576 bytes, C7511). HDIFFW3 against the default: the key-tile size changes the
+// order of the row sums, so max_abs rather than bitwise equality.
+static int run_sweepw3() {
+  using T = __nv_bfloat16;
+  bool ok = true;
+  for (int s : {2048, 4096})
+    for (int causal = 1; causal >= 0; --causal) {
+      const std::vector<Variant> vars{w3_variant<T>(), w3_cfg_variant<T, 64, 6, true, true>(),
+                                      w3_cfg_variant<T, 96, 5, true, true>(), w3_variant<T>()};
+      ok = bench_point<64>(s, causal != 0, vars, true) && ok;
+    }
+  return ok ? 0 : 1;
+}
+
 // ------------------------------------------------------------------ stamps
 // `stamps D S CAUSAL [v2|v3]` (a binary built with -DFUSEDATTN_HOPPER_STAMPS): one launch of v2 or of the
 // persistent kernel (default config and, for v3, the library's schedule; bench's shapes) with the
@@ -1018,6 +1035,7 @@ int main(int argc, char** argv) {
   if (mode == "sweep2") return run_sweep2();
   if (mode == "sweep3") return run_sweep3();
   if (mode == "sweepsus") return run_sweepsus();
+  if (mode == "sweepw3") return run_sweepw3();
   if (mode == "stamps") {
 #ifdef FUSEDATTN_HOPPER_STAMPS
     if (argc < 5) {
@@ -1060,7 +1078,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | checkw3s | benchw3s | sweepsus | stamps D S CAUSAL\n",
+               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | checkw3s | benchw3s | sweepw3 | sweepsus | stamps D S CAUSAL\n",
                argv[0]);
   return 2;
 }
