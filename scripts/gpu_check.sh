@@ -28,7 +28,8 @@
 #                          kernel (now the library's deterministic mode); w3-skip: the d = 64
 #                          three-consumer forward with and without skipping the tiles a
 #                          warpgroup's rows never see (SKIP, the default since 2026-12-02);
-#                          w3-sweep: its key-tile sizes side by side; "" skips). A backward
+#                          w3-sweep: its key-tile sizes side by side; w3p: the persistent
+#                          three-consumer candidate, d = 64; "" skips). A backward
 #                          check that fails at d=256 makes the benchmark time d=256 with
 #                          FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_PREBUILT     a folder holding harness binaries built elsewhere (fwdh: build.sh's,
@@ -85,7 +86,8 @@ note "architectures" "$TORCH_CUDA_ARCH_LIST"
 # benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
 # dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
 # checkdet, benchdet), w3-skip (the d = 64 three-consumer forward with SKIP flipped: checkw3s,
-# benchw3s), w3-sweep (its key-tile sizes: sweepw3), sweep2 / sweep3 (the v2 / persistent forward's
+# benchw3s), w3-sweep (its key-tile sizes: sweepw3), w3p (the persistent three-consumer candidate:
+# checkw3p, benchw3p), sweep2 / sweep3 (the v2 / persistent forward's
 # configurations side by side),
 # v2-check / v3-check (check2 / check3 alone); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
@@ -139,13 +141,14 @@ run_hopper_steps() {
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
       w3-skip) h="$HH"; runs="checkw3s benchw3s" ;;
       w3-sweep) h="$HH"; runs="sweepw3" ;;
+      w3p) h="$HH"; runs="checkw3p benchw3p" ;;
       *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
     esac
     [ -x "$h" ] || continue
     for r in $runs; do
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
-      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkw3s|checkdet) lim=180 ;; *) lim=240 ;; esac
+      case "$r" in check) lim=120 ;; check2|check3|checkw3|checkw3s|checkw3p|checkdet) lim=180 ;; *) lim=240 ;; esac
       timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && st=1

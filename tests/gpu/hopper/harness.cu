@@ -37,6 +37,10 @@
 //                              its rows see it or not): bit for bit vs v2
 //   harness benchw3s           s >= 1k: v2, w3 default, w3 with SKIP flipped, w3 default again
 //                              (HDIFFW3 each)
+//   harness checkw3p           the persistent three-consumer candidate (fwd_sm90_w3p.cuh) vs v2, bit
+//                              for bit: checkw3's shapes, forced small grids (many tiles per CTA),
+//                              both causal schedules, rising score maxima
+//   harness benchw3p           s >= 1k: w3 default, w3p, w3 default, w3p (HDIFFW3 each)
 //   harness sweepw3            d=64 three-consumer key-tile sizes (64 / 96 / 128) at s = 2k, 4k
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
@@ -61,6 +65,7 @@
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
 #include "../../../csrc/cuda/hopper/fwd_sm90_v2w3.cuh"
+#include "../../../csrc/cuda/hopper/fwd_sm90_w3p.cuh"
 #include "harness_common.h"
 
 using fusedattn::hopper::FwdLaunch;
@@ -170,6 +175,26 @@ static Variant w3_variant(bool flip_skip = false) {
   using C = fusedattn::hopper::FwdV2W3Default;
   return flip_skip ? w3_cfg_variant<T, C::BN, C::STAGES, C::PP, !C::SKIP>()
                    : w3_cfg_variant<T, C::BN, C::STAGES, C::PP, C::SKIP>();
+}
+// The persistent three-consumer candidate (fwd_sm90_w3p.cuh) on g_v3_sms SMs: the schedule tuning.h
+// picks (as the library would), or a given one (checkw3p covers both).
+template <typename T>
+static cudaError_t w3p_lib_prep(FwdLaunch* L, const Sm90Args& a) {
+  return fusedattn::hopper::fwd_sm90_w3p_prepare<T>(L, a, g_v3_sms);
+}
+template <typename T, int SCHED>
+static cudaError_t w3p_sched_prep(FwdLaunch* L, const Sm90Args& a) {
+  using C = fusedattn::hopper::FwdV2W3Default;
+  return fusedattn::hopper::fwd_sm90_w3p_prepare_cfg<T, C::BN, C::STAGES, C::PP, C::SKIP, SCHED>(L, a, g_v3_sms);
+}
+template <typename T>
+static Variant w3p_variant() {
+  return {w3p_lib_prep<T>, "w3p:tuned", fusedattn::hopper::fwd_sm90_v2w3_launch};
+}
+template <typename T, int SCHED>
+static Variant w3p_sched_variant() {
+  return {w3p_sched_prep<T, SCHED>, SCHED == fusedattn::hopper::kV3SnakeHeadMajor ? "w3p:snakehm" : "w3p:snake",
+          fusedattn::hopper::fwd_sm90_v2w3_launch};
 }
 // Configurations the sweep times (bf16); the default comes first.
 template <int D>
@@ -950,6 +975,68 @@ static int run_sweep2() {
   return ok ? 0 : 1;
 }
 
+// ---------------------------------------------------------------- checkw3p
+// The persistent three-consumer candidate, bit for bit vs v2 (same BN = 128): checkw3's shapes at the
+// device's SM count (mostly one tile per CTA), then forced small grids (sms = 1 / 3 / 7 / 16) so that
+// CTAs loop over many tiles: the Q ring (two slots, released after each warpgroup's last S, SKIP's
+// n_eff = 1 included), the K / V rings and the rotation across tile boundaries, causal tiles of
+// different lengths and 1-block tiles, uneven tile counts per CTA; both causal schedules; rising score
+// maxima (the softmax's slow path, whose S reissue reads Q before the slot's release) on small grids.
+static int run_checkw3p() {
+  using namespace fusedattn::hopper;
+  int fails = 0, n = 0;
+  uint64_t seed = 4242;
+  const Variant tuned = w3p_variant<__nv_bfloat16>(), tuned16 = w3p_variant<__half>();
+  const Variant scheds[] = {w3p_sched_variant<__nv_bfloat16, kV3Snake>(),
+                            w3p_sched_variant<__nv_bfloat16, kV3SnakeHeadMajor>()};
+  auto one = [&](const Variant& var, bool f16, int b, int s, int h, int hkv, bool causal, int sms,
+                 const CaseInputs& in = {}) {
+    ++n;
+    const bool ok = f16 ? check_vs_v2_case<__half, 64>(var, b, s, h, hkv, causal, sms, seed++, in)
+                        : check_vs_v2_case<__nv_bfloat16, 64>(var, b, s, h, hkv, causal, sms, seed++, in);
+    if (!ok) ++fails;
+  };
+  for (int s : {1, 17, 128, 200, 1024})
+    for (int causal = 0; causal < 2; ++causal)
+      for (int hkv : {2, 4}) one(tuned, false, 2, s, 4, hkv, causal != 0, 0);
+  for (int s : {17, 200})
+    for (int causal = 0; causal < 2; ++causal) one(tuned16, true, 2, s, 4, 2, causal != 0, 0);
+  for (int s : {192, 383, 577, 2048, 4096})
+    for (int causal = 0; causal < 2; ++causal) one(tuned, false, 1, s, 2, 1, causal != 0, 0);
+  struct PCase {
+    int b, s, h, hkv;
+  };
+  const PCase pcs[] = {{2, 200, 4, 2}, {3, 333, 4, 4}, {2, 1024, 4, 2}, {8, 128, 2, 1}, {1, 17, 3, 3}, {1, 2048, 4, 2}};
+  for (const Variant& var : scheds)
+    for (const PCase& pc : pcs)
+      for (int g : {1, 3, 7, 16})
+        for (int causal = 0; causal < 2; ++causal) one(var, false, pc.b, pc.s, pc.h, pc.hkv, causal != 0, g);
+  const CaseInputs ramp{0, 6.f, 4.f};
+  for (int causal = 0; causal < 2; ++causal) {
+    one(tuned, false, 1, 1024, 2, 1, causal != 0, 3, ramp);
+    one(tuned16, true, 1, 1024, 2, 1, causal != 0, 3, ramp);
+    one(tuned, false, 2, 4096, 2, 1, causal != 0, 0, ramp);
+  }
+  // The bench shape at s = 512 (b = 32, 32 heads: 3 query tiles a head, ~23 tiles per CTA).
+  for (int causal = 0; causal < 2; ++causal) one(tuned, false, 32, 512, 32, 32, causal != 0, 0);
+  std::printf("checkw3p: %d/%d passed\n", n - fails, n);
+  return fails == 0 ? 0 : 1;
+}
+
+// benchw3p: per point (s >= 1k) the three-consumer default, the persistent candidate, then both again
+// (A B A B: the drift between the two default lines bounds one ratio; pair means cancel a linear
+// drift). HDIFFW3 against the first line: bitwise equal expected.
+static int run_benchw3p() {
+  using T = __nv_bfloat16;
+  bool ok = true;
+  for (int s : {1024, 2048, 4096, 8192, 16384})
+    for (int causal = 1; causal >= 0; --causal) {
+      const std::vector<Variant> vars{w3_variant<T>(), w3p_variant<T>(), w3_variant<T>(), w3p_variant<T>()};
+      ok = bench_point<64>(s, causal != 0, vars, true) && ok;
+    }
+  return ok ? 0 : 1;
+}
+
 // d = 64 rows of bench's table: v2 default (HBENCH2), w3 default (rotation)
 // and w3 without rotation (HBENCHW3, with HDIFFW3 vs v2). With only_s >= 0
 // (onew3): that one point, w3 default alone. skip (benchw3s): v2, w3 default,
@@ -1036,6 +1123,8 @@ int main(int argc, char** argv) {
   if (mode == "sweep3") return run_sweep3();
   if (mode == "sweepsus") return run_sweepsus();
   if (mode == "sweepw3") return run_sweepw3();
+  if (mode == "checkw3p") return run_checkw3p();
+  if (mode == "benchw3p") return run_benchw3p();
   if (mode == "stamps") {
 #ifdef FUSEDATTN_HOPPER_STAMPS
     if (argc < 5) {
@@ -1078,7 +1167,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | checkw3s | benchw3s | sweepw3 | sweepsus | stamps D S CAUSAL\n",
+               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | checkw3s | benchw3s | sweepw3 | checkw3p | benchw3p | sweepsus | stamps D S CAUSAL\n",
                argv[0]);
   return 2;
 }

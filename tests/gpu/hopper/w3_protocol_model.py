@@ -1,5 +1,5 @@
 # Protocol model of the three-consumer Hopper forward (csrc/cuda/hopper/fwd_sm90_v2w3.cuh), one CTA,
-# with the SKIP candidate: the producer thread, three consumer warpgroups (each one agent; its 4
+# with SKIP, and of its persistent candidate (fwd_sm90_w3p.cuh: several tiles per CTA, two Q slots): the producer thread, three consumer warpgroups (each one agent; its 4
 # warps' arrivals count 4 on the 12-warp empty barriers), asynchronous TMA completions, in-order
 # wgmma-group completions per warpgroup, the 3-way rotation on named barriers 1-3 (consumer c syncs
 # on bar c, 256 threads = its own 128 plus the 128 of pred(c) arriving), and the lazy max's slow path
@@ -7,8 +7,9 @@
 # tiles its rows see, >= 1); for n_eff <= n < n_blocks it runs the skip loop (K_n waited and released
 # unread, PV_{n-1} only). Random interleavings; checks: no deadlock, every S / PV GEMM reads the right
 # tile, no slot refilled while a GEMM still reads it, barriers balanced at the end. Seeded bugs (a
-# skip iteration that releases K_n without waiting for it, one that leaves out its turn) must be
-# caught.
+# skip iteration that releases K_n without waiting for it, one that leaves out its turn; persistent:
+# Q released after S_0 whatever the tile's length, the rotation's pass skipped at every tile's end)
+# must be caught.
 # Not a pytest module (no test_ prefix). Run: python3 tests/gpu/hopper/w3_protocol_model.py
 # Keep it in step with the kernel when the pipeline changes.
 import random
@@ -65,15 +66,24 @@ class NBar:  # named barrier of 256 threads, counted in warpgroups (2)
 NC = 3
 
 
-def run(n_blocks, n_eff, ST, PP, seed, bug=None):
-    """n_eff: per consumer, 1 <= n_eff[c] <= n_blocks."""
+def run(tiles, ST, PP, seed, bug=None):
+    """tiles: the CTA's work tiles in order, each (n_blocks, n_eff) with n_eff per consumer,
+    1 <= n_eff[c] <= n_blocks. One tile is the one-tile-per-CTA kernel (fwd_sm90_v2w3.cuh); several
+    are the persistent candidate (fwd_sm90_w3p.cuh): two Q slots, each released by every consumer
+    warp after its warpgroup's last S of the tile, K / V rings and the rotation running across
+    tiles."""
     rnd = random.Random(seed)
-    q = MBar(1)
+    QBUF = 2
+    qf = [MBar(1) for _ in range(QBUF)]
+    qe = [MBar(4 * NC) for _ in range(QBUF)]
     kf = [MBar(1) for _ in range(ST)]
     vf = [MBar(1) for _ in range(ST)]
     ke = [MBar(4 * NC) for _ in range(ST)]
     ve = [MBar(4 * NC) for _ in range(ST)]
     rot = [NBar() for _ in range(NC)]  # ids 1..3: consumer c waits on rot[c]
+    qslot = [None] * QBUF
+    qread = [0] * QBUF
+    qwriting = [False] * QBUF
     kslot = [None] * ST
     vslot = [None] * ST
     kread = [0] * ST
@@ -81,40 +91,51 @@ def run(n_blocks, n_eff, ST, PP, seed, bug=None):
     kwriting = [False] * ST
     vwriting = [False] * ST
     tma = []
+    base = [0]
+    for nb, _ in tiles:
+        base.append(base[-1] + nb)
 
     def producer():
-        tma.append(('q', 0, 0))
-        q.expect_tx(1)
-
-        def load_k(n):
-            s = n % ST
-            par = ((n // ST) & 1) ^ 1
+        def load_k(it):
+            s = it % ST
+            par = ((it // ST) & 1) ^ 1
             while not ke[s].try_wait(par):
                 yield
             assert kread[s] == 0, "K slot overwritten while read"
             kwriting[s] = True
             kslot[s] = None
             kf[s].expect_tx(1)
-            tma.append(('k', s, n))
+            tma.append(('k', s, it))
             yield
 
-        def load_v(n):
-            s = n % ST
-            par = ((n // ST) & 1) ^ 1
+        def load_v(it):
+            s = it % ST
+            par = ((it // ST) & 1) ^ 1
             while not ve[s].try_wait(par):
                 yield
             assert vread[s] == 0, "V slot overwritten while read"
             vwriting[s] = True
             vslot[s] = None
             vf[s].expect_tx(1)
-            tma.append(('v', s, n))
+            tma.append(('v', s, it))
             yield
 
-        yield from load_k(0)
-        for n in range(n_blocks):
-            if n + 1 < n_blocks:
-                yield from load_k(n + 1)
-            yield from load_v(n)
+        for j, (nb, _) in enumerate(tiles):
+            kv = base[j]
+            yield from load_k(kv)
+            qs = j % QBUF
+            while not qe[qs].try_wait(((j // QBUF) & 1) ^ 1):
+                yield
+            assert qread[qs] == 0, "Q slot overwritten while read"
+            qwriting[qs] = True
+            qslot[qs] = None
+            qf[qs].expect_tx(1)
+            tma.append(('q', qs, j))
+            yield
+            for n in range(nb):
+                if n + 1 < nb:
+                    yield from load_k(kv + n + 1)
+                yield from load_v(kv + n)
 
     def consumer(cw, groups):
         def issue(reads):
@@ -138,77 +159,92 @@ def run(n_blocks, n_eff, ST, PP, seed, bug=None):
             for _ in range(4):
                 bars[s].arrive()
 
+        def read_s(qs, j, s, it, what):
+            assert qslot[qs] == j and not qwriting[qs], (what + " reads wrong Q", j, qslot[qs])
+            assert kslot[s] == it and not kwriting[s], (what + " reads wrong K", it, kslot[s])
+            qread[qs] += 1
+            kread[s] += 1
+            issue([('q', qs), ('k', s)])
+
         if PP and cw == NC - 1:
             pass_turn()
-        while not q.try_wait(0):
-            yield
-        # prologue: S_0
-        while not kf[0].try_wait(0):
-            yield
-        yield from wait_turn()
-        assert kslot[0] == 0 and not kwriting[0], ("S0 reads", kslot[0])
-        kread[0] += 1
-        issue([('k', 0)])
-        pass_turn()
-        yield from wait_group(0)
-        release(ke, 0)
-        # steady: n < n_eff
-        for n in range(1, n_eff[cw]):
-            s, ph, sp, php = n % ST, (n // ST) & 1, (n - 1) % ST, ((n - 1) // ST) & 1
-            while not kf[s].try_wait(ph):
+        for j, (nb, n_eff_t) in enumerate(tiles):
+            kv = base[j]
+            n_eff = n_eff_t[cw]
+            last_tile = j == len(tiles) - 1
+            qs = j % QBUF
+            while not qf[qs].try_wait((j // QBUF) & 1):
+                yield
+            # prologue: S_0
+            s = kv % ST
+            while not kf[s].try_wait((kv // ST) & 1):
                 yield
             yield from wait_turn()
-            assert kslot[s] == n and not kwriting[s], ("S reads wrong K", n, kslot[s])
-            kread[s] += 1
-            issue([('k', s)])
-            yield
-            while not vf[sp].try_wait(php):
-                yield
-            assert vslot[sp] == n - 1 and not vwriting[sp], ("PV reads wrong V", n - 1, vslot[sp])
-            vread[sp] += 1
-            issue([('v', sp)])
+            read_s(qs, j, s, kv, "S0")
             pass_turn()
-            yield from wait_group(1)
-            yield  # softmax
-            if rnd.random() < 0.3:  # slow path: S_n again, a group of its own
-                assert kslot[s] == n and not kwriting[s], ("S redo reads wrong K", n, kslot[s])
-                kread[s] += 1
-                issue([('k', s)])
-                yield from wait_group(0)
-            release(ke, s)
             yield from wait_group(0)
-            release(ve, sp)
-        # SKIP: n_eff <= n < n_blocks
-        for n in range(n_eff[cw], n_blocks):
-            s, ph, sp, php = n % ST, (n // ST) & 1, (n - 1) % ST, ((n - 1) // ST) & 1
-            if bug != 'skip_no_k_wait':
+            release(ke, s)
+            if n_eff == 1 or bug == 'q_early':
+                release(qe, qs)
+            # steady: n < n_eff
+            for n in range(1, n_eff):
+                it = kv + n
+                s, ph, sp, php = it % ST, (it // ST) & 1, (it - 1) % ST, ((it - 1) // ST) & 1
                 while not kf[s].try_wait(ph):
                     yield
-            if bug != 'skip_no_turn':
                 yield from wait_turn()
-            while not vf[sp].try_wait(php):
+                read_s(qs, j, s, it, "S")
                 yield
-            assert vslot[sp] == n - 1 and not vwriting[sp], ("skip PV reads wrong V", n - 1, vslot[sp])
-            vread[sp] += 1
-            issue([('v', sp)])
-            if bug != 'skip_no_turn':
+                while not vf[sp].try_wait(php):
+                    yield
+                assert vslot[sp] == it - 1 and not vwriting[sp], ("PV reads wrong V", it - 1, vslot[sp])
+                vread[sp] += 1
+                issue([('v', sp)])
                 pass_turn()
-            release(ke, s)
+                yield from wait_group(1)
+                yield  # softmax
+                if rnd.random() < 0.3:  # slow path: S_n again, a group of its own
+                    read_s(qs, j, s, it, "S redo")
+                    yield from wait_group(0)
+                release(ke, s)
+                if n == n_eff - 1 and bug != 'q_early':
+                    release(qe, qs)
+                yield from wait_group(0)
+                release(ve, sp)
+            # SKIP: n_eff <= n < n_blocks
+            for n in range(n_eff, nb):
+                it = kv + n
+                s, ph, sp, php = it % ST, (it // ST) & 1, (it - 1) % ST, ((it - 1) // ST) & 1
+                if bug != 'skip_no_k_wait':
+                    while not kf[s].try_wait(ph):
+                        yield
+                if bug != 'skip_no_turn':
+                    yield from wait_turn()
+                while not vf[sp].try_wait(php):
+                    yield
+                assert vslot[sp] == it - 1 and not vwriting[sp], ("skip PV reads wrong V", it - 1, vslot[sp])
+                vread[sp] += 1
+                issue([('v', sp)])
+                if bug != 'skip_no_turn':
+                    pass_turn()
+                release(ke, s)
+                yield from wait_group(0)
+                release(ve, sp)
+            # PV_last
+            it = kv + nb - 1
+            s, ph = it % ST, (it // ST) & 1
+            while not vf[s].try_wait(ph):
+                yield
+            yield from wait_turn()
+            assert vslot[s] == it and not vwriting[s]
+            vread[s] += 1
+            issue([('v', s)])
+            skip_pass = cw == NC - 1 and (last_tile or bug == 'rot_per_tile')
+            if not skip_pass:
+                pass_turn()
             yield from wait_group(0)
-            release(ve, sp)
-        # epilogue: PV_last
-        last = n_blocks - 1
-        s, ph = last % ST, (last // ST) & 1
-        while not vf[s].try_wait(ph):
-            yield
-        yield from wait_turn()
-        assert vslot[s] == last and not vwriting[s]
-        vread[s] += 1
-        issue([('v', s)])
-        if cw != NC - 1:
-            pass_turn()
-        yield from wait_group(0)
-        release(ve, s)
+            release(ve, s)
+            yield  # epilogue: stores
 
     gs = [[] for _ in range(NC)]
     agents = {'P': producer()}
@@ -217,15 +253,17 @@ def run(n_blocks, n_eff, ST, PP, seed, bug=None):
     steps = 0
     while agents or tma or any(gs):
         steps += 1
-        if steps > 300000:
-            raise Exception("deadlock/livelock n=%d n_eff=%s ST=%d PP=%d" % (n_blocks, n_eff, ST, PP))
+        if steps > 600000:
+            raise Exception("deadlock/livelock tiles=%s ST=%d PP=%d" % (tiles, ST, PP))
         choices = list(agents.keys()) + (['T'] if tma else []) + ['G%d' % c for c in range(NC) if gs[c]]
         c = rnd.choice(choices)
         if c == 'T':
             i = rnd.randrange(len(tma)) if rnd.random() < 0.3 else 0
             kind, s, n = tma.pop(i)
             if kind == 'q':
-                q.complete_tx(1)
+                qslot[s] = n
+                qwriting[s] = False
+                qf[s].complete_tx(1)
             elif kind == 'k':
                 kslot[s] = n
                 kwriting[s] = False
@@ -238,6 +276,8 @@ def run(n_blocks, n_eff, ST, PP, seed, bug=None):
             for kind, s in gs[int(c[1])].pop(0):
                 if kind == 'k':
                     kread[s] -= 1
+                elif kind == 'q':
+                    qread[s] -= 1
                 else:
                     vread[s] -= 1
         else:
@@ -246,7 +286,7 @@ def run(n_blocks, n_eff, ST, PP, seed, bug=None):
             except StopIteration:
                 del agents[c]
     assert all(b.arrived == 0 for b in rot), ("rotation barrier unbalanced", [b.arrived for b in rot])
-    assert all(b.pending == b.count and b.tx == 0 for b in kf + vf + ke + ve + [q]), "mbarrier unbalanced"
+    assert all(b.pending == b.count and b.tx == 0 for b in kf + vf + ke + ve + qf + qe), "mbarrier unbalanced"
     return steps
 
 
@@ -262,6 +302,16 @@ def n_eff_cases(n_blocks):
     return out
 
 
+def tile_cases(rnd, n_tiles):
+    """A persistent CTA's tiles: causal-like lengths (decreasing, 1-block tiles included) or equal
+    ones, each with an n_eff pattern of n_eff_cases."""
+    out = []
+    for _ in range(n_tiles):
+        nb = rnd.choice((1, 1, 2, 3, 4, 5, 7))
+        out.append((nb, rnd.choice(n_eff_cases(nb))))
+    return out
+
+
 def main():
     cnt = 0
     for ST in (2, 3, 4):
@@ -269,9 +319,18 @@ def main():
             for n_blocks in (1, 2, 3, 4, 5, 7, 9):
                 for n_eff in n_eff_cases(n_blocks):
                     for seed in range(12):
-                        run(n_blocks, n_eff, ST, PP, seed * 1000 + n_blocks)
+                        run([(n_blocks, n_eff)], ST, PP, seed * 1000 + n_blocks)
                         cnt += 1
-    print("ok", cnt, "runs")
+    print("ok", cnt, "one-tile runs")
+    pcnt = 0
+    for ST in (2, 3, 4):
+        for PP in (0, 1):
+            for n_tiles in (2, 3, 5):
+                for seed in range(60):
+                    rnd = random.Random(seed * 7 + n_tiles + 100 * ST + 1000 * PP)
+                    run(tile_cases(rnd, n_tiles), ST, PP, seed)
+                    pcnt += 1
+    print("ok", pcnt, "persistent runs (2-5 tiles per CTA)")
     missed = []
     # The rotation keeps the consumers within a turn of each other, so the missing K wait only bites
     # without it (PP = 0: each consumer free to run ahead and release a slot's next tile early).
@@ -282,7 +341,7 @@ def main():
                 for n_eff in ((1, 1, 1), (n_blocks, 1, 2), (2, n_blocks, 1)):
                     for seed in range(100):
                         try:
-                            run(n_blocks, n_eff, ST, pp, seed, bug=bug)
+                            run([(n_blocks, n_eff)], ST, pp, seed, bug=bug)
                         except (AssertionError, Exception) as e:  # noqa: B014 (deadlock raises Exception)
                             caught = (ST, n_blocks, n_eff, seed, str(e)[:70])
                             break
@@ -293,6 +352,26 @@ def main():
             if caught:
                 break
         print("seeded bug %s:" % bug, "CAUGHT ST=%d n_blocks=%d n_eff=%s seed=%d: %s" % caught if caught else "NOT CAUGHT")
+        if not caught:
+            missed.append(bug)
+    # Persistent-only bugs: Q released after S_0 whatever n_eff (later S GEMMs of the tile then read
+    # a slot the producer may refill), and the rotation's pass skipped at the end of every tile.
+    # (An early Q release bites only when the producer can run two tiles ahead: a deep ring and short
+    # tiles after a long one.)
+    for bug, pp in (('q_early', 1), ('q_early', 0), ('rot_per_tile', 1)):
+        caught = None
+        for ST in (2, 4):
+            for seed in range(200):
+                rnd = random.Random(seed)
+                tiles = [(nb, (nb,) * NC) for nb in [rnd.choice((3, 4, 5))] + [rnd.choice((1, 1, 2)) for _ in range(3)]]
+                try:
+                    run(tiles, ST, pp, seed, bug=bug)
+                except (AssertionError, Exception) as e:  # noqa: B014 (deadlock raises Exception)
+                    caught = (ST, str(tiles), seed, str(e)[:70])
+                    break
+            if caught:
+                break
+        print("seeded bug %s (PP=%d):" % (bug, pp), "CAUGHT ST=%d tiles=%s seed=%d: %s" % caught if caught else "NOT CAUGHT")
         if not caught:
             missed.append(bug)
     if missed:
