@@ -148,7 +148,7 @@ def test_hopper_forward_matches_reference_rising_scores(profile, s, d, causal, d
 # FUSEDATTN_HOPPER_FWD forces one forward variant (read once per process, as the library reads it).
 FORCED_FWD = os.environ.get("FUSEDATTN_HOPPER_FWD", "") not in ("", "auto")
 KERNEL_OF = {"v2": "fwd_sm90_v2_kernel", "persistent": "fwd_sm90_v3_kernel",
-             "three_consumer": "fwd_sm90_v2w3_kernel"}
+             "three_consumer": "fwd_sm90_v2w3_kernel", "three_consumer_persistent": "fwd_sm90_w3p_kernel"}
 
 
 def _forward_kernels(q, k, v, args):
@@ -229,10 +229,10 @@ def test_hopper_forward_dispatch_follows_tuning(d, s, causal, variant):
 
 @needs_hopper_engine
 @pytest.mark.skipif(FORCED_FWD, reason="already the child process (or a variant set by the caller)")
-@pytest.mark.parametrize("variant", ["v2", "persistent", "three_consumer"])
+@pytest.mark.parametrize("variant", ["v2", "persistent", "three_consumer", "three_consumer_persistent"])
 def test_hopper_forward_forced_variant(variant):
-    """Every forward variant on every shape of the reference test (three_consumer runs at d = 64 and
-    leaves the other head dims to the tuned choice), in a child process with FUSEDATTN_HOPPER_FWD set;
+    """Every forward variant on every shape of the reference test (the three-consumer ones run at d = 64
+    and leave the other head dims to the tuned choice), in a child process with FUSEDATTN_HOPPER_FWD set;
     the child also checks that the forced kernel is the one that runs."""
     r = C.run_tests_in_child(__file__, {"FUSEDATTN_HOPPER_FWD": variant},
                              "forward_matches_reference or forced_kernel_runs")

@@ -19,6 +19,8 @@ template <typename T, int D>
 cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream);
 template <typename T>
 cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream);  // D = 64
+template <typename T>
+cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream);  // D = 64
 template <typename T, int D>
 cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
 // dQ, dK, dV bitwise reproducible (bwd_sm90.cuh, variant DET); D = 64, 128; a.ws of

@@ -6,8 +6,10 @@
 //
 // Forward, on by default: three kernel variants (v2, persistent, d = 64 three-
 // consumer), chosen per call by tuning.h; FUSEDATTN_HOPPER_FWD=v2|persistent|
-// three_consumer forces one (three_consumer only where d = 64) for A/B timing
-// and for the tests, which run every variant on every shape.
+// three_consumer|three_consumer_persistent forces one (the three-consumer ones
+// only where d = 64; three_consumer_persistent is a candidate no tuned choice
+// takes yet) for A/B timing and for the tests, which run every variant on every
+// shape.
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too
@@ -73,6 +75,7 @@ const FwdOverride& fwd_override() {
     if (r.raw == "v2") r.variant = FwdVariant::kV2;
     else if (r.raw == "persistent") r.variant = FwdVariant::kPersistent;
     else if (r.raw == "three_consumer") r.variant = FwdVariant::kThreeConsumer;
+    else if (r.raw == "three_consumer_persistent") r.variant = FwdVariant::kThreeConsumerPersistent;
     else r.valid = false;
     return r;
   }();
@@ -151,19 +154,29 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   a.sm_count = sm_count;
   const FwdOverride& o = fwd_override();
   if (!o.valid) {
-    return Status::Invalid(cat("FUSEDATTN_HOPPER_FWD=", o.raw, " (expected auto, v2, persistent or three_consumer)"));
+    return Status::Invalid(cat("FUSEDATTN_HOPPER_FWD=", o.raw,
+                               " (expected auto, v2, persistent, three_consumer or three_consumer_persistent)"));
   }
   FwdVariant variant = o.set ? o.variant : choose_fwd_variant(D, causal, pr.s_kv);
-  if (variant == FwdVariant::kThreeConsumer && D != 64) variant = choose_fwd_variant(D, causal, pr.s_kv);
-  // The persistent kernel needs the SM count, and its tile indices (one round past the last) must
-  // fit in int; a call without either takes v2, which covers every shape fwd_support admits.
+  if ((variant == FwdVariant::kThreeConsumer || variant == FwdVariant::kThreeConsumerPersistent) && D != 64)
+    variant = choose_fwd_variant(D, causal, pr.s_kv);
+  // The persistent kernels need the SM count, and their tile indices (one round past the last) must
+  // fit in int; a call without either takes the same tiles one per CTA (v2, three-consumer), which
+  // covers every shape fwd_support admits.
   const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
   if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
     variant = FwdVariant::kV2;
   }
+  const int64_t tiles192 = (pr.s_q + 191) / 192 * pr.h_q * pr.b;
+  if (variant == FwdVariant::kThreeConsumerPersistent &&
+      (sm_count <= 0 || tiles192 + 2 * int64_t{sm_count} > 0x7fffffff)) {
+    variant = FwdVariant::kThreeConsumer;
+  }
   cudaError_t e;
   if (variant == FwdVariant::kPersistent) {
     e = run_fwd_persistent<T, D>(a, sm_count, st);
+  } else if (variant == FwdVariant::kThreeConsumerPersistent) {
+    e = run_fwd_three_consumer_persistent<T>(a, sm_count, st);
   } else if (variant == FwdVariant::kThreeConsumer) {
     e = run_fwd_three_consumer<T>(a, st);
   } else {

@@ -14,6 +14,11 @@ enum class FwdVariant {
   kV2,             // fwd_sm90_v2.cuh: one CTA per 128-row query tile, two consumer warpgroups
   kPersistent,     // fwd_sm90_v3.cuh: v2's tiles on min(#tiles, #SMs) CTAs that loop over them
   kThreeConsumer,  // fwd_sm90_v2w3.cuh: d = 64 only, 192-row tiles, three consumer warpgroups
+  // fwd_sm90_w3p.cuh: the three-consumer tiles on min(#tiles, #SMs) CTAs that loop over them. A
+  // candidate, only by FUSEDATTN_HOPPER_FWD=three_consumer_persistent until the operator grid has
+  // timed it (harness, 2026-12-02: +3.6% at d = 64 s = 2k causal, +1-3% at s <= 2k, -1 to -3% at
+  // s >= 8k against kThreeConsumer); choose_fwd_variant never returns it.
+  kThreeConsumerPersistent,
 };
 
 inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
