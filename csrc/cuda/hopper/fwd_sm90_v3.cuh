@@ -469,31 +469,41 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 }
 
 // =================================================================== host
-// Same contract as fwd_sm90_v2_prepare_cfg plus the SM count: the grid is
+namespace detail {
+// What the persistent forwards (v3 here, the three-consumer one in fwd_sm90_w3p.cuh) check and set
+// alike: the arguments, the tensor maps (BM-row Q boxes, BN-row K / V boxes), and the grid of
 // min(#work tiles, num_sms) CTAs (one per SM: 1 CTA/SM by smem and threads).
-// Launch with fwd_sm90_launch (FwdLaunch::grid holds the 1-D grid).
-// PP_CAUSAL: the ping-pong of the causal kernel (default: PP), as in fwd_sm90_v2_prepare_cfg.
-template <typename T, int D, int BN, int STAGES, bool PP, int SCHED = kV3RoundRobin, bool PP_CAUSAL = PP>
-inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int num_sms) {
-  using Cfg = FwdV3Cfg<D, BN, STAGES, PP>;
+template <typename T>
+inline cudaError_t persistent_prepare(FwdLaunch* L, const Sm90Args& a, int num_sms, int d, int bm, int bn, int smem) {
   const KParams& p = a.out;
   if (num_sms <= 0 || p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 ||
-      a.q.d != D || a.k.d != D || a.v.d != D)
+      a.q.d != d || a.k.d != d || a.v.d != d)
     return cudaErrorInvalidValue;
-  const int64_t n_tiles = static_cast<int64_t>((p.s_q + Cfg::BM - 1) / Cfg::BM) * p.h * p.b;
+  const int64_t n_tiles = static_cast<int64_t>((p.s_q + bm - 1) / bm) * p.h * p.b;
   // The kernel's tile indices (up to one round past the last, v3_next) must not overflow int.
   if (n_tiles + 2LL * num_sms > 0x7fffffffLL) return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
        reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
     return cudaErrorInvalidValue;
   if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
-  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
-      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
+  if (!make_map<T>(&L->tq, a.q, bm) || !make_map<T>(&L->tk, a.k, bn) || !make_map<T>(&L->tv, a.v, bn))
     return cudaErrorInvalidValue;
   L->p = p;
-  L->smem = Cfg::kTotal;
+  L->smem = smem;
   L->grid = dim3(static_cast<unsigned>(n_tiles < num_sms ? n_tiles : num_sms), 1, 1);
   L->causal = a.causal;
+  return cudaSuccess;
+}
+}  // namespace detail
+
+// Same contract as fwd_sm90_v2_prepare_cfg plus the SM count (the grid: detail::persistent_prepare).
+// Launch with fwd_sm90_launch (FwdLaunch::grid holds the 1-D grid).
+// PP_CAUSAL: the ping-pong of the causal kernel (default: PP), as in fwd_sm90_v2_prepare_cfg.
+template <typename T, int D, int BN, int STAGES, bool PP, int SCHED = kV3RoundRobin, bool PP_CAUSAL = PP>
+inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int num_sms) {
+  using Cfg = FwdV3Cfg<D, BN, STAGES, PP>;
+  const cudaError_t e = detail::persistent_prepare<T>(L, a, num_sms, D, Cfg::BM, Cfg::BN, Cfg::kTotal);
+  if (e != cudaSuccess) return e;
   // Non-causal calls ignore SCHED: the round-robin instantiation serves every schedule.
   L->kern = a.causal ? fwd_sm90_v3_kernel<T, D, true, BN, STAGES, PP_CAUSAL, SCHED>
                      : fwd_sm90_v3_kernel<T, D, false, BN, STAGES, PP, kV3RoundRobin>;

@@ -358,25 +358,8 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 template <typename T, int BN, int STAGES, bool PP, bool SKIP, int SCHED>
 inline cudaError_t fwd_sm90_w3p_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   using Cfg = FwdW3PCfg<BN, STAGES, PP, SKIP>;
-  constexpr int D = 64;
-  const KParams& p = a.out;
-  if (num_sms <= 0 || p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 ||
-      a.q.d != D || a.k.d != D || a.v.d != D)
-    return cudaErrorInvalidValue;
-  const int64_t n_tiles = static_cast<int64_t>((p.s_q + Cfg::BM - 1) / Cfg::BM) * p.h * p.b;
-  // The kernel's tile indices (up to one round past the last, v3_next) must not overflow int.
-  if (n_tiles + 2LL * num_sms > 0x7fffffffLL) return cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
-       reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
-    return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
-  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
-      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
-    return cudaErrorInvalidValue;
-  L->p = p;
-  L->smem = Cfg::kTotal;
-  L->grid = dim3(static_cast<unsigned>(n_tiles < num_sms ? n_tiles : num_sms), 1, 1);
-  L->causal = a.causal;
+  const cudaError_t e = detail::persistent_prepare<T>(L, a, num_sms, Cfg::D, Cfg::BM, Cfg::BN, Cfg::kTotal);
+  if (e != cudaSuccess) return e;
   // Non-causal calls ignore SCHED (one tile length; head-major order).
   L->kern = a.causal ? fwd_sm90_w3p_kernel<T, true, BN, STAGES, PP, SKIP, SCHED>
                      : fwd_sm90_w3p_kernel<T, false, BN, STAGES, PP, SKIP, kV3RoundRobin>;

@@ -40,7 +40,7 @@
 //   harness checkw3p           the persistent three-consumer candidate (fwd_sm90_w3p.cuh) vs v2, bit
 //                              for bit: checkw3's shapes, forced small grids (many tiles per CTA),
 //                              both causal schedules, rising score maxima
-//   harness benchw3p           s >= 1k: w3 default, w3p, w3 default, w3p (HDIFFW3 each)
+//   harness benchw3p           w3 default, w3p, w3 default, w3p (HDIFFW3 each); v3 too at s <= 1k
 //   harness sweepw3            d=64 three-consumer key-tile sizes (64 / 96 / 128) at s = 2k, 4k
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
@@ -1023,15 +1023,19 @@ static int run_checkw3p() {
   return fails == 0 ? 0 : 1;
 }
 
-// benchw3p: per point (s >= 1k) the three-consumer default, the persistent candidate, then both again
-// (A B A B: the drift between the two default lines bounds one ratio; pair means cancel a linear
-// drift). HDIFFW3 against the first line: bitwise equal expected.
+// benchw3p: per point the three-consumer default, the persistent candidate, then both again (A B A B:
+// the drift between the two default lines bounds one ratio; pair means cancel a linear drift); at
+// s <= 1k, where the library runs the persistent two-consumer kernel (v3, its tuned schedule), that
+// one too, last.
+// HDIFFW3 / HDIFF3 against the first line: bitwise equal expected.
 static int run_benchw3p() {
   using T = __nv_bfloat16;
   bool ok = true;
-  for (int s : {1024, 2048, 4096, 8192, 16384})
+  for (int s : {512, 1024, 2048, 4096, 8192, 16384})
     for (int causal = 1; causal >= 0; --causal) {
-      const std::vector<Variant> vars{w3_variant<T>(), w3p_variant<T>(), w3_variant<T>(), w3p_variant<T>()};
+      std::vector<Variant> vars{w3_variant<T>(), w3p_variant<T>(), w3_variant<T>(), w3p_variant<T>()};
+      using C = fusedattn::hopper::FwdV2Default<64>;
+      if (s <= 1024) vars.push_back(v3_lib_variant<T, 64, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>());
       ok = bench_point<64>(s, causal != 0, vars, true) && ok;
     }
   return ok ? 0 : 1;

@@ -96,29 +96,25 @@ def run(tiles, ST, PP, seed, bug=None):
         base.append(base[-1] + nb)
 
     def producer():
-        def load_k(it):
+        def load(kind, it):
+            empty, full, read, writing, slot = ((ke, kf, kread, kwriting, kslot) if kind == 'k' else
+                                                (ve, vf, vread, vwriting, vslot))
             s = it % ST
             par = ((it // ST) & 1) ^ 1
-            while not ke[s].try_wait(par):
+            while not empty[s].try_wait(par):
                 yield
-            assert kread[s] == 0, "K slot overwritten while read"
-            kwriting[s] = True
-            kslot[s] = None
-            kf[s].expect_tx(1)
-            tma.append(('k', s, it))
+            assert read[s] == 0, kind.upper() + " slot overwritten while read"
+            writing[s] = True
+            slot[s] = None
+            full[s].expect_tx(1)
+            tma.append((kind, s, it))
             yield
 
+        def load_k(it):
+            yield from load('k', it)
+
         def load_v(it):
-            s = it % ST
-            par = ((it // ST) & 1) ^ 1
-            while not ve[s].try_wait(par):
-                yield
-            assert vread[s] == 0, "V slot overwritten while read"
-            vwriting[s] = True
-            vslot[s] = None
-            vf[s].expect_tx(1)
-            tma.append(('v', s, it))
-            yield
+            yield from load('v', it)
 
         for j, (nb, _) in enumerate(tiles):
             kv = base[j]
