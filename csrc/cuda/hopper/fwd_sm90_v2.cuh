@@ -286,6 +286,17 @@ __device__ __forceinline__ void v2_fence_p(uint32_t (&r)[N][4]) {
   }
 }
 
+// O += P V (v2_issue_pv) as one committed wgmma group, its register operands O and P fenced first:
+// the steady iterations' PV_{n-1} and the last tile's PV of every forward kernel.
+template <int D, int BN, bool F16>
+__device__ __forceinline__ void v2_commit_pv(float (&o)[D / 2], uint32_t (&pa)[BN / 16][4], uint32_t sV) {
+  v2_fence_f(o);
+  v2_fence_p(pa);
+  wgmma_fence();
+  v2_issue_pv<D, BN, F16>(o, pa, sV);
+  wgmma_commit();
+}
+
 // Steady-state tiles (n >= 1) leave a row's reference max alone while P stays in range, so their
 // softmax need not find the tile's row max first: that costs one FMNMX per score and two shuffles
 // per row, ~80 of the ~450 instructions a thread issues per tile at d = 64, and the tensor pipe
@@ -537,11 +548,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wait_full(bar_vf(sp), php);
     __syncwarp();
     // group B: O += P_{n-1} V_{n-1}
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    wgmma_fence();
-    v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-    wgmma_commit();
+    v2_commit_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
     if (PP) v2_pp_pass_turn(cw);
 
     wgmma_wait<1>();  // group A (S_n) complete; B may still run
@@ -576,11 +583,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     __syncwarp();
     if (PP) v2_pp_wait_turn(cw);
     v2_rescale_o<D>(o, corr);
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    wgmma_fence();
-    v2_issue_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
-    wgmma_commit();
+    v2_commit_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
     // Consumer 1's last turn passes nothing: consumer 0 has no turn left.
     if (PP && cw == 0) v2_pp_pass_turn(cw);
     wgmma_wait<0>();

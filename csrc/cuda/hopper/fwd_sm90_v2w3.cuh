@@ -295,11 +295,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     v2_rescale_o<D>(o, corr);
     wait_full(bar_vf(sp), php);
     __syncwarp();
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    wgmma_fence();
-    v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-    wgmma_commit();
+    v2_commit_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
   };
   // That PV complete (its group the last in flight): O final for tile n-1, P_{n-1} free, V slot released.
   auto finish_pv_prev = [&](int sp) {
@@ -378,11 +374,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     __syncwarp();
     if (PP) w3_wait_turn(cw);
     v2_rescale_o<D>(o, corr);
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    wgmma_fence();
-    v2_issue_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
-    wgmma_commit();
+    v2_commit_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
     // The last consumer's last turn passes nothing: consumer 0 has no turn left.
     if (PP && cw != kW3Consumers - 1) w3_pass_turn(cw);
     wgmma_wait<0>();

@@ -400,11 +400,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       wait_full(bar_vf(sp), php);
       __syncwarp();
       // group B: O += P_{n-1} V_{n-1}
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      wgmma_fence();
-      v2_issue_pv<D, BN, F16>(o, pa, sVt + sp * Cfg::kKVBytes);
-      wgmma_commit();
+      v2_commit_pv<D, BN, F16>(o, pa, sVt + sp * Cfg::kKVBytes);
       if (PP) v2_pp_pass_turn(cw);
 
       wgmma_wait<1>();  // group A (S_n) complete; B may still run
@@ -442,11 +438,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       __syncwarp();
       if (PP) v2_pp_wait_turn(cw);
       v2_rescale_o<D>(o, corr);
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      wgmma_fence();
-      v2_issue_pv<D, BN, F16>(o, pa, sVt + s * Cfg::kKVBytes);
-      wgmma_commit();
+      v2_commit_pv<D, BN, F16>(o, pa, sVt + s * Cfg::kKVBytes);
       // Only consumer 1's last turn of the whole loop passes nothing.
       if (PP && !(cw == 1 && last_tile)) v2_pp_pass_turn(cw);
       wgmma_wait<0>();

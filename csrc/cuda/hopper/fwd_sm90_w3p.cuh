@@ -246,11 +246,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
       v2_rescale_o<D>(o, corr);
       wait_full(bar_vf(sp), php);
       __syncwarp();
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      wgmma_fence();
-      v2_issue_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-      wgmma_commit();
+      v2_commit_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
     };
     auto finish_pv_prev = [&](uint32_t sp) {
       wgmma_wait<0>();
@@ -330,11 +326,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
       __syncwarp();
       if (PP) w3_wait_turn(cw);
       v2_rescale_o<D>(o, corr);
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      wgmma_fence();
-      v2_issue_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
-      wgmma_commit();
+      v2_commit_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
       // Only the last consumer's last turn of the whole loop passes nothing.
       if (PP && !(cw == kW3Consumers - 1 && last_tile)) w3_pass_turn(cw);
       wgmma_wait<0>();
