@@ -74,8 +74,13 @@ void test_model_and_schedule() {
 
 void test_variants() {
   CHECK(choose_fwd_variant(64, true, 1024) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(64, false, 1025) == FwdVariant::kThreeConsumer);
-  CHECK(choose_fwd_variant(64, true, 2048) == FwdVariant::kThreeConsumer);
+  CHECK(choose_fwd_variant(64, false, 512) == FwdVariant::kThreeConsumerPersistent);
+  CHECK(choose_fwd_variant(64, false, 1024) == FwdVariant::kThreeConsumerPersistent);
+  CHECK(choose_fwd_variant(64, true, 1025) == FwdVariant::kThreeConsumerPersistent);
+  CHECK(choose_fwd_variant(64, true, 2048) == FwdVariant::kThreeConsumerPersistent);
+  CHECK(choose_fwd_variant(64, false, 2048) == FwdVariant::kThreeConsumerPersistent);
+  CHECK(choose_fwd_variant(64, false, 2049) == FwdVariant::kThreeConsumer);
+  CHECK(choose_fwd_variant(64, true, 4096) == FwdVariant::kThreeConsumer);
   CHECK(choose_fwd_variant(128, true, 8192) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(128, true, 16384) == FwdVariant::kV2);
   CHECK(choose_fwd_variant(256, true, 512) == FwdVariant::kPersistent);

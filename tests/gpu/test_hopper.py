@@ -213,8 +213,9 @@ def test_hopper_kernel_runs_for_eligible_calls():
 @needs_hopper_engine
 @pytest.mark.skipif(FORCED_FWD, reason="FUSEDATTN_HOPPER_FWD forces one variant")
 @pytest.mark.parametrize("d,s,causal,variant", [
-    (64, 512, False, "persistent"), (64, 1024, True, "persistent"), (64, 2048, True, "three_consumer"),
-    (64, 4096, False, "three_consumer"), (128, 1024, False, "persistent"), (128, 1024, True, "persistent"),
+    (64, 512, False, "three_consumer_persistent"), (64, 1024, True, "persistent"),
+    (64, 2048, True, "three_consumer_persistent"), (64, 2048, False, "three_consumer_persistent"),
+    (64, 4096, False, "three_consumer"), (64, 4096, True, "three_consumer"), (128, 1024, False, "persistent"), (128, 1024, True, "persistent"),
     (128, 4096, False, "persistent"), (128, 16384, False, "persistent"), (128, 8192, True, "persistent"),
     (128, 16384, True, "v2"), (256, 8192, False, "persistent"), (256, 16384, False, "persistent"),
     (256, 512, True, "persistent"), (256, 16384, True, "v2"),

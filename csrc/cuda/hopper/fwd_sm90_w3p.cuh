@@ -1,11 +1,11 @@
 // Hopper (sm_90a) FlashAttention forward, d = 64: the three-consumer kernel
 // (fwd_sm90_v2w3.cuh) with the persistent tile scheduler of v3
-// (fwd_sm90_v3.cuh). CANDIDATE: the library runs it only when
-// FUSEDATTN_HOPPER_FWD=three_consumer_persistent forces it (fwd_three_consumer.cu),
-// until the operator grid has timed it. Harness (H200, 2026-12-02): checkw3p
-// 138/138 bitwise equal to v2; benchw3p against the three-consumer kernel +3.6%
-// at s = 2k causal, +1-3% at s = 1k / 2k, within -1 to +1% at 4k, -1 to -3% at
-// 8k / 16k.
+// (fwd_sm90_v3.cuh). tuning.h gives it non-causal calls with s <= 2k and causal
+// ones with 1k < s <= 2k. Harness (H200, 2026-12-02): checkw3p 138/138 bitwise
+// equal to v2; benchw3p against the three-consumer kernel +3% at s = 2k causal,
+// +1-3% at s = 1k / 2k, +13% non-causal at 512, within -2 to +1% at 4k, -1 to
+// -7% at 8k / 16k. Operator grid (same day, 3 rounds): d = 64 2k causal 398
+// against 389 TFLOP/s, non-causal +9 / +6.5 / +2.3% at 512 / 1k / 2k.
 //
 // Why: at s = 2k causal the three-consumer kernel's CTAs run ~9 key tiles on
 // average, and a fit of the 2k causal / non-causal harness times puts a fixed

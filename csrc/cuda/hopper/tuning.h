@@ -14,10 +14,7 @@ enum class FwdVariant {
   kV2,             // fwd_sm90_v2.cuh: one CTA per 128-row query tile, two consumer warpgroups
   kPersistent,     // fwd_sm90_v3.cuh: v2's tiles on min(#tiles, #SMs) CTAs that loop over them
   kThreeConsumer,  // fwd_sm90_v2w3.cuh: d = 64 only, 192-row tiles, three consumer warpgroups
-  // fwd_sm90_w3p.cuh: the three-consumer tiles on min(#tiles, #SMs) CTAs that loop over them. A
-  // candidate, only by FUSEDATTN_HOPPER_FWD=three_consumer_persistent until the operator grid has
-  // timed it (harness, 2026-12-02: +3.6% at d = 64 s = 2k causal, +1-3% at s <= 2k, -1 to -3% at
-  // s >= 8k against kThreeConsumer); choose_fwd_variant never returns it.
+  // fwd_sm90_w3p.cuh: the three-consumer tiles on min(#tiles, #SMs) CTAs that loop over them.
   kThreeConsumerPersistent,
 };
 
@@ -25,11 +22,17 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   if (d == 64) {
     // Persistent vs v2: +25 / +15 / +10% non-causal and +29 / +17 / +10% causal at s = 512 / 1k / 2k
     // (short tiles: the per-CTA prologue and epilogue are a large share). Three consumers vs v2:
-    // +7 to +13% at s >= 4k, causal or not (each K/V tile serves 192 rows), but -3 to -6% causal at
-    // s <= 1k. Since the lazy row max (twelfth session, harness) three consumers beat the persistent
-    // kernel at 2k, 505 vs 436 TFLOP/s non-causal and 379 vs 362 causal, and at 1k only by 3%
-    // non-causal (409 vs 397), where causal calls lost before: the persistent kernel keeps s <= 1k.
-    return s_kv <= 1024 ? FwdVariant::kPersistent : FwdVariant::kThreeConsumer;
+    // +7 to +13% at s >= 4k, causal or not (each K/V tile serves 192 rows). The three consumers on
+    // the persistent schedule (2026-12-02, harness benchw3p and an operator grid of
+    // FUSEDATTN_HOPPER_FWD=three_consumer_persistent against this rule's predecessor, 3 rounds
+    // each): non-causal 370 / 437 / 519 TFLOP/s at s = 512 / 1k / 2k against the persistent
+    // kernel's 339 / 401 and the three-consumer kernel's 516 (operator +9 / +6.5 / +2.3%); causal
+    // at 2k +3% (harness) / +2.3% (operator) over the three-consumer kernel. Causal at s <= 1k the
+    // persistent kernel stays ahead (harness 307 vs 285 TFLOP/s at 1k, 222 vs 219 at 512), and from
+    // 4k the one-tile-per-CTA three-consumer kernel does (non-causal -2% at 4k, -3 to -7% at
+    // 8k / 16k for the persistent one).
+    if (s_kv <= 1024) return causal ? FwdVariant::kPersistent : FwdVariant::kThreeConsumerPersistent;
+    return s_kv <= 2048 ? FwdVariant::kThreeConsumerPersistent : FwdVariant::kThreeConsumer;
   }
   // Causal at d = 128 / 256 with the schedule choose_v3_schedule picks, against v2: d = 128 +24 /
   // +19 / +12 / +6 / +3% at s = 512 / 1k / 2k / 4k / 8k, d = 256 +19 / +10 / +13 / +12 / +9%; at 16k
