@@ -148,17 +148,206 @@ __device__ __forceinline__ void w3_issue_s(float (&sacc)[BN / 2], uint32_t sQ, u
   }
 }
 
+// ------------------------------------------------- one query tile, one consumer
+// Where one consumer warpgroup's pass over a 192-row query tile reads and signals, shared by the
+// one-tile-per-CTA kernel below and the persistent one (fwd_sm90_w3p.cuh): the tile; its Q slot
+// with the slot's full barrier and phase and, persistent only, its empty barrier; the K / V rings
+// (slot 0's addresses; the barriers kf, vf, ke, ve follow each other, STAGES of each, from kf0)
+// and the ring position of the tile's first key tile; whether it is the CTA's last tile.
+struct W3TileIo {
+  int m_blk, head, batch, n_blocks;
+  uint32_t sQ, q_full, q_phase, q_empty;
+  uint32_t sK0, sV0, kf0;
+  uint32_t kv;
+  bool last_tile;
+};
+
+// One consumer warpgroup's work on one tile, from Q's arrival to the stored rows: S_0 alone, the
+// steady iterations S_n + PV_{n-1} under the 3-way rotation, SKIP's iterations, PV_last alone (the
+// header above). sacc is the caller's, so the persistent kernel zeroes it once. RELEASE_Q: arrive
+// on the Q slot's empty barrier after this warpgroup's last S GEMM of the tile. timed_out is
+// sticky: a warp that gave up on a barrier reports NaN lse for this and later tiles and keeps every
+// turn and arrival.
+template <typename T, bool CAUSAL, class Cfg, bool RELEASE_Q>
+__device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo& io, int cw,
+                                                float (&sacc)[Cfg::BN / 2], bool& timed_out) {
+  constexpr bool F16 = std::is_same<T, __half>::value;
+  constexpr int D = 64, BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
+  constexpr bool PP = Cfg::PP, SKIP = Cfg::SKIP;
+  const auto kf = [&](uint32_t s) { return io.kf0 + 8u * s; };
+  const auto vf = [&](uint32_t s) { return io.kf0 + 8u * (STAGES + s); };
+  const auto ke = [&](uint32_t s) { return io.kf0 + 8u * (2 * STAGES + s); };
+  const auto ve = [&](uint32_t s) { return io.kf0 + 8u * (3 * STAGES + s); };
+  const int ltid = threadIdx.x & 127;
+  const int warp = ltid / 32;
+  const int lane = threadIdx.x & 31;
+  const int qd = lane & 3;
+  // This thread's two rows (accumulator fragment: row = 16*warp + lane/4 + 8*hf).
+  const int row_base = io.m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
+  const int wg_row0 = io.m_blk * BM + cw * 64;
+  const int n_blocks = io.n_blocks;
+  const uint32_t kv = io.kv;
+  const uint32_t sQ = io.sQ;
+  const float sl2 = p.scale_log2;
+  // SKIP: the key tiles this warpgroup's rows see, at least 1 (S_0 is always computed): causally up
+  // to its last row below s_q (top-left, as n_blocks); 1 for rows wholly past s_q (not stored).
+  int n_eff = n_blocks;
+  if constexpr (SKIP) {
+    if (wg_row0 >= p.s_q) {
+      n_eff = 1;
+    } else if (CAUSAL) {
+      n_eff = min(n_blocks, min(wg_row0 + 63, p.s_q - 1) / BN + 1);
+    }
+  }
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  uint32_t pa[BN / 16][4];
+  float row_m[2] = {-INFINITY, -INFINITY};  // running max, log2-scaled domain
+  float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
+  float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
+
+  auto wait_full = [&](uint32_t bar, uint32_t parity) {
+    if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
+  };
+  wait_full(io.q_full, io.q_phase);
+
+  // ------------------------------------------------ prologue: S_0 alone
+  {
+    const uint32_t s = kv % STAGES;
+    wait_full(kf(s), (kv / STAGES) & 1u);
+    __syncwarp();  // reconverge after the spins before the .aligned ops
+    if (PP) w3_wait_turn(cw);
+    v2_fence_f(sacc);
+    wgmma_fence();
+    w3_issue_s<BN, F16>(sacc, sQ, io.sK0 + s * Cfg::kKVBytes, cw);
+    wgmma_commit();
+    if (PP) w3_pass_turn(cw);
+    wgmma_wait<0>();
+    v2_fence_f(sacc);
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(ke(s));
+      if (RELEASE_Q && n_eff == 1) mbar_arrive(io.q_empty);  // S_0 was this warpgroup's last read of Q
+    }
+    v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
+    v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
+    v2_pack_p<BN, F16>(pa, sacc);
+  }
+
+  // O += P_{n-1} V_{n-1} for the block before ring position it, in slot sp (the steady and SKIP
+  // iterations): O rescaled for the tile first (no wgmma in flight has O as an operand), once
+  // V_{n-1} has landed.
+  auto issue_pv_prev = [&](uint32_t sp, uint32_t php) {
+    v2_rescale_o<D>(o, corr);
+    wait_full(vf(sp), php);
+    __syncwarp();
+    v2_commit_pv<D, BN, F16>(o, pa, io.sV0 + sp * Cfg::kKVBytes);
+  };
+  // That PV complete (its group the last in flight): O final for tile n-1, P_{n-1} free, V slot released.
+  auto finish_pv_prev = [&](uint32_t sp) {
+    wgmma_wait<0>();
+    v2_fence_f(o);
+    v2_fence_p(pa);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ve(sp));
+  };
+
+  // ------------------------------------------------ steady state
+  for (int n = 1; n < n_eff; ++n) {
+    const uint32_t it = kv + n;
+    const uint32_t s = it % STAGES;
+    const uint32_t ph = (it / STAGES) & 1u;
+    const uint32_t sp = (it - 1) % STAGES;  // slot of block it - 1 (its V)
+    const uint32_t php = ((it - 1) / STAGES) & 1u;
+
+    wait_full(kf(s), ph);
+    __syncwarp();
+    if (PP) w3_wait_turn(cw);
+    // group A: S_n
+    v2_fence_f(sacc);
+    wgmma_fence();
+    w3_issue_s<BN, F16>(sacc, sQ, io.sK0 + s * Cfg::kKVBytes, cw);
+    wgmma_commit();
+    issue_pv_prev(sp, php);  // group B
+    if (PP) w3_pass_turn(cw);
+
+    wgmma_wait<1>();  // group A (S_n) complete; B may still run
+    v2_fence_f(sacc);
+    v2_softmax_steady<BN, kW3Consumers>(
+        sacc, row_m, row_l, corr, sl2, cw,
+        [&] { w3_issue_s<BN, F16>(sacc, sQ, io.sK0 + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes, cw); },
+        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
+    __syncwarp();
+    if (lane == 0) {  // only now: the softmax's slow path reads K_n and Q again
+      mbar_arrive(ke(s));
+      if (RELEASE_Q && n == n_eff - 1) mbar_arrive(io.q_empty);  // this warpgroup's last S of the tile
+    }
+    // Pin the softmax before the wait (else it may sink past wait_group 0).
+    v2_fence_f(sacc);
+    reg_fence(row_l[0]);
+    reg_fence(row_l[1]);
+
+    finish_pv_prev(sp);  // group B
+    v2_pack_p<BN, F16>(pa, sacc);
+  }
+
+  // ------------------------------------------------ SKIP: tiles this warpgroup's rows never see
+  if constexpr (SKIP) {
+    for (int n = n_eff; n < n_blocks; ++n) {
+      const uint32_t it = kv + n;
+      const uint32_t s = it % STAGES;
+      const uint32_t ph = (it / STAGES) & 1u;
+      const uint32_t sp = (it - 1) % STAGES;
+      const uint32_t php = ((it - 1) / STAGES) & 1u;
+      wait_full(kf(s), ph);  // K_n unused: waited so that the arrival below lands in its phase
+      __syncwarp();
+      if (PP) w3_wait_turn(cw);
+      issue_pv_prev(sp, php);  // the last real tile's P in the first of these iterations, 0 after it
+      if (PP) w3_pass_turn(cw);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(ke(s));
+      finish_pv_prev(sp);
+#pragma unroll
+      for (int t = 0; t < BN / 16; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[t][i] = 0u;
+      }
+      corr[0] = corr[1] = 1.f;
+    }
+  }
+
+  // ------------------------------------------------ PV_last alone
+  {
+    const uint32_t it = kv + n_blocks - 1;
+    const uint32_t s = it % STAGES;
+    wait_full(vf(s), (it / STAGES) & 1u);
+    __syncwarp();
+    if (PP) w3_wait_turn(cw);
+    v2_rescale_o<D>(o, corr);
+    v2_commit_pv<D, BN, F16>(o, pa, io.sV0 + s * Cfg::kKVBytes);
+    // The last consumer's last turn of the CTA passes nothing: consumer 0 has no turn left.
+    if (PP && !(cw == kW3Consumers - 1 && io.last_tile)) w3_pass_turn(cw);
+    wgmma_wait<0>();
+    v2_fence_f(o);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ve(s));  // the persistent producer's later loads wait on it
+  }
+
+  // ---------------------------------------------------------------- epilogue
+  fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, io.batch, io.head, qd, timed_out);
+}
+
 // ------------------------------------------------------------------- kernel
 template <typename T, bool CAUSAL, int BN_, int STAGES_, bool PP_ = true, bool SKIP_ = false>
 __global__ void __launch_bounds__(kW3Threads, 1)
     fwd_sm90_v2w3_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                          const __grid_constant__ CUtensorMap tmV, const KParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  constexpr bool F16 = std::is_same<T, __half>::value;
   using Cfg = FwdV2W3Cfg<BN_, STAGES_, PP_, SKIP_>;
-  constexpr int D = 64;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
-  constexpr bool PP = Cfg::PP, SKIP = Cfg::SKIP;
+  constexpr bool PP = Cfg::PP;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
@@ -234,157 +423,14 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   // -------------------------------------------------------------- consumers
   setmaxnreg_inc<kW3ConsumerRegs>();
   const int cw = wg - 1;  // consumer warpgroup 0..2: query rows [64*cw, 64*cw+64) of the tile
-  const int ltid = tid & 127;
-  const int warp = ltid / 32;
-  const int lane = tid & 31;
-  const int qd = lane & 3;
-  // This thread's two rows (accumulator fragment: row = 16*warp + lane/4 + 8*hf).
-  const int row_base = m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
-  const int wg_row0 = m_blk * BM + cw * 64;
-  const float sl2 = p.scale_log2;
-  // SKIP: the key tiles this warpgroup's rows see, at least 1 (S_0 is always computed): causally up
-  // to its last row below s_q (top-left, as n_blocks); 1 for rows wholly past s_q (not stored).
-  int n_eff = n_blocks;
-  if constexpr (SKIP) {
-    if (wg_row0 >= p.s_q) {
-      n_eff = 1;
-    } else if (CAUSAL) {
-      n_eff = min(n_blocks, min(wg_row0 + 63, p.s_q - 1) / BN + 1);
-    }
-  }
-
   // Rotation: the last consumer hands consumer 0 its first turn.
   if (PP && cw == kW3Consumers - 1) w3_pass_turn(cw);
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float sacc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
-  uint32_t pa[BN / 16][4];
-  float row_m[2] = {-INFINITY, -INFINITY};  // running max, log2-scaled domain
-  float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
-  float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
-
-  bool timed_out = !mbar_wait<false>(bar_q, 0);
-  auto wait_full = [&](uint32_t bar, uint32_t parity) {
-    if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
-  };
-
-  // ------------------------------------------------ prologue: S_0 alone
-  wait_full(bar_kf(0), 0);
-  __syncwarp();  // reconverge after the spins before the .aligned ops
-  if (PP) w3_wait_turn(cw);
-  v2_fence_f(sacc);
-  wgmma_fence();
-  w3_issue_s<BN, F16>(sacc, sQ, sK0, cw);
-  wgmma_commit();
-  if (PP) w3_pass_turn(cw);
-  wgmma_wait<0>();
-  v2_fence_f(sacc);
-  __syncwarp();
-  if (lane == 0) mbar_arrive(bar_ke(0));
-  v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
-  v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
-  v2_pack_p<BN, F16>(pa, sacc);
-
-  // O += P_{n-1} V_{n-1} for tile n-1 in slot sp (the steady and SKIP iterations): O rescaled for
-  // the tile first (no wgmma in flight has O as an operand), once V_{n-1} has landed.
-  auto issue_pv_prev = [&](int sp, uint32_t php) {
-    v2_rescale_o<D>(o, corr);
-    wait_full(bar_vf(sp), php);
-    __syncwarp();
-    v2_commit_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-  };
-  // That PV complete (its group the last in flight): O final for tile n-1, P_{n-1} free, V slot released.
-  auto finish_pv_prev = [&](int sp) {
-    wgmma_wait<0>();
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ve(sp));
-  };
-
-  // ------------------------------------------------ steady state
-  for (int n = 1; n < n_eff; ++n) {
-    const int s = n % STAGES;
-    const uint32_t ph = (n / STAGES) & 1u;
-    const int sp = (n - 1) % STAGES;  // slot of tile n-1 (its V)
-    const uint32_t php = ((n - 1) / STAGES) & 1u;
-
-    wait_full(bar_kf(s), ph);
-    __syncwarp();
-    if (PP) w3_wait_turn(cw);
-    // group A: S_n
-    v2_fence_f(sacc);
-    wgmma_fence();
-    w3_issue_s<BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
-    wgmma_commit();
-    issue_pv_prev(sp, php);  // group B
-    if (PP) w3_pass_turn(cw);
-
-    wgmma_wait<1>();  // group A (S_n) complete; B may still run
-    v2_fence_f(sacc);
-    v2_softmax_steady<BN, kW3Consumers>(
-        sacc, row_m, row_l, corr, sl2, cw,
-        [&] { w3_issue_s<BN, F16>(sacc, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
-        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ke(s));  // only now: the softmax's slow path reads K_n again
-    // Pin the softmax before the wait (else it may sink past wait_group 0).
-    v2_fence_f(sacc);
-    reg_fence(row_l[0]);
-    reg_fence(row_l[1]);
-
-    finish_pv_prev(sp);  // group B
-    v2_pack_p<BN, F16>(pa, sacc);
-  }
-
-  // ------------------------------------------------ SKIP: tiles this warpgroup's rows never see
-  if constexpr (SKIP) {
-    for (int n = n_eff; n < n_blocks; ++n) {
-      const int s = n % STAGES;
-      const uint32_t ph = (n / STAGES) & 1u;
-      const int sp = (n - 1) % STAGES;
-      const uint32_t php = ((n - 1) / STAGES) & 1u;
-      wait_full(bar_kf(s), ph);  // K_n unused: waited so that the arrival below lands in its phase
-      __syncwarp();
-      if (PP) w3_wait_turn(cw);
-      issue_pv_prev(sp, php);  // the last real tile's P in the first of these iterations, 0 after it
-      if (PP) w3_pass_turn(cw);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ke(s));
-      finish_pv_prev(sp);
-#pragma unroll
-      for (int t = 0; t < BN / 16; ++t) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pa[t][i] = 0u;
-      }
-      corr[0] = corr[1] = 1.f;
-    }
-  }
-
-  // ------------------------------------------------ epilogue: PV_{last} alone
-  {
-    const int last = n_blocks - 1;
-    const int s = last % STAGES;
-    const uint32_t ph = (last / STAGES) & 1u;
-    wait_full(bar_vf(s), ph);
-    __syncwarp();
-    if (PP) w3_wait_turn(cw);
-    v2_rescale_o<D>(o, corr);
-    v2_commit_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
-    // The last consumer's last turn passes nothing: consumer 0 has no turn left.
-    if (PP && cw != kW3Consumers - 1) w3_pass_turn(cw);
-    wgmma_wait<0>();
-    v2_fence_f(o);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ve(s));  // no producer waits on it; kept for symmetry
-  }
-
-  // ---------------------------------------------------------------- epilogue
-  fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, batch, head, qd, timed_out);
+  bool timed_out = false;
+  const W3TileIo io{m_blk, head, batch, n_blocks, sQ, bar_q, 0u, 0u, sK0, sV0, bar_kf(0), 0u, true};
+  w3_consume_tile<T, CAUSAL, Cfg, false>(p, io, cw, sacc, timed_out);
 #endif
 }
 

@@ -198,6 +198,95 @@ __device__ __forceinline__ int v3_next(int t, uint32_t j) {
   return r * G + ((r & 1) ? G - 1 - cta : cta);
 }
 
+// The persistent forwards' mbarriers (v3 here, the three-consumer one in fwd_sm90_w3p.cuh), eight
+// bytes each from bar0: qf[QBUF], qe[QBUF], kf[STAGES], vf[STAGES], ke[STAGES], ve[STAGES]. The
+// full barriers count one arrival (with the TMA transaction bytes), the empty ones one per
+// consumer warp.
+template <int QBUF, int STAGES>
+struct V3Bars {
+  uint32_t bar0;
+  __device__ __forceinline__ uint32_t qf(uint32_t s) const { return bar0 + 8u * s; }                 // Q full (tx)
+  __device__ __forceinline__ uint32_t qe(uint32_t s) const { return bar0 + 8u * (QBUF + s); }        // Q empty
+  __device__ __forceinline__ uint32_t kf(uint32_t s) const { return bar0 + 8u * (2 * QBUF + s); }    // K full (tx)
+  __device__ __forceinline__ uint32_t vf(uint32_t s) const { return bar0 + 8u * (2 * QBUF + STAGES + s); }
+  __device__ __forceinline__ uint32_t ke(uint32_t s) const { return bar0 + 8u * (2 * QBUF + 2 * STAGES + s); }
+  __device__ __forceinline__ uint32_t ve(uint32_t s) const { return bar0 + 8u * (2 * QBUF + 3 * STAGES + s); }
+  // One thread, before the block's first __syncthreads.
+  __device__ __forceinline__ void init(int consumer_warps) const {
+    for (int s = 0; s < QBUF; ++s) {
+      mbar_init(qf(s), 1);
+      mbar_init(qe(s), consumer_warps);
+    }
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(kf(s), 1);
+      mbar_init(vf(s), 1);
+      mbar_init(ke(s), consumer_warps);
+      mbar_init(ve(s), consumer_warps);
+    }
+    mbar_fence_init();
+  }
+};
+
+// What the persistent producer reads besides its compile-time shape: the tensor maps, the
+// shared-memory slots, and the work-tile grid (n_m query tiles of each of n_hb (batch, head)
+// pairs, n_tiles in all; group query heads per K / V head).
+struct V3ProducerArgs {
+  const CUtensorMap *tmQ, *tmK, *tmV;
+  uint32_t sQ0, sK0, sV0;
+  int n_m, n_hb, n_tiles, group;
+};
+
+// The persistent forwards' producer, one thread: per work tile K_0, Q, then per key tile n:
+// K_{n+1}, V_n ((3) in the header), the K / V rings running on across tiles (ring position kv + n).
+// D / 64 boxes of 128-byte rows per load; BM-row Q and BN-row K / V boxes.
+template <int D, int BM, int BN, int STAGES, int QBUF, bool CAUSAL, bool SNAKE, bool HEAD_MAJOR>
+__device__ __forceinline__ void v3_produce(const KParams& p, const V3ProducerArgs& a,
+                                           const V3Bars<QBUF, STAGES>& bars) {
+  constexpr int DCH = D / 64;  // 128-byte chunks per row
+  constexpr uint32_t kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
+  uint32_t j = 0;   // local tile index (Q ring)
+  for (int t = blockIdx.x; t < a.n_tiles; t = v3_next<SNAKE>(t, j), ++j) {
+    const V3Tile ti = v3_decode<CAUSAL, BM, BN, HEAD_MAJOR>(t, a.n_m, a.n_hb, p);
+    const int head_kv = ti.head / a.group;
+    auto load_k = [&](int n) {
+      const uint32_t it = kv + n;
+      const uint32_t s = it % STAGES;
+      mbar_wait<true>(bars.ke(s), ((it / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
+      mbar_arrive_expect_tx(bars.kf(s), kKVBytes);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c)
+        tma_load_4d(a.sK0 + s * kKVBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, head_kv, n * BN, ti.batch);
+    };
+    auto load_v = [&](int n) {
+      const uint32_t it = kv + n;
+      const uint32_t s = it % STAGES;
+      mbar_wait<true>(bars.ve(s), ((it / STAGES) & 1u) ^ 1u);
+      mbar_arrive_expect_tx(bars.vf(s), kKVBytes);
+#pragma unroll
+      for (int c = 0; c < DCH; ++c)
+        tma_load_4d(a.sV0 + s * kKVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, head_kv, n * BN, ti.batch);
+    };
+    load_k(0);
+    {
+      const uint32_t qs = j % QBUF;
+      mbar_wait<true>(bars.qe(qs), ((j / QBUF) & 1u) ^ 1u);
+      mbar_arrive_expect_tx(bars.qf(qs), kQBytes);
+      // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch). Rows past s_q are
+      // zero-filled and still counted in the transaction bytes (full box).
+#pragma unroll
+      for (int c = 0; c < DCH; ++c)
+        tma_load_4d(a.sQ0 + qs * kQBytes + c * BM * 128, a.tmQ, bars.qf(qs), c * 64, ti.head, ti.m_blk * BM,
+                    ti.batch);
+    }
+    for (int n = 0; n < ti.n_blocks; ++n) {
+      if (n + 1 < ti.n_blocks) load_k(n + 1);
+      load_v(n);
+    }
+    kv += ti.n_blocks;
+  }
+}
+
 // ------------------------------------------------------------------- kernel
 template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_, int SCHED_ = kV3RoundRobin>
 __global__ void __launch_bounds__(kFwdThreads, 1)
@@ -208,7 +297,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   using Cfg = FwdV3Cfg<D, BN_, STAGES_, PP_>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, QBUF = Cfg::QBUF;
   constexpr bool PP = Cfg::PP;
-  constexpr int DCH = D / 64;  // 128-byte chunks per row
   constexpr bool QREG = kFwdQInRegs<D, BN>;
 
   extern __shared__ uint8_t smem_raw[];
@@ -216,13 +304,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const uint32_t sQ0 = (sraw + 1023u) & ~1023u;
   const uint32_t sK0 = sQ0 + Cfg::kKOffset;
   const uint32_t sV0 = sK0 + STAGES * Cfg::kKVBytes;
-  const uint32_t bar0 = sQ0 + Cfg::kBarOffset;
-  auto bar_qf = [&](uint32_t s) { return bar0 + 8u * s; };                           // Q slot full (tx)
-  auto bar_qe = [&](uint32_t s) { return bar0 + 8u * (QBUF + s); };                  // Q slot empty (8 warps)
-  auto bar_kf = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + s); };              // K slot full (tx)
-  auto bar_vf = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + STAGES + s); };     // V slot full (tx)
-  auto bar_ke = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + 2 * STAGES + s); }; // K slot empty (8 warps)
-  auto bar_ve = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + 3 * STAGES + s); }; // V slot empty (8 warps)
+  const V3Bars<QBUF, STAGES> bars{sQ0 + Cfg::kBarOffset};
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
@@ -234,17 +316,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr bool kHeadMajor = CAUSAL && SCHED_ == kV3SnakeHeadMajor;
 
   if (tid == 0) {
-    for (int s = 0; s < QBUF; ++s) {
-      mbar_init(bar_qf(s), 1);
-      mbar_init(bar_qe(s), kConsumerWarps);
-    }
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_kf(s), 1);
-      mbar_init(bar_vf(s), 1);
-      mbar_init(bar_ke(s), kConsumerWarps);
-      mbar_init(bar_ve(s), kConsumerWarps);
-    }
-    mbar_fence_init();
+    bars.init(kConsumerWarps);
     tma_prefetch_desc(&tmQ);
     tma_prefetch_desc(&tmK);
     tma_prefetch_desc(&tmV);
@@ -255,46 +327,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<24>();
     if (tid == 0) {
-      uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
-      uint32_t j = 0;   // local tile index (Q ring)
-      for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
-        const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
-        const int head_kv = ti.head / group;
-        auto load_k = [&](int n) {
-          const uint32_t it = kv + n;
-          const uint32_t s = it % STAGES;
-          mbar_wait<true>(bar_ke(s), ((it / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
-          mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < DCH; ++c)
-            tma_load_4d(sK0 + s * Cfg::kKVBytes + c * BN * 128, &tmK, bar_kf(s), c * 64, head_kv, n * BN, ti.batch);
-        };
-        auto load_v = [&](int n) {
-          const uint32_t it = kv + n;
-          const uint32_t s = it % STAGES;
-          mbar_wait<true>(bar_ve(s), ((it / STAGES) & 1u) ^ 1u);
-          mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < DCH; ++c)
-            tma_load_4d(sV0 + s * Cfg::kKVBytes + c * BN * 128, &tmV, bar_vf(s), c * 64, head_kv, n * BN, ti.batch);
-        };
-        load_k(0);
-        {
-          const uint32_t qs = j % QBUF;
-          mbar_wait<true>(bar_qe(qs), ((j / QBUF) & 1u) ^ 1u);
-          mbar_arrive_expect_tx(bar_qf(qs), Cfg::kQBytes);
-          // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
-#pragma unroll
-          for (int c = 0; c < DCH; ++c)
-            tma_load_4d(sQ0 + qs * Cfg::kQBytes + c * BM * 128, &tmQ, bar_qf(qs), c * 64, ti.head, ti.m_blk * BM,
-                        ti.batch);
-        }
-        for (int n = 0; n < ti.n_blocks; ++n) {
-          if (n + 1 < ti.n_blocks) load_k(n + 1);
-          load_v(n);
-        }
-        kv += ti.n_blocks;
-      }
+      v3_produce<D, BM, BN, STAGES, QBUF, CAUSAL, kSnake, kHeadMajor>(
+          p, V3ProducerArgs{&tmQ, &tmK, &tmV, sQ0, sK0, sV0, n_m, n_hb, n_tiles, group}, bars);
     }
     return;
   }
@@ -345,7 +379,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
     float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
 
-    wait_full(bar_qf(qs), (j / QBUF) & 1u);
+    wait_full(bars.qf(qs), (j / QBUF) & 1u);
     phase_stamp(j, 1);
     if constexpr (QREG) {
       // Q lives in registers from here, so its slot is free at once: the producer can issue the
@@ -353,13 +387,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       __syncwarp();
       v2_load_q_frags<D>(qa, sQ, cw, warp, lane);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_qe(qs));
+      if (lane == 0) mbar_arrive(bars.qe(qs));
     }
 
     // ---------------------------------------------- prologue: S_0 alone
     {
       const uint32_t s = kv % STAGES;
-      wait_full(bar_kf(s), (kv / STAGES) & 1u);
+      wait_full(bars.kf(s), (kv / STAGES) & 1u);
       __syncwarp();  // reconverge after the spins before the .aligned ops
       if (PP) v2_pp_wait_turn(cw);
       v2_fence_f(sacc);
@@ -372,8 +406,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       phase_stamp(j, 2);
       __syncwarp();
       if (lane == 0) {
-        mbar_arrive(bar_ke(s));
-        if (!QREG && n_blocks == 1) mbar_arrive(bar_qe(qs));  // S_0 was this tile's last read of Q
+        mbar_arrive(bars.ke(s));
+        if (!QREG && n_blocks == 1) mbar_arrive(bars.qe(qs));  // S_0 was this tile's last read of Q
       }
       v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
       v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
@@ -388,7 +422,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       const uint32_t sp = (it - 1) % STAGES;  // slot of block n-1 (its V)
       const uint32_t php = ((it - 1) / STAGES) & 1u;
 
-      wait_full(bar_kf(s), ph);
+      wait_full(bars.kf(s), ph);
       __syncwarp();
       if (PP) v2_pp_wait_turn(cw);
       // group A: S_n
@@ -397,7 +431,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sKt + s * Cfg::kKVBytes, cw);
       wgmma_commit();
       v2_rescale_o<D>(o, corr);
-      wait_full(bar_vf(sp), php);
+      wait_full(bars.vf(sp), php);
       __syncwarp();
       // group B: O += P_{n-1} V_{n-1}
       v2_commit_pv<D, BN, F16>(o, pa, sVt + sp * Cfg::kKVBytes);
@@ -414,8 +448,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
           [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
       __syncwarp();
       if (lane == 0) {  // only now: the softmax's slow path reads K_n (and Q, if not in registers) again
-        mbar_arrive(bar_ke(s));
-        if (!QREG && n == n_blocks - 1) mbar_arrive(bar_qe(qs));  // last S GEMM of the tile: Q slot free
+        mbar_arrive(bars.ke(s));
+        if (!QREG && n == n_blocks - 1) mbar_arrive(bars.qe(qs));  // last S GEMM of the tile: Q slot free
       }
       v2_fence_f(sacc);
       reg_fence(row_l[0]);
@@ -425,7 +459,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       v2_fence_f(o);
       v2_fence_p(pa);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ve(sp));
+      if (lane == 0) mbar_arrive(bars.ve(sp));
       v2_pack_p<BN, F16>(pa, sacc);
     }
 
@@ -434,7 +468,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     {
       const uint32_t it = kv + n_blocks - 1;
       const uint32_t s = it % STAGES;
-      wait_full(bar_vf(s), (it / STAGES) & 1u);
+      wait_full(bars.vf(s), (it / STAGES) & 1u);
       __syncwarp();
       if (PP) v2_pp_wait_turn(cw);
       v2_rescale_o<D>(o, corr);
@@ -444,7 +478,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       wgmma_wait<0>();
       v2_fence_f(o);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ve(s));  // the producer's later loads wait on it
+      if (lane == 0) mbar_arrive(bars.ve(s));  // the producer's later loads wait on it
     }
     phase_stamp(j, 4);
     kv += n_blocks;
@@ -486,6 +520,19 @@ inline cudaError_t persistent_prepare(FwdLaunch* L, const Sm90Args& a, int num_s
   L->causal = a.causal;
   return cudaSuccess;
 }
+
+// The tile schedule tuning.h's choose_v3_schedule picks for a causal persistent call of bm x bn
+// tiles on num_sms CTAs.
+inline V3Schedule causal_schedule(const Sm90Args& a, int num_sms, int bm, int bn) {
+  V3Grid gr;
+  gr.n_m = (a.out.s_q + bm - 1) / bm;
+  gr.n_hb = int64_t{a.out.h} * a.out.b;
+  gr.s_kv = a.out.s_kv;
+  gr.g = num_sms;
+  gr.bm = bm;
+  gr.bn = bn;
+  return choose_v3_schedule(gr);
+}
 }  // namespace detail
 
 // Same contract as fwd_sm90_v2_prepare_cfg plus the SM count (the grid: detail::persistent_prepare).
@@ -508,16 +555,7 @@ inline cudaError_t fwd_sm90_v3_prepare_cfg(FwdLaunch* L, const Sm90Args& a, int 
 template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL>
 inline cudaError_t fwd_sm90_v3_prepare_tuned(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   constexpr int BM = FwdV3Cfg<D, BN, STAGES, PP>::BM;
-  V3Grid gr;
-  if (a.causal) {
-    gr.n_m = (a.out.s_q + BM - 1) / BM;
-    gr.n_hb = int64_t{a.out.h} * a.out.b;
-    gr.s_kv = a.out.s_kv;
-    gr.g = num_sms;
-    gr.bm = BM;
-    gr.bn = BN;
-  }
-  if (a.causal && choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor) {
+  if (a.causal && detail::causal_schedule(a, num_sms, BM, BN) == V3Schedule::kSnakeHeadMajor) {
     return fwd_sm90_v3_prepare_cfg<T, D, BN, STAGES, PP, kV3SnakeHeadMajor, PP_CAUSAL>(L, a, num_sms);
   }
   return fwd_sm90_v3_prepare_cfg<T, D, BN, STAGES, PP, kV3Snake, PP_CAUSAL>(L, a, num_sms);

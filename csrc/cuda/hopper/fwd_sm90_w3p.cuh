@@ -14,11 +14,12 @@
 // last forward point below cuDNN (0.98 / 1.00 / 0.98 in the three grids of
 // 2026-12-02). v3 removed the same cost from v2 (+4.6% at d = 64 2k causal).
 //
-// Per tile everything is the three-consumer kernel's, operation for operation
-// (S_0 alone; steady iterations S_n + PV_{n-1} under the 3-way rotation;
-// SKIP's iterations for key tiles a warpgroup's rows never see; PV_last alone;
-// the same helpers), so with the same BN the outputs are bitwise equal to v2's
-// and to the three-consumer kernel's. What changes is across tiles, as in v3:
+// Per tile the consumers run the three-consumer kernel's code (w3_consume_tile:
+// S_0 alone; steady iterations S_n + PV_{n-1} under the 3-way rotation;
+// SKIP's iterations for key tiles a warpgroup's rows never see; PV_last alone),
+// and the producer is v3's (v3_produce), so with the same BN the outputs are
+// bitwise equal to v2's and to the three-consumer kernel's. What changes is
+// across tiles, as in v3:
 // (1) Schedule: v3's (v3_decode with BM = 192, v3_next; snake or snake
 //     head-major, picked per call by tuning.h's choose_v3_schedule).
 // (2) Q: two 24 KB slots (2 x 24 + 2 x 4 x 16 KB = 176 KB of 227), each with a
@@ -78,11 +79,10 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     fwd_sm90_w3p_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                         const __grid_constant__ CUtensorMap tmV, const KParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  constexpr bool F16 = std::is_same<T, __half>::value;
   using Cfg = FwdW3PCfg<BN_, STAGES_, PP_, SKIP_>;
   constexpr int D = 64;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, QBUF = Cfg::QBUF;
-  constexpr bool PP = Cfg::PP, SKIP = Cfg::SKIP;
+  constexpr bool PP = Cfg::PP;
   constexpr bool kSnake = CAUSAL && SCHED_ != kV3RoundRobin;
   constexpr bool kHeadMajor = CAUSAL && SCHED_ == kV3SnakeHeadMajor;
 
@@ -91,33 +91,16 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   const uint32_t sQ0 = (sraw + 1023u) & ~1023u;
   const uint32_t sK0 = sQ0 + Cfg::kKOffset;
   const uint32_t sV0 = sK0 + STAGES * Cfg::kKVBytes;
-  const uint32_t bar0 = sQ0 + Cfg::kBarOffset;
-  auto bar_qf = [&](uint32_t s) { return bar0 + 8u * s; };                            // Q slot full (tx)
-  auto bar_qe = [&](uint32_t s) { return bar0 + 8u * (QBUF + s); };                   // Q slot empty (12 warps)
-  auto bar_kf = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + s); };               // K slot full (tx)
-  auto bar_vf = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + STAGES + s); };      // V slot full (tx)
-  auto bar_ke = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + 2 * STAGES + s); };  // K slot empty (12 warps)
-  auto bar_ve = [&](uint32_t s) { return bar0 + 8u * (2 * QBUF + 3 * STAGES + s); };  // V slot empty (12 warps)
+  const V3Bars<QBUF, STAGES> bars{sQ0 + Cfg::kBarOffset};
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
   const int n_m = (p.s_q + BM - 1) / BM;
   const int n_hb = p.h * p.b;
   const int n_tiles = n_m * n_hb;  // host: fits in int, gridDim.x <= n_tiles
-  const int group = p.h / p.h_kv;
 
   if (tid == 0) {
-    for (int s = 0; s < QBUF; ++s) {
-      mbar_init(bar_qf(s), 1);
-      mbar_init(bar_qe(s), kW3ConsumerWarps);
-    }
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_kf(s), 1);
-      mbar_init(bar_vf(s), 1);
-      mbar_init(bar_ke(s), kW3ConsumerWarps);
-      mbar_init(bar_ve(s), kW3ConsumerWarps);
-    }
-    mbar_fence_init();
+    bars.init(kW3ConsumerWarps);
     tma_prefetch_desc(&tmQ);
     tma_prefetch_desc(&tmK);
     tma_prefetch_desc(&tmV);
@@ -128,39 +111,8 @@ __global__ void __launch_bounds__(kW3Threads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<kW3ProducerRegs>();
     if (tid == 0) {
-      uint32_t kv = 0;  // key tiles of this CTA's earlier tiles
-      uint32_t j = 0;   // local tile index (Q ring)
-      for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
-        const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
-        const int head_kv = ti.head / group;
-        auto load_k = [&](int n) {
-          const uint32_t it = kv + n;
-          const uint32_t s = it % STAGES;
-          mbar_wait<true>(bar_ke(s), ((it / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
-          mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
-          tma_load_4d(sK0 + s * Cfg::kKVBytes, &tmK, bar_kf(s), 0, head_kv, n * BN, ti.batch);
-        };
-        auto load_v = [&](int n) {
-          const uint32_t it = kv + n;
-          const uint32_t s = it % STAGES;
-          mbar_wait<true>(bar_ve(s), ((it / STAGES) & 1u) ^ 1u);
-          mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
-          tma_load_4d(sV0 + s * Cfg::kKVBytes, &tmV, bar_vf(s), 0, head_kv, n * BN, ti.batch);
-        };
-        load_k(0);
-        {
-          // One 192-row box (rows past s_q zero-filled, still counted in the transaction bytes).
-          const uint32_t qs = j % QBUF;
-          mbar_wait<true>(bar_qe(qs), ((j / QBUF) & 1u) ^ 1u);
-          mbar_arrive_expect_tx(bar_qf(qs), Cfg::kQBytes);
-          tma_load_4d(sQ0 + qs * Cfg::kQBytes, &tmQ, bar_qf(qs), 0, ti.head, ti.m_blk * BM, ti.batch);
-        }
-        for (int n = 0; n < ti.n_blocks; ++n) {
-          if (n + 1 < ti.n_blocks) load_k(n + 1);
-          load_v(n);
-        }
-        kv += ti.n_blocks;
-      }
+      v3_produce<D, BM, BN, STAGES, QBUF, CAUSAL, kSnake, kHeadMajor>(
+          p, V3ProducerArgs{&tmQ, &tmK, &tmV, sQ0, sK0, sV0, n_m, n_hb, n_tiles, p.h / p.h_kv}, bars);
     }
     return;
   }
@@ -168,12 +120,6 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   // -------------------------------------------------------------- consumers
   setmaxnreg_inc<kW3ConsumerRegs>();
   const int cw = wg - 1;  // consumer warpgroup 0..2: query rows [64*cw, 64*cw+64) of each tile
-  const int ltid = tid & 127;
-  const int warp = ltid / 32;
-  const int lane = tid & 31;
-  const int qd = lane & 3;
-  const int row_in_tile = cw * 64 + warp * 16 + (lane >> 2);
-  const float sl2 = p.scale_log2;
 
   // Rotation: the last consumer hands consumer 0 the first turn of the whole persistent loop.
   if (PP && cw == kW3Consumers - 1) w3_pass_turn(cw);
@@ -182,163 +128,31 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   float sacc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
-  float o[D / 2];
-  uint32_t pa[BN / 16][4];
 
   bool timed_out = false;  // sticky for the CTA's life
-  auto wait_full = [&](uint32_t bar, uint32_t parity) {
-    if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
-  };
-
-  uint32_t kv = 0;  // key tiles of this CTA's earlier tiles
-  uint32_t j = 0;   // local tile index (Q ring)
+  uint32_t kv = 0;         // key tiles of this CTA's earlier tiles
+  uint32_t j = 0;          // local tile index (Q ring)
   for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
     const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
-    const int n_blocks = ti.n_blocks;
-    const bool last_tile = v3_next<kSnake>(t, j) >= n_tiles;  // the same in every consumer
-    const int row_base = ti.m_blk * BM + row_in_tile;
-    const int wg_row0 = ti.m_blk * BM + cw * 64;
     const uint32_t qs = j % QBUF;
-    const uint32_t sQ = warp_uniform_here(sQ0 + qs * Cfg::kQBytes);
-    // SKIP: the key tiles this warpgroup's rows see (fwd_sm90_v2w3.cuh).
-    int n_eff = n_blocks;
-    if constexpr (SKIP) {
-      if (wg_row0 >= p.s_q) {
-        n_eff = 1;
-      } else if (CAUSAL) {
-        n_eff = min(n_blocks, min(wg_row0 + 63, p.s_q - 1) / BN + 1);
-      }
-    }
-
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float row_m[2] = {-INFINITY, -INFINITY};  // running max, log2-scaled domain
-    float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
-    float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
-
-    wait_full(bar_qf(qs), (j / QBUF) & 1u);
-
-    // ---------------------------------------------- prologue: S_0 alone
-    {
-      const uint32_t s = kv % STAGES;
-      wait_full(bar_kf(s), (kv / STAGES) & 1u);
-      __syncwarp();  // reconverge after the spins before the .aligned ops
-      if (PP) w3_wait_turn(cw);
-      v2_fence_f(sacc);
-      wgmma_fence();
-      w3_issue_s<BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
-      wgmma_commit();
-      if (PP) w3_pass_turn(cw);
-      wgmma_wait<0>();
-      v2_fence_f(sacc);
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(bar_ke(s));
-        if (n_eff == 1) mbar_arrive(bar_qe(qs));  // S_0 was this warpgroup's last read of Q
-      }
-      v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
-      v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
-      v2_pack_p<BN, F16>(pa, sacc);
-    }
-
-    // O += P_{n-1} V_{n-1} for block it - 1 in slot sp, as in fwd_sm90_v2w3.cuh.
-    auto issue_pv_prev = [&](uint32_t sp, uint32_t php) {
-      v2_rescale_o<D>(o, corr);
-      wait_full(bar_vf(sp), php);
-      __syncwarp();
-      v2_commit_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-    };
-    auto finish_pv_prev = [&](uint32_t sp) {
-      wgmma_wait<0>();
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ve(sp));
-    };
-
-    // ---------------------------------------------- steady state
-    for (int n = 1; n < n_eff; ++n) {
-      const uint32_t it = kv + n;
-      const uint32_t s = it % STAGES;
-      const uint32_t ph = (it / STAGES) & 1u;
-      const uint32_t sp = (it - 1) % STAGES;  // slot of block it - 1 (its V)
-      const uint32_t php = ((it - 1) / STAGES) & 1u;
-
-      wait_full(bar_kf(s), ph);
-      __syncwarp();
-      if (PP) w3_wait_turn(cw);
-      v2_fence_f(sacc);
-      wgmma_fence();
-      w3_issue_s<BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
-      wgmma_commit();
-      issue_pv_prev(sp, php);
-      if (PP) w3_pass_turn(cw);
-
-      wgmma_wait<1>();  // S_n complete; PV_{n-1} may still run
-      v2_fence_f(sacc);
-      v2_softmax_steady<BN, kW3Consumers>(
-          sacc, row_m, row_l, corr, sl2, cw,
-          [&] { w3_issue_s<BN, F16>(sacc, sQ, sK0 + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes, cw); },
-          [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
-      __syncwarp();
-      if (lane == 0) {  // only now: the softmax's slow path reads K_n and Q again
-        mbar_arrive(bar_ke(s));
-        if (n == n_eff - 1) mbar_arrive(bar_qe(qs));  // this warpgroup's last S of the tile
-      }
-      v2_fence_f(sacc);
-      reg_fence(row_l[0]);
-      reg_fence(row_l[1]);
-
-      finish_pv_prev(sp);
-      v2_pack_p<BN, F16>(pa, sacc);
-    }
-
-    // ---------------------------------------------- SKIP: key tiles this warpgroup's rows never see
-    if constexpr (SKIP) {
-      for (int n = n_eff; n < n_blocks; ++n) {
-        const uint32_t it = kv + n;
-        const uint32_t s = it % STAGES;
-        const uint32_t ph = (it / STAGES) & 1u;
-        const uint32_t sp = (it - 1) % STAGES;
-        const uint32_t php = ((it - 1) / STAGES) & 1u;
-        wait_full(bar_kf(s), ph);  // K_n unused: waited so that the arrival below lands in its phase
-        __syncwarp();
-        if (PP) w3_wait_turn(cw);
-        issue_pv_prev(sp, php);  // the last real block's P in the first of these iterations, 0 after it
-        if (PP) w3_pass_turn(cw);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_ke(s));
-        finish_pv_prev(sp);
-#pragma unroll
-        for (int u = 0; u < BN / 16; ++u) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) pa[u][i] = 0u;
-        }
-        corr[0] = corr[1] = 1.f;
-      }
-    }
-
-    // ---------------------------------------------- PV_last alone
-    {
-      const uint32_t it = kv + n_blocks - 1;
-      const uint32_t s = it % STAGES;
-      wait_full(bar_vf(s), (it / STAGES) & 1u);
-      __syncwarp();
-      if (PP) w3_wait_turn(cw);
-      v2_rescale_o<D>(o, corr);
-      v2_commit_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
-      // Only the last consumer's last turn of the whole loop passes nothing.
-      if (PP && !(cw == kW3Consumers - 1 && last_tile)) w3_pass_turn(cw);
-      wgmma_wait<0>();
-      v2_fence_f(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_ve(s));  // the producer's later loads wait on it
-    }
-    kv += n_blocks;
-
-    // ---------------------------------------------------------- epilogue
-    // Runs while the producer's next Q / K_0 loads are in flight and the other consumers issue.
-    fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, ti.batch, ti.head, qd, timed_out);
+    W3TileIo io;
+    io.m_blk = ti.m_blk;
+    io.head = ti.head;
+    io.batch = ti.batch;
+    io.n_blocks = ti.n_blocks;
+    io.sQ = warp_uniform_here(sQ0 + qs * Cfg::kQBytes);
+    io.q_full = bars.qf(qs);
+    io.q_phase = (j / QBUF) & 1u;
+    io.q_empty = bars.qe(qs);
+    io.sK0 = sK0;
+    io.sV0 = sV0;
+    io.kf0 = bars.kf(0);
+    io.kv = kv;
+    io.last_tile = v3_next<kSnake>(t, j) >= n_tiles;  // the same in every consumer
+    // The epilogue's stores run while the producer's next Q / K_0 loads are in flight and the
+    // other consumers issue.
+    w3_consume_tile<T, CAUSAL, Cfg, true>(p, io, cw, sacc, timed_out);
+    kv += ti.n_blocks;
     __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
   }
 #endif
@@ -365,17 +179,8 @@ template <typename T>
 inline cudaError_t fwd_sm90_w3p_prepare(FwdLaunch* L, const Sm90Args& a, int num_sms) {
   using C = FwdV2W3Default;
   constexpr int BM = FwdW3PCfg<C::BN, C::STAGES, C::PP, C::SKIP>::BM;
-  if (a.causal) {
-    V3Grid gr;
-    gr.n_m = (a.out.s_q + BM - 1) / BM;
-    gr.n_hb = int64_t{a.out.h} * a.out.b;
-    gr.s_kv = a.out.s_kv;
-    gr.g = num_sms;
-    gr.bm = BM;
-    gr.bn = C::BN;
-    if (choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor)
-      return fwd_sm90_w3p_prepare_cfg<T, C::BN, C::STAGES, C::PP, C::SKIP, kV3SnakeHeadMajor>(L, a, num_sms);
-  }
+  if (a.causal && detail::causal_schedule(a, num_sms, BM, C::BN) == V3Schedule::kSnakeHeadMajor)
+    return fwd_sm90_w3p_prepare_cfg<T, C::BN, C::STAGES, C::PP, C::SKIP, kV3SnakeHeadMajor>(L, a, num_sms);
   return fwd_sm90_w3p_prepare_cfg<T, C::BN, C::STAGES, C::PP, C::SKIP, kV3Snake>(L, a, num_sms);
 }
 
