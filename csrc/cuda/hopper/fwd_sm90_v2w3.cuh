@@ -164,11 +164,14 @@ struct W3TileIo {
 
 // One consumer warpgroup's work on one tile, from Q's arrival to the stored rows: S_0 alone, the
 // steady iterations S_n + PV_{n-1} under the 3-way rotation, SKIP's iterations, PV_last alone (the
-// header above). sacc is the caller's, so the persistent kernel zeroes it once. RELEASE_Q: arrive
-// on the Q slot's empty barrier after this warpgroup's last S GEMM of the tile. timed_out is
+// header above). sacc is the caller's, so the persistent kernel zeroes it once. PERSISTENT: the CTA
+// runs several tiles, so the warpgroup arrives on the Q slot's empty barrier after its last S GEMM
+// of the tile, and ring positions continue from io.kv (unsigned: they grow over the CTA's life);
+// the one-tile kernel counts them from 0 in int, as it did before the two kernels shared this code
+// (the unsigned form cost it 1-2.5% at s >= 4k causal, harness A/B of 2026-12-02). timed_out is
 // sticky: a warp that gave up on a barrier reports NaN lse for this and later tiles and keeps every
 // turn and arrival.
-template <typename T, bool CAUSAL, class Cfg, bool RELEASE_Q>
+template <typename T, bool CAUSAL, class Cfg, bool PERSISTENT>
 __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo& io, int cw,
                                                 float (&sacc)[Cfg::BN / 2], bool& timed_out) {
   constexpr bool F16 = std::is_same<T, __half>::value;
@@ -186,7 +189,8 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
   const int row_base = io.m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
   const int wg_row0 = io.m_blk * BM + cw * 64;
   const int n_blocks = io.n_blocks;
-  const uint32_t kv = io.kv;
+  using Pos = std::conditional_t<PERSISTENT, uint32_t, int>;  // ring position
+  const Pos kv = PERSISTENT ? static_cast<Pos>(io.kv) : Pos{0};
   const uint32_t sQ = io.sQ;
   const float sl2 = p.scale_log2;
   // SKIP: the key tiles this warpgroup's rows see, at least 1 (S_0 is always computed): causally up
@@ -215,7 +219,7 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
 
   // ------------------------------------------------ prologue: S_0 alone
   {
-    const uint32_t s = kv % STAGES;
+    const Pos s = kv % STAGES;
     wait_full(kf(s), (kv / STAGES) & 1u);
     __syncwarp();  // reconverge after the spins before the .aligned ops
     if (PP) w3_wait_turn(cw);
@@ -229,7 +233,7 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
     __syncwarp();
     if (lane == 0) {
       mbar_arrive(ke(s));
-      if (RELEASE_Q && n_eff == 1) mbar_arrive(io.q_empty);  // S_0 was this warpgroup's last read of Q
+      if (PERSISTENT && n_eff == 1) mbar_arrive(io.q_empty);  // S_0 was this warpgroup's last read of Q
     }
     v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
     v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
@@ -239,14 +243,14 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
   // O += P_{n-1} V_{n-1} for the block before ring position it, in slot sp (the steady and SKIP
   // iterations): O rescaled for the tile first (no wgmma in flight has O as an operand), once
   // V_{n-1} has landed.
-  auto issue_pv_prev = [&](uint32_t sp, uint32_t php) {
+  auto issue_pv_prev = [&](Pos sp, uint32_t php) {
     v2_rescale_o<D>(o, corr);
     wait_full(vf(sp), php);
     __syncwarp();
     v2_commit_pv<D, BN, F16>(o, pa, io.sV0 + sp * Cfg::kKVBytes);
   };
   // That PV complete (its group the last in flight): O final for tile n-1, P_{n-1} free, V slot released.
-  auto finish_pv_prev = [&](uint32_t sp) {
+  auto finish_pv_prev = [&](Pos sp) {
     wgmma_wait<0>();
     v2_fence_f(o);
     v2_fence_p(pa);
@@ -256,10 +260,10 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
 
   // ------------------------------------------------ steady state
   for (int n = 1; n < n_eff; ++n) {
-    const uint32_t it = kv + n;
-    const uint32_t s = it % STAGES;
+    const Pos it = kv + n;
+    const Pos s = it % STAGES;
     const uint32_t ph = (it / STAGES) & 1u;
-    const uint32_t sp = (it - 1) % STAGES;  // slot of block it - 1 (its V)
+    const Pos sp = (it - 1) % STAGES;  // slot of block it - 1 (its V)
     const uint32_t php = ((it - 1) / STAGES) & 1u;
 
     wait_full(kf(s), ph);
@@ -282,7 +286,7 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
     __syncwarp();
     if (lane == 0) {  // only now: the softmax's slow path reads K_n and Q again
       mbar_arrive(ke(s));
-      if (RELEASE_Q && n == n_eff - 1) mbar_arrive(io.q_empty);  // this warpgroup's last S of the tile
+      if (PERSISTENT && n == n_eff - 1) mbar_arrive(io.q_empty);  // this warpgroup's last S of the tile
     }
     // Pin the softmax before the wait (else it may sink past wait_group 0).
     v2_fence_f(sacc);
@@ -296,10 +300,10 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
   // ------------------------------------------------ SKIP: tiles this warpgroup's rows never see
   if constexpr (SKIP) {
     for (int n = n_eff; n < n_blocks; ++n) {
-      const uint32_t it = kv + n;
-      const uint32_t s = it % STAGES;
+      const Pos it = kv + n;
+      const Pos s = it % STAGES;
       const uint32_t ph = (it / STAGES) & 1u;
-      const uint32_t sp = (it - 1) % STAGES;
+      const Pos sp = (it - 1) % STAGES;
       const uint32_t php = ((it - 1) / STAGES) & 1u;
       wait_full(kf(s), ph);  // K_n unused: waited so that the arrival below lands in its phase
       __syncwarp();
@@ -320,8 +324,8 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
 
   // ------------------------------------------------ PV_last alone
   {
-    const uint32_t it = kv + n_blocks - 1;
-    const uint32_t s = it % STAGES;
+    const Pos it = kv + n_blocks - 1;
+    const Pos s = it % STAGES;
     wait_full(vf(s), (it / STAGES) & 1u);
     __syncwarp();
     if (PP) w3_wait_turn(cw);
