@@ -27,6 +27,12 @@ at its power limit, so two kernels of equal work can run at different clocks.
 
 --sustain SECONDS runs each implementation back to back for that long before it is timed, so that each
 is timed at the clocks its own power draw settles at rather than at those the one before left.
+
+--order rotate starts round r with the (r mod 3)-th implementation (fusedattn, FA2, cuDNN, ...), so
+that over the rounds each one follows each other one; the default, fixed, times them in the same
+order every round, so fusedattn's forward+backward always follows fusedattn's forward and cuDNN's
+follows FA2's and cuDNN's forwards: whatever heat or power state the previous measurement leaves
+then falls on the same implementation every round.
 """
 
 from __future__ import annotations
@@ -181,6 +187,7 @@ class ClockSampler:
 
 SAMPLER = None  # --clocks (main sets it)
 SUSTAIN = 0.0  # --sustain (main sets it)
+ROTATE = False  # --order rotate (main sets it)
 
 
 def sustain(fn):
@@ -198,8 +205,12 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
     fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
     times = {}
     clocks = {}
-    for _ in range(ROUNDS):
-        for name, (fwd, fb) in impls.items():
+    for r in range(ROUNDS):
+        order = list(impls.items())
+        if ROTATE:
+            k = r % len(order)
+            order = order[k:] + order[:k]
+        for name, (fwd, fb) in order:
             for mode, fn in (("fwd", fwd), ("fb", fb)):
                 if SUSTAIN > 0:
                     sustain(fn)
@@ -328,11 +339,15 @@ def main():
                     help="also report the mean SM clock and board power during each timed measurement")
     ap.add_argument("--sustain", type=float, default=0.0,
                     help="run each implementation back to back this many seconds before timing it")
+    ap.add_argument("--order", choices=("fixed", "rotate"), default="fixed",
+                    help="fixed (default): the implementations in the same order every round; rotate: round r "
+                         "starts with the (r mod 3)-th")
     ap.add_argument("--deterministic", action="store_true",
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
-    global TIMING, INPUTS, ROUNDS, SAMPLER, SUSTAIN
+    global TIMING, INPUTS, ROUNDS, SAMPLER, SUSTAIN, ROTATE
     TIMING, INPUTS, ROUNDS, SUSTAIN = opts.timing, opts.inputs, max(1, opts.rounds), max(0.0, opts.sustain)
+    ROTATE = opts.order == "rotate"
     if opts.clocks:
         SAMPLER = ClockSampler()
     if opts.deterministic:
@@ -370,6 +385,7 @@ def main():
                                                      "20 event-timed calls back to back, no L2 flush (--timing loop)")
                 + ("; inputs uniform as the harnesses'" if INPUTS == "uniform" else "")
                 + (f"; each timed after {SUSTAIN:g} s of back-to-back calls" if SUSTAIN > 0 else "")
+                + ("; each round starting with the next implementation (--order rotate)" if ROTATE else "")
                 + "; ratios > 1 mean fusedattn is faster"
                 + (" (vs cuDNN: median over the rounds, in brackets the range of the per-round ratios)"
                    if ROUNDS > 1 else "") + ".",
