@@ -153,13 +153,34 @@ def point_impls(d, s, causal, dtype=torch.bfloat16):
 ROUNDS = 1  # --rounds (main sets it)
 
 
+# nvidia-smi's clock event (throttle) reason bits, by the names the clock table prints.
+CLOCK_REASONS = ((0x4, "sw-power-cap"), (0x8, "hw-slowdown"), (0x20, "sw-thermal"), (0x40, "hw-thermal"),
+                 (0x80, "hw-power-brake"), (0x10, "sync-boost"))
+
+
+def smi_field(*names):
+    """The first of these nvidia-smi query fields that the driver reports (drivers renamed
+    clocks_throttle_reasons to clocks_event_reasons), or None."""
+    for name in names:
+        probe = subprocess.run(["nvidia-smi", "-i", "0", f"--query-gpu={name}", "--format=csv,noheader"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0 and "not supported" not in probe.stdout.lower():
+            return name
+    return None
+
+
 class ClockSampler:
-    """nvidia-smi in the background, one (host time, SM MHz, W) sample every 20 ms (--clocks)."""
+    """nvidia-smi in the background, one sample every 20 ms (--clocks): host time, SM MHz, W, and where
+    the driver reports them the GPU temperature and the active clock event reasons (a bit mask)."""
 
     def __init__(self):
         self.samples = []
+        self.extra = [f for f in (smi_field("temperature.gpu"),
+                                  smi_field("clocks_event_reasons.active", "clocks_throttle_reasons.active")) if f]
+        self.has_temp = bool(self.extra) and self.extra[0] == "temperature.gpu"
+        self.has_reasons = bool(self.extra) and self.extra[-1] != "temperature.gpu"
         self.proc = subprocess.Popen(
-            ["nvidia-smi", "-i", "0", "--query-gpu=timestamp,clocks.sm,power.draw",
+            ["nvidia-smi", "-i", "0", "--query-gpu=" + ",".join(["timestamp", "clocks.sm", "power.draw"] + self.extra),
              "--format=csv,noheader,nounits", "-lms", "20"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -170,19 +191,34 @@ class ClockSampler:
             parts = [x.strip() for x in line.split(",")]
             try:
                 t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                self.samples.append((t, float(parts[1]), float(parts[2])))
+                temp = float(parts[3]) if self.has_temp else float("nan")
+                reasons = int(parts[-1], 16) if self.has_reasons else 0
+                self.samples.append((t, float(parts[1]), float(parts[2]), temp, reasons))
             except (ValueError, IndexError):  # a header or a field the driver does not report
                 continue
 
     def window(self, t0, t1):
-        """Mean SM clock and power of the samples taken in [t0, t1] (host time), NaN when none."""
-        inside = [(c, w) for t, c, w in list(self.samples) if t0 <= t <= t1]
+        """Over the samples taken in [t0, t1] (host time): mean SM clock, power and temperature (NaN when
+        there are none), and the clock event reasons active in at least a tenth of them."""
+        inside = [x for x in list(self.samples) if t0 <= x[0] <= t1]
         if not inside:
-            return float("nan"), float("nan")
-        return statistics.mean(c for c, _ in inside), statistics.mean(w for _, w in inside)
+            return float("nan"), float("nan"), float("nan"), ""
+        reasons = [name for bit, name in CLOCK_REASONS
+                   if sum(1 for x in inside if x[4] & bit) * 10 >= len(inside)]
+        return (statistics.mean(x[1] for x in inside), statistics.mean(x[2] for x in inside),
+                statistics.mean(x[3] for x in inside), "+".join(reasons))
 
     def stop(self):
         self.proc.terminate()
+
+
+def clock_cell(sample):
+    """One measurement's clock-table entry: '1845 MHz 690 W 61 C sw-power-cap'."""
+    mhz, watts, temp, reasons = sample
+    cell = f"{mhz:.0f} MHz {watts:.0f} W"
+    if not math.isnan(temp):
+        cell += f" {temp:.0f} C"
+    return cell + (f" {reasons}" if reasons else "")
 
 
 SAMPLER = None  # --clocks (main sets it)
@@ -222,7 +258,7 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
            for key, ts in times.items()}
     # --clocks: the clock table's lines for this point, one per measurement.
     row["clock_lines"] = [f"| {d} | {s} | {'yes' if causal else 'no'} | {key} | "
-                          + " / ".join(f"{c:.0f} MHz {w:.0f} W" for c, w in cw) + " |" for key, cw in clocks.items()]
+                          + " / ".join(clock_cell(c) for c in cw) + " |" for key, cw in clocks.items()]
     # The spread of the ratio to cuDNN over the rounds (each round times the two back to back), to
     # tell a ratio from the drift of the GPU's clocks between rounds.
     for mode in ("fwd", "fb"):
@@ -393,7 +429,9 @@ def main():
     if SAMPLER is not None:
         SAMPLER.stop()
         write_table("SM clock and board power during the timed calls",
-                    "nvidia-smi samples every 20 ms, mean per measurement (one per round, in round order).",
+                    "nvidia-smi samples every 20 ms, mean per measurement (one per round, in round order): "
+                    "SM clock, board power, GPU temperature, and the clock event reasons active in at least a "
+                    "tenth of the samples.",
                     ["| d | s | causal | measurement | per round |", "|---|---|---|---|---|"] + clock_lines,
                     opts.out)
 
