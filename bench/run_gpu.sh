@@ -22,9 +22,11 @@ if [ "${BENCH_HOPPER_BWD_AB:-0}" = "1" ]; then
 fi
 # BENCH_GPU_AB="VAR=value ...": the grid once more in a process with those variables (a
 # candidate's switch, e.g. FUSEDATTN_HOPPER_BWD=0), headed with its FUSEDATTN_ switches.
-if [ -n "${BENCH_GPU_AB:-}" ]; then
+# BENCH_GPU_AB_ARGS="...": bench_gpu.py arguments added to that second run's (e.g. --order rotate);
+# either one alone also runs it.
+if [ -n "${BENCH_GPU_AB:-}" ] || [ -n "${BENCH_GPU_AB_ARGS:-}" ]; then
   # shellcheck disable=SC2086
-  env ${BENCH_GPU_AB} "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} --out "$OUT/RESULTS_gpu.md"
+  env ${BENCH_GPU_AB:-} "$PY" bench/bench_gpu.py ${BENCH_GPU_ARGS:-} ${BENCH_GPU_AB_ARGS:-} --out "$OUT/RESULTS_gpu.md"
 fi
 # BENCH_DECODE=0 skips the decode benchmark. BENCH_DECODE_AB="VAR=value ..." runs it once more in
 # a process with those variables (a candidate's switch): both tables, each headed with its

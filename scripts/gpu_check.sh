@@ -19,8 +19,9 @@
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings; bench/run_gpu.sh's own variables pass
 #                          through (BENCH_GPU_ARGS, BENCH_GPU_AB="VAR=value": the grid again with a
-#                          switch set, BENCH_DECODE=0, BENCH_DECODE_ARGS, and
-#                          BENCH_DECODE_AB="VAR=value": the decode table again with a switch set)
+#                          switch set, BENCH_GPU_AB_ARGS: or with more bench_gpu.py arguments,
+#                          BENCH_DECODE=0, BENCH_DECODE_ARGS, and BENCH_DECODE_AB="VAR=value": the
+#                          decode table again with a switch set)
 #   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "v2 v3 w3 bwd"; bwd-check:
 #                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
 #                          d=64 with three consumer warpgroups, the backward's dQ by TMA
@@ -29,7 +30,8 @@
 #                          three-consumer forward with and without skipping the tiles a
 #                          warpgroup's rows never see (SKIP, the default since 2026-12-02);
 #                          w3-sweep: its key-tile sizes side by side; w3p: the persistent
-#                          three-consumer candidate, d = 64; "" skips). A backward
+#                          three-consumer forward (the library's at d = 64 s <= 2k) against the
+#                          one-tile one; "" skips). A backward
 #                          check that fails at d=256 makes the benchmark time d=256 with
 #                          FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_PREBUILT     a folder holding harness binaries built elsewhere (fwdh: build.sh's,

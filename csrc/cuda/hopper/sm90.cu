@@ -4,12 +4,11 @@
 // alone); without it the weak defaults in csrc/cuda/tc_default.cu take no call.
 // The kernels' host entries live in their own translation units (kernels.h).
 //
-// Forward, on by default: three kernel variants (v2, persistent, d = 64 three-
-// consumer), chosen per call by tuning.h; FUSEDATTN_HOPPER_FWD=v2|persistent|
-// three_consumer|three_consumer_persistent forces one (the three-consumer ones
-// only where d = 64; three_consumer_persistent is a candidate no tuned choice
-// takes yet) for A/B timing and for the tests, which run every variant on every
-// shape.
+// Forward, on by default: four kernel variants (v2, persistent, and at d = 64
+// three-consumer and persistent three-consumer), chosen per call by tuning.h;
+// FUSEDATTN_HOPPER_FWD=v2|persistent|three_consumer|three_consumer_persistent
+// forces one (the three-consumer ones only where d = 64) for A/B timing and for
+// the tests, which run every variant on every shape.
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too

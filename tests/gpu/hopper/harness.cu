@@ -37,7 +37,7 @@
 //                              its rows see it or not): bit for bit vs v2
 //   harness benchw3s           s >= 1k: v2, w3 default, w3 with SKIP flipped, w3 default again
 //                              (HDIFFW3 each)
-//   harness checkw3p           the persistent three-consumer candidate (fwd_sm90_w3p.cuh) vs v2, bit
+//   harness checkw3p           the persistent three-consumer forward (fwd_sm90_w3p.cuh) vs v2, bit
 //                              for bit: checkw3's shapes, forced small grids (many tiles per CTA),
 //                              both causal schedules, rising score maxima
 //   harness benchw3p           w3 default, w3p, w3 default, w3p (HDIFFW3 each); v3 too at s <= 1k
@@ -176,7 +176,7 @@ static Variant w3_variant(bool flip_skip = false) {
   return flip_skip ? w3_cfg_variant<T, C::BN, C::STAGES, C::PP, !C::SKIP>()
                    : w3_cfg_variant<T, C::BN, C::STAGES, C::PP, C::SKIP>();
 }
-// The persistent three-consumer candidate (fwd_sm90_w3p.cuh) on g_v3_sms SMs: the schedule tuning.h
+// The persistent three-consumer forward (fwd_sm90_w3p.cuh) on g_v3_sms SMs: the schedule tuning.h
 // picks (as the library would), or a given one (checkw3p covers both).
 template <typename T>
 static cudaError_t w3p_lib_prep(FwdLaunch* L, const Sm90Args& a) {
@@ -976,7 +976,7 @@ static int run_sweep2() {
 }
 
 // ---------------------------------------------------------------- checkw3p
-// The persistent three-consumer candidate, bit for bit vs v2 (same BN = 128): checkw3's shapes at the
+// The persistent three-consumer forward, bit for bit vs v2 (same BN = 128): checkw3's shapes at the
 // device's SM count (mostly one tile per CTA), then forced small grids (sms = 1 / 3 / 7 / 16) so that
 // CTAs loop over many tiles: the Q ring (two slots, released after each warpgroup's last S, SKIP's
 // n_eff = 1 included), the K / V rings and the rotation across tile boundaries, causal tiles of
@@ -1023,7 +1023,7 @@ static int run_checkw3p() {
   return fails == 0 ? 0 : 1;
 }
 
-// benchw3p: per point the three-consumer default, the persistent candidate, then both again (A B A B:
+// benchw3p: per point the three-consumer default, the persistent one, then both again (A B A B:
 // the drift between the two default lines bounds one ratio; pair means cancel a linear drift); at
 // s <= 1k, where the library runs the persistent two-consumer kernel (v3, its tuned schedule), that
 // one too, last.
