@@ -377,6 +377,79 @@ __device__ __forceinline__ void v2_softmax_steady(float (&sacc)[BN / 2], float (
   v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
 }
 
+// The one-tile-per-CTA forwards' mbarriers (v2 here, the three-consumer one in fwd_sm90_v2w3.cuh),
+// eight bytes each from bar0: q, kf[STAGES], vf[STAGES], ke[STAGES], ve[STAGES]. The full barriers
+// count one arrival (with the TMA transaction bytes), the empty ones one per consumer warp.
+template <int STAGES>
+struct FwdBars {
+  uint32_t bar0;
+  __device__ __forceinline__ uint32_t q() const { return bar0; }                                // Q full (tx)
+  __device__ __forceinline__ uint32_t kf(int s) const { return bar0 + 8u * (1 + s); }           // K full (tx)
+  __device__ __forceinline__ uint32_t vf(int s) const { return bar0 + 8u * (1 + STAGES + s); }  // V full (tx)
+  __device__ __forceinline__ uint32_t ke(int s) const { return bar0 + 8u * (1 + 2 * STAGES + s); }  // K empty
+  __device__ __forceinline__ uint32_t ve(int s) const { return bar0 + 8u * (1 + 3 * STAGES + s); }  // V empty
+  // One thread, before the block's first __syncthreads.
+  __device__ __forceinline__ void init(int consumer_warps) const {
+    mbar_init(q(), 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(kf(s), 1);
+      mbar_init(vf(s), 1);
+      mbar_init(ke(s), consumer_warps);
+      mbar_init(ve(s), consumer_warps);
+    }
+    mbar_fence_init();
+  }
+};
+
+// What the one-tile producer reads besides its compile-time shape: the tensor maps, the
+// shared-memory slots, and the tile (its key tiles, K / V head).
+struct FwdProducerArgs {
+  const CUtensorMap *tmQ, *tmK, *tmV;
+  uint32_t sQ, sK0, sV0;
+  int m_blk, head, head_kv, batch, n_blocks;
+};
+
+// The one-tile forwards' producer, one thread. Order Q, K_0, then per n: K_{n+1}, V_n (FA3's order).
+// K_j waits for its slot's previous tile j-STAGES to be released by every consumer after its
+// softmax of it (mid consumer iteration j-STAGES), V_j for PV_{j-STAGES} (end of iteration
+// j-STAGES+1). Consumer iteration n needs K_n and V_{n-1}, both earlier in this order, and its
+// releases never wait on a later load: between the S wait and the K release a consumer waits only
+// on its own warpgroup (the vote) and its own GEMMs (the slow path's wait_group 0), whose operands
+// are all resident: no cycle (checked in a protocol model for STAGES 2..4, n_blocks 1..13, slow
+// path at random). D / 64 boxes of 128-byte rows per load; a BM-row Q box (rows past s_q are
+// zero-filled and still counted in the transaction bytes), BN-row K / V boxes.
+template <int D, int BM, int BN, int STAGES>
+__device__ __forceinline__ void v2_produce(const FwdProducerArgs& a, const FwdBars<STAGES>& bars) {
+  constexpr int DCH = D / 64;  // 128-byte chunks per row
+  constexpr int kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  auto load_k = [&](int n) {
+    const int s = n % STAGES;
+    mbar_wait<true>(bars.ke(s), ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
+    mbar_arrive_expect_tx(bars.kf(s), kKVBytes);
+#pragma unroll
+    for (int c = 0; c < DCH; ++c)
+      tma_load_4d(a.sK0 + s * kKVBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, a.head_kv, n * BN, a.batch);
+  };
+  auto load_v = [&](int n) {
+    const int s = n % STAGES;
+    mbar_wait<true>(bars.ve(s), ((n / STAGES) & 1u) ^ 1u);
+    mbar_arrive_expect_tx(bars.vf(s), kKVBytes);
+#pragma unroll
+    for (int c = 0; c < DCH; ++c)
+      tma_load_4d(a.sV0 + s * kKVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, a.head_kv, n * BN, a.batch);
+  };
+  // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
+  mbar_arrive_expect_tx(bars.q(), kQBytes);
+#pragma unroll
+  for (int c = 0; c < DCH; ++c)
+    tma_load_4d(a.sQ + c * BM * 128, a.tmQ, bars.q(), c * 64, a.head, a.m_blk * BM, a.batch);
+  load_k(0);
+  for (int n = 0; n < a.n_blocks; ++n) {
+    if (n + 1 < a.n_blocks) load_k(n + 1);
+    load_v(n);
+  }
+}
+
 // ------------------------------------------------------------------- kernel
 template <typename T, int D, bool CAUSAL, int BN_, int STAGES_, bool PP_>
 __global__ void __launch_bounds__(kFwdThreads, 1)
@@ -387,19 +460,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   using Cfg = FwdV2Cfg<D, BN_, STAGES_, PP_>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES;
   constexpr bool PP = Cfg::PP;
-  constexpr int DCH = D / 64;  // 128-byte chunks per row
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
   const uint32_t sQ = (sraw + 1023u) & ~1023u;
   const uint32_t sK0 = sQ + Cfg::kQBytes;
   const uint32_t sV0 = sK0 + STAGES * Cfg::kKVBytes;
-  const uint32_t bar0 = sQ + Cfg::kBarOffset;
-  const uint32_t bar_q = bar0;
-  auto bar_kf = [&](int s) { return bar0 + 8u * (1 + s); };               // K slot full (tx)
-  auto bar_vf = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };      // V slot full (tx)
-  auto bar_ke = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };  // K slot empty (8 warps)
-  auto bar_ve = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };  // V slot empty (8 warps)
+  const FwdBars<STAGES> bars{sQ + Cfg::kBarOffset};
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
@@ -417,14 +484,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (CAUSAL) n_blocks = min(n_blocks, ((m_blk + 1) * BM + BN - 1) / BN);
 
   if (tid == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_kf(s), 1);
-      mbar_init(bar_vf(s), 1);
-      mbar_init(bar_ke(s), kConsumerWarps);
-      mbar_init(bar_ve(s), kConsumerWarps);
-    }
-    mbar_fence_init();
+    bars.init(kConsumerWarps);
     tma_prefetch_desc(&tmQ);
     tma_prefetch_desc(&tmK);
     tma_prefetch_desc(&tmV);
@@ -433,43 +493,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
-    // Order K_0, then per n: K_{n+1}, V_n (FA3's order). K_j waits for its
-    // slot's previous tile j-STAGES to be released by both consumers after
-    // their softmax of it (mid consumer iteration j-STAGES), V_j for
-    // PV_{j-STAGES} (end of iteration j-STAGES+1). Consumer iteration n needs
-    // K_n and V_{n-1}, both earlier in this order, and its releases never wait
-    // on a later load: between the S wait and the K release a consumer waits
-    // only on its own warpgroup (the vote) and its own GEMMs (the slow path's
-    // wait_group 0), whose operands are all resident: no cycle (checked in a
-    // protocol model for STAGES 2..4, n_blocks 1..13, slow path at random).
     setmaxnreg_dec<24>();
-    if (tid == 0) {
-      auto load_k = [&](int n) {
-        const int s = n % STAGES;
-        mbar_wait<true>(bar_ke(s), ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
-        mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < DCH; ++c)
-          tma_load_4d(sK0 + s * Cfg::kKVBytes + c * BN * 128, &tmK, bar_kf(s), c * 64, head_kv, n * BN, batch);
-      };
-      auto load_v = [&](int n) {
-        const int s = n % STAGES;
-        mbar_wait<true>(bar_ve(s), ((n / STAGES) & 1u) ^ 1u);
-        mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < DCH; ++c)
-          tma_load_4d(sV0 + s * Cfg::kKVBytes + c * BN * 128, &tmV, bar_vf(s), c * 64, head_kv, n * BN, batch);
-      };
-      // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
-      mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
-#pragma unroll
-      for (int c = 0; c < DCH; ++c) tma_load_4d(sQ + c * BM * 128, &tmQ, bar_q, c * 64, head, m_blk * BM, batch);
-      load_k(0);
-      for (int n = 0; n < n_blocks; ++n) {
-        if (n + 1 < n_blocks) load_k(n + 1);
-        load_v(n);
-      }
-    }
+    if (tid == 0)
+      v2_produce<D, BM, BN, STAGES>(
+          FwdProducerArgs{&tmQ, &tmK, &tmV, sQ, sK0, sV0, m_blk, head, head_kv, batch, n_blocks}, bars);
     return;
   }
 
@@ -504,14 +531,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // Watchdog give-ups (see mbar_wait) are reported as NaN lse for the rows.
   // After the first give-up a warp skips every later wait (garbage, but the
   // CTA ends in ~1 watchdog period instead of one per tile).
-  bool timed_out = !mbar_wait<false>(bar_q, 0);
+  bool timed_out = !mbar_wait<false>(bars.q(), 0);
   phase_stamp(0, 1);
   auto wait_full = [&](uint32_t bar, uint32_t parity) {
     if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
   };
 
   // ------------------------------------------------ prologue: S_0 alone
-  wait_full(bar_kf(0), 0);
+  wait_full(bars.kf(0), 0);
   __syncwarp();  // reconverge after the spins before the .aligned ops
   if (PP) v2_pp_wait_turn(cw);
   v2_fence_f(sacc);
@@ -523,7 +550,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   v2_fence_f(sacc);
   phase_stamp(0, 2);
   __syncwarp();
-  if (lane == 0) mbar_arrive(bar_ke(0));
+  if (lane == 0) mbar_arrive(bars.ke(0));
   v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
   v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
   v2_pack_p<BN, F16>(pa, sacc);
@@ -535,7 +562,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     const int sp = (n - 1) % STAGES;  // slot of tile n-1 (its V)
     const uint32_t php = ((n - 1) / STAGES) & 1u;
 
-    wait_full(bar_kf(s), ph);
+    wait_full(bars.kf(s), ph);
     __syncwarp();
     if (PP) v2_pp_wait_turn(cw);
     // group A: S_n
@@ -545,7 +572,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma_commit();
     // O is not an operand of any wgmma in flight: rescale it for tile n-1.
     v2_rescale_o<D>(o, corr);
-    wait_full(bar_vf(sp), php);
+    wait_full(bars.vf(sp), php);
     __syncwarp();
     // group B: O += P_{n-1} V_{n-1}
     v2_commit_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
@@ -558,7 +585,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         [&] { v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
         [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ke(s));  // only now: the softmax's slow path reads K_n again
+    if (lane == 0) mbar_arrive(bars.ke(s));  // only now: the softmax's slow path reads K_n again
     // Pin the softmax before the wait (else the compiler may sink it past
     // wait_group 0 and the overlap with PV_{n-1} is lost).
     v2_fence_f(sacc);
@@ -569,7 +596,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     v2_fence_f(o);
     v2_fence_p(pa);
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ve(sp));
+    if (lane == 0) mbar_arrive(bars.ve(sp));
     v2_pack_p<BN, F16>(pa, sacc);
   }
 
@@ -579,7 +606,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     const int last = n_blocks - 1;
     const int s = last % STAGES;
     const uint32_t ph = (last / STAGES) & 1u;
-    wait_full(bar_vf(s), ph);
+    wait_full(bars.vf(s), ph);
     __syncwarp();
     if (PP) v2_pp_wait_turn(cw);
     v2_rescale_o<D>(o, corr);
@@ -589,7 +616,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma_wait<0>();
     v2_fence_f(o);
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ve(s));  // no producer waits on it; kept for symmetry
+    if (lane == 0) mbar_arrive(bars.ve(s));  // no producer waits on it; kept for symmetry
   }
   phase_stamp(0, 4);
 

@@ -358,12 +358,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   const uint32_t sQ = (sraw + 1023u) & ~1023u;
   const uint32_t sK0 = sQ + Cfg::kQBytes;
   const uint32_t sV0 = sK0 + STAGES * Cfg::kKVBytes;
-  const uint32_t bar0 = sQ + Cfg::kBarOffset;
-  const uint32_t bar_q = bar0;
-  auto bar_kf = [&](int s) { return bar0 + 8u * (1 + s); };               // K slot full (tx)
-  auto bar_vf = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };      // V slot full (tx)
-  auto bar_ke = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };  // K slot empty (12 warps)
-  auto bar_ve = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };  // V slot empty (12 warps)
+  const FwdBars<STAGES> bars{sQ + Cfg::kBarOffset};
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
@@ -379,14 +374,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   if (CAUSAL) n_blocks = min(n_blocks, ((m_blk + 1) * BM + BN - 1) / BN);
 
   if (tid == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_kf(s), 1);
-      mbar_init(bar_vf(s), 1);
-      mbar_init(bar_ke(s), kW3ConsumerWarps);
-      mbar_init(bar_ve(s), kW3ConsumerWarps);
-    }
-    mbar_fence_init();
+    bars.init(kW3ConsumerWarps);
     tma_prefetch_desc(&tmQ);
     tma_prefetch_desc(&tmK);
     tma_prefetch_desc(&tmV);
@@ -395,32 +383,11 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
-    // v2's order: K_0, then per n: K_{n+1}, V_n.
+    // v2's (one 192-row Q box, one 128-byte chunk per row).
     setmaxnreg_dec<kW3ProducerRegs>();
-    if (tid == 0) {
-      auto load_k = [&](int n) {
-        const int s = n % STAGES;
-        mbar_wait<true>(bar_ke(s), ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
-        mbar_arrive_expect_tx(bar_kf(s), Cfg::kKVBytes);
-        tma_load_4d(sK0 + s * Cfg::kKVBytes, &tmK, bar_kf(s), 0, head_kv, n * BN, batch);
-      };
-      auto load_v = [&](int n) {
-        const int s = n % STAGES;
-        mbar_wait<true>(bar_ve(s), ((n / STAGES) & 1u) ^ 1u);
-        mbar_arrive_expect_tx(bar_vf(s), Cfg::kKVBytes);
-        tma_load_4d(sV0 + s * Cfg::kKVBytes, &tmV, bar_vf(s), 0, head_kv, n * BN, batch);
-      };
-      // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
-      // One 192-row box; rows past s_q are zero-filled and still counted in
-      // the transaction bytes (full box).
-      mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
-      tma_load_4d(sQ, &tmQ, bar_q, 0, head, m_blk * BM, batch);
-      load_k(0);
-      for (int n = 0; n < n_blocks; ++n) {
-        if (n + 1 < n_blocks) load_k(n + 1);
-        load_v(n);
-      }
-    }
+    if (tid == 0)
+      v2_produce<64, BM, BN, STAGES>(
+          FwdProducerArgs{&tmQ, &tmK, &tmV, sQ, sK0, sV0, m_blk, head, head_kv, batch, n_blocks}, bars);
     return;
   }
 
@@ -433,7 +400,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
   bool timed_out = false;
-  const W3TileIo io{m_blk, head, batch, n_blocks, sQ, bar_q, 0u, 0u, sK0, sV0, bar_kf(0), 0u, true};
+  const W3TileIo io{m_blk, head, batch, n_blocks, sQ, bars.q(), 0u, 0u, sK0, sV0, bars.kf(0), 0u, true};
   w3_consume_tile<T, CAUSAL, Cfg, false>(p, io, cw, sacc, timed_out);
 #endif
 }
