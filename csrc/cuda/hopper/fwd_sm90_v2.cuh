@@ -377,6 +377,18 @@ __device__ __forceinline__ void v2_softmax_steady(float (&sacc)[BN / 2], float (
   v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
 }
 
+// The K / V rings' barriers of a barrier map (FwdBars here, V3Bars in fwd_sm90_v3.cuh): full ones
+// count one arrival (with the TMA transaction bytes), empty ones one per consumer warp.
+template <int STAGES, class Bars>
+__device__ __forceinline__ void init_kv_ring(const Bars& b, int consumer_warps) {
+  for (int s = 0; s < STAGES; ++s) {
+    mbar_init(b.kf(s), 1);
+    mbar_init(b.vf(s), 1);
+    mbar_init(b.ke(s), consumer_warps);
+    mbar_init(b.ve(s), consumer_warps);
+  }
+}
+
 // The one-tile-per-CTA forwards' mbarriers (v2 here, the three-consumer one in fwd_sm90_v2w3.cuh),
 // eight bytes each from bar0: q, kf[STAGES], vf[STAGES], ke[STAGES], ve[STAGES]. The full barriers
 // count one arrival (with the TMA transaction bytes), the empty ones one per consumer warp.
@@ -391,12 +403,7 @@ struct FwdBars {
   // One thread, before the block's first __syncthreads.
   __device__ __forceinline__ void init(int consumer_warps) const {
     mbar_init(q(), 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(kf(s), 1);
-      mbar_init(vf(s), 1);
-      mbar_init(ke(s), consumer_warps);
-      mbar_init(ve(s), consumer_warps);
-    }
+    init_kv_ring<STAGES>(*this, consumer_warps);
     mbar_fence_init();
   }
 };
@@ -627,29 +634,40 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 }
 
 // =================================================================== host
-// Same contract as fwd_sm90_prepare (fwd_sm90.cuh); launch with fwd_sm90_launch.
-// PP_CAUSAL: the ping-pong of the causal kernel (default: PP).
-template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL = PP>
-inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
-  using Cfg = FwdV2Cfg<D, BN, STAGES, PP>;
+namespace detail {
+// What the one-tile forwards (v2 here, the three-consumer one in fwd_sm90_v2w3.cuh) check and set
+// alike: the arguments, the tensor maps (bm-row Q boxes, bn-row K / V boxes), the causal tile order
+// and the grid of one CTA per (bm-row query tile, head, batch).
+template <typename T>
+inline cudaError_t one_tile_prepare(FwdLaunch* L, const Sm90Args& a, int d, int bm, int bn, int smem) {
   const KParams& p = a.out;
   if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || p.h > 65535 ||
-      p.b > 65535 || a.q.d != D || a.k.d != D || a.v.d != D)
+      p.b > 65535 || a.q.d != d || a.k.d != d || a.v.d != d)
     return cudaErrorInvalidValue;
   // TMA needs 16-byte aligned base addresses; the epilogue stores 4-byte pairs.
   if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
        reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
     return cudaErrorInvalidValue;
   if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
-  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
-      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
+  if (!make_map<T>(&L->tq, a.q, bm) || !make_map<T>(&L->tk, a.k, bn) || !make_map<T>(&L->tv, a.v, bn))
     return cudaErrorInvalidValue;
   L->p = p;
   L->p.causal_chunk =
-      causal_chunk_for(a.causal, a.causal_chunk, (p.s_q + Cfg::BM - 1) / Cfg::BM, int64_t{p.h} * p.b, a.sm_count);
-  L->smem = Cfg::kTotal;
-  L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
+      causal_chunk_for(a.causal, a.causal_chunk, (p.s_q + bm - 1) / bm, int64_t{p.h} * p.b, a.sm_count);
+  L->smem = smem;
+  L->grid = dim3((p.s_q + bm - 1) / bm, p.h, p.b);
   L->causal = a.causal;
+  return cudaSuccess;
+}
+}  // namespace detail
+
+// Same contract as fwd_sm90_prepare (fwd_sm90.cuh); launch with fwd_sm90_launch.
+// PP_CAUSAL: the ping-pong of the causal kernel (default: PP).
+template <typename T, int D, int BN, int STAGES, bool PP, bool PP_CAUSAL = PP>
+inline cudaError_t fwd_sm90_v2_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
+  using Cfg = FwdV2Cfg<D, BN, STAGES, PP>;
+  const cudaError_t e = detail::one_tile_prepare<T>(L, a, D, Cfg::BM, Cfg::BN, Cfg::kTotal);
+  if (e != cudaSuccess) return e;
   L->kern = a.causal ? fwd_sm90_v2_kernel<T, D, true, BN, STAGES, PP_CAUSAL>
                      : fwd_sm90_v2_kernel<T, D, false, BN, STAGES, PP>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not

@@ -411,24 +411,8 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 template <typename T, int BN, int STAGES, bool PP = true, bool SKIP = false>
 inline cudaError_t fwd_sm90_v2w3_prepare_cfg(FwdLaunch* L, const Sm90Args& a) {
   using Cfg = FwdV2W3Cfg<BN, STAGES, PP, SKIP>;
-  constexpr int D = 64;
-  const KParams& p = a.out;
-  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || p.h > 65535 ||
-      p.b > 65535 || a.q.d != D || a.k.d != D || a.v.d != D)
-    return cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
-       reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
-    return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
-  if (!detail::make_map<T>(&L->tq, a.q, Cfg::BM) || !detail::make_map<T>(&L->tk, a.k, Cfg::BN) ||
-      !detail::make_map<T>(&L->tv, a.v, Cfg::BN))
-    return cudaErrorInvalidValue;
-  L->p = p;
-  L->p.causal_chunk =
-      causal_chunk_for(a.causal, a.causal_chunk, (p.s_q + Cfg::BM - 1) / Cfg::BM, int64_t{p.h} * p.b, a.sm_count);
-  L->smem = Cfg::kTotal;
-  L->grid = dim3((p.s_q + Cfg::BM - 1) / Cfg::BM, p.h, p.b);
-  L->causal = a.causal;
+  const cudaError_t e = detail::one_tile_prepare<T>(L, a, Cfg::D, Cfg::BM, Cfg::BN, Cfg::kTotal);
+  if (e != cudaSuccess) return e;
   L->kern = a.causal ? fwd_sm90_v2w3_kernel<T, true, BN, STAGES, PP, SKIP>
                      : fwd_sm90_v2w3_kernel<T, false, BN, STAGES, PP, SKIP>;
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not

@@ -217,12 +217,7 @@ struct V3Bars {
       mbar_init(qf(s), 1);
       mbar_init(qe(s), consumer_warps);
     }
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(kf(s), 1);
-      mbar_init(vf(s), 1);
-      mbar_init(ke(s), consumer_warps);
-      mbar_init(ve(s), consumer_warps);
-    }
+    init_kv_ring<STAGES>(*this, consumer_warps);
     mbar_fence_init();
   }
 };
