@@ -408,6 +408,25 @@ struct FwdBars {
   }
 };
 
+// A one-tile CTA's work: its query tile (causal: heaviest first, fwd_tile_idx), the K / V head, and
+// the key tiles it runs. The count is per CTA, not per consumer warpgroup: every consumer runs them
+// all, which the turn barriers' counts rely on. Always >= 1.
+struct FwdOneTile {
+  int m_blk, head, batch, head_kv, n_blocks;
+};
+template <bool CAUSAL, int BM, int BN>
+__device__ __forceinline__ FwdOneTile fwd_one_tile(const KParams& p) {
+  const FwdTileIdx tile = fwd_tile_idx<CAUSAL>(p);
+  FwdOneTile t;
+  t.m_blk = tile.m_blk;
+  t.head = tile.head;
+  t.batch = tile.batch;
+  t.head_kv = tile.head / (p.h / p.h_kv);
+  t.n_blocks = (p.s_kv + BN - 1) / BN;
+  if (CAUSAL) t.n_blocks = min(t.n_blocks, ((tile.m_blk + 1) * BM + BN - 1) / BN);
+  return t;
+}
+
 // What the one-tile producer reads besides its compile-time shape: the tensor maps, the
 // shared-memory slots, and the tile (its key tiles, K / V head).
 struct FwdProducerArgs {
@@ -479,16 +498,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int wg = warpgroup_index();
   phase_stamp_sm();
   phase_stamp(0, 0);
-  // Causal: heaviest query tiles first.
-  const FwdTileIdx tile = fwd_tile_idx<CAUSAL>(p);
-  const int m_blk = tile.m_blk;
-  const int head = tile.head;
-  const int batch = tile.batch;
-  const int head_kv = head / (p.h / p.h_kv);
-  // Per CTA (not per warpgroup): both consumers run the same number of
-  // iterations, which the ping-pong barrier counts rely on. Always >= 1.
-  int n_blocks = (p.s_kv + BN - 1) / BN;
-  if (CAUSAL) n_blocks = min(n_blocks, ((m_blk + 1) * BM + BN - 1) / BN);
+  const FwdOneTile tile = fwd_one_tile<CAUSAL, BM, BN>(p);
+  const int m_blk = tile.m_blk, head = tile.head, batch = tile.batch;
+  const int head_kv = tile.head_kv, n_blocks = tile.n_blocks;
 
   if (tid == 0) {
     bars.init(kConsumerWarps);

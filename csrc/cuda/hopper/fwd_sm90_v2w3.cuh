@@ -362,16 +362,9 @@ __global__ void __launch_bounds__(kW3Threads, 1)
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  // Causal: heaviest query tiles first.
-  const FwdTileIdx tile = fwd_tile_idx<CAUSAL>(p);
-  const int m_blk = tile.m_blk;
-  const int head = tile.head;
-  const int batch = tile.batch;
-  const int head_kv = head / (p.h / p.h_kv);
-  // Per CTA (not per warpgroup): all three consumers run the same number of
-  // iterations, which the rotation's barrier counts rely on. Always >= 1.
-  int n_blocks = (p.s_kv + BN - 1) / BN;
-  if (CAUSAL) n_blocks = min(n_blocks, ((m_blk + 1) * BM + BN - 1) / BN);
+  const FwdOneTile tile = fwd_one_tile<CAUSAL, BM, BN>(p);
+  const int m_blk = tile.m_blk, head = tile.head, batch = tile.batch;
+  const int head_kv = tile.head_kv, n_blocks = tile.n_blocks;
 
   if (tid == 0) {
     bars.init(kW3ConsumerWarps);
