@@ -53,6 +53,19 @@
 // under the next S / dP wgmmas). The stage is refilled for the iteration after next, so the
 // deferral costs the producer nothing while one iteration outlasts the reads.
 //
+// Key-tile pairs (bwd_sm90_d256_pair_kernel, PAIR): Nsight Compute counted twice cuDNN's L2
+// reduction traffic for our kernel at d = 256 (405.8 M against 204.5 M sectors at 8k causal), with
+// equal reads and instructions, and the causal calls run at the power limit. A cluster of two CTAs
+// takes key tiles 2j and 2j + 1 of one KV head over the same query tiles, so their dQ_parts of an
+// iteration cover the same rows: each CTA reduce-adds the sum of both for one head-dim half, its
+// rank's. In each CTA the consumer of the other half (the non-owner) stages its dQ_part as above
+// and arrives on the peer's staged(s) barrier; the owner waits on its own staged(s), reads the
+// peer's tile through distributed shared memory, adds its registers, stages the sum, arrives on
+// the peer's read(s) barrier and issues the reduces. The non-owner's warp 0 defers the stage's
+// release until read(s) (instead of its own reduces' reads), and waits for the last one before
+// the CTA exits. staged(s) and read(s) are indexed by stage, so each is arrived on once per use of
+// the stage: a second arrival needs the stage refilled, which needs the waiter's pass of the first.
+//
 // sP and sdS are double-buffered by iteration parity, so barriers 1 and 2 are
 // the only consumer-consumer synchronisation: WG0 writes sP(i+2) only after
 // passing barrier 1 of i+1, which WG1 reaches after its wait_group 0 of
@@ -98,7 +111,7 @@ struct BwdSmemD256 {
   static constexpr int kL = kdS + 2 * kPBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
+  static constexpr int kBarBytes = 8 * (1 + 4 * STAGES);  // K/V, full, empty; PAIR: staged, read
   static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
   static_assert(BM == 64 && BN == 64, "one wgmma M tile of queries and of keys");
   static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kP % 1024 == 0 && kdS % 1024 == 0 &&
@@ -135,10 +148,63 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
   return static_cast<uint32_t>(row * 128 + (((j ^ row) & 7) << 4) + 4 * qd);
 }
 
+// PAIR: the owner's half of the exchange. stage_dq_part's layout (see there): each thread reads
+// the peer's staged fragments at the very slots it writes its own, adds its registers and stores
+// the sum to its own tile. Remote loads are issued four fragments (eight 8-byte loads) at a time,
+// all before their adds, so that their DSMEM latencies overlap; more would need registers the
+// consumer does not have at this point (dK, dV and dQ_part accumulators are all live).
+template <int NJ>
+__device__ __forceinline__ void stage_dq_part_sum(uint32_t stg, uint32_t peer_stg, int warp, int r0, int qd,
+                                                  const float* dq) {
+  constexpr int kBatch = 4;
+  static_assert(NJ % kBatch == 0, "whole batches");
+  const uint32_t trow = (warp * 16 + r0) * 128 + (qd & 1) * 8;
+  const bool hi = qd >= 2;
+  const int x = (hi ? 5 : 0) ^ r0;
+#pragma unroll
+  for (int j0 = 0; j0 < NJ; j0 += kBatch) {
+    float2 peer[2][kBatch];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+      for (int jj = 0; jj < kBatch; ++jj) {
+        const int j = j0 + jj;
+        const uint32_t off = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
+        peer[hf][jj] = ld_shared_cluster_v2_f32(peer_stg + off);
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+      for (int jj = 0; jj < kBatch; ++jj) {
+        const int j = j0 + jj;
+        const uint32_t off = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
+        const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
+        st_shared_v2_f32(stg + off, peer[hf][jj].x + (hi ? dq[g] : dq[f]),
+                         peer[hf][jj].y + (hi ? dq[g + 1] : dq[f + 1]));
+      }
+    }
+  }
+}
+
 }  // namespace d256
 
-// The body of both entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top.
-template <typename T, bool CAUSAL, bool DQ_TMA>
+// PAIR: the key-tile pair, KV head and batch of the CTA's cluster (n_blk: the pair's index; its
+// CTAs take key tiles 2 n_blk and 2 n_blk + 1), in bwd_tile_idx's order with pairs as the unit.
+template <bool CAUSAL>
+__device__ __forceinline__ BwdTileIdx bwd_pair_idx(const BwdKParams& p) {
+  const int n_pairs = static_cast<int>(gridDim.x) / 2;
+  const int pair = static_cast<int>(blockIdx.x) / 2;
+  if (!CAUSAL || p.causal_chunk <= 1) return {pair, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  const int groups = static_cast<int>(gridDim.y * gridDim.z);
+  const ChunkedTile t = chunked_tile_of(pair + n_pairs * static_cast<int>(blockIdx.y + gridDim.y * blockIdx.z),
+                                        n_pairs, groups, p.causal_chunk);
+  return {t.rank, t.group % static_cast<int>(gridDim.y), t.group / static_cast<int>(gridDim.y)};
+}
+
+// The body of the entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top; PAIR (with
+// DQ_TMA): see "Key-tile pairs" there.
+template <typename T, bool CAUSAL, bool DQ_TMA, bool PAIR = false>
 __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const CUtensorMap& tmK,
                                                    const CUtensorMap& tmV, const CUtensorMap& tmdO,
                                                    const CUtensorMap* tmdQ, const BwdKParams& p) {
@@ -168,22 +234,36 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   const uint32_t bar_kv = bar0;
   auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
+  // PAIR: staged(s), arrived on by the peer's non-owner once its dQ_part of stage s's iteration is
+  // in its staging tile; read(s), arrived on by the peer's owner once it has read that tile.
+  auto bar_staged = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };
+  auto bar_read = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };
+  static_assert(!PAIR || DQ_TMA, "key-tile pairs exchange the TMA path's staged dQ_part");
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const BwdTileIdx tile = bwd_tile_idx<CAUSAL, false>(p);
-  const int n_blk = tile.n_blk;
+  const int n_m = (p.s_q + BM - 1) / BM;
+  // PAIR: the CTA's rank in its cluster; it takes key tile 2 pair + rank, and both CTAs of the
+  // pair run the query tiles of the pair's first key tile (causally one more for rank 1, whose
+  // keys all lie above that tile's queries: its P there is 0).
+  const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
+  const uint32_t peer = rank ^ 1u;
+  const BwdTileIdx tile = PAIR ? bwd_pair_idx<CAUSAL>(p) : bwd_tile_idx<CAUSAL, false>(p);
+  const int n_blk = PAIR ? 2 * tile.n_blk + static_cast<int>(rank) : tile.n_blk;
   const int hk = tile.hk;
   const int batch = tile.batch;
   const int G = p.h / p.h_kv;
-  const int n_m = (p.s_q + BM - 1) / BM;
-  const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
+  const int m_start = CAUSAL ? min(((PAIR ? 2 * tile.n_blk : n_blk) * BN) / BM, n_m) : 0;
 
   if (tid == 0) {
     mbar_init(bar_kv, 1);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_full(s), 1);
       mbar_init(bar_empty(s), kBwdConsumerWarps);
+      if constexpr (PAIR) {
+        mbar_init(bar_staged(s), 1);
+        mbar_init(bar_read(s), 1);
+      }
     }
     mbar_fence_init();
     tma_prefetch_desc(&tmQ);
@@ -192,7 +272,11 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     tma_prefetch_desc(&tmdO);
     if constexpr (DQ_TMA) tma_prefetch_desc(tmdQ);
   }
-  __syncthreads();
+  // PAIR: the peer arrives on this CTA's barriers, so both CTAs' inits precede any use.
+  if constexpr (PAIR)
+    cluster_sync();
+  else
+    __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
@@ -233,8 +317,13 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   __syncwarp();
 
   // DQ_TMA, thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
-  // for this thread's reduces to have read their staging tile (-1: none).
+  // for this thread's reduces to have read their staging tile (-1: none), or with PAIR in the
+  // non-owner for the peer's owner to have read it (barrier read(pend), phase parity pend_ph).
   int pend = -1;
+  uint32_t pend_ph = 0;
+  // PAIR: this consumer owns the reduce of its head-dim half (the sum of both CTAs' dQ_part)
+  // when its half is the CTA's rank; otherwise it only stages its dQ_part for the peer.
+  const bool owner = !PAIR || cw == static_cast<int>(rank);
 
   int it = 0;
   for (int g = 0; g < G; ++g) {
@@ -268,7 +357,10 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         // Release the previous tile's stage while these wgmmas run: its reduces have had the dK
         // wgmmas' time to read the staging tile.
         if (ltid == 0 && pend >= 0) {
-          bulk_wait_group_read<0>();
+          if (owner)
+            bulk_wait_group_read<0>();
+          else
+            timed_out |= !mbar_wait<false>(bar_read(pend), pend_ph);  // a signal only: CTA-scope wait
           mbar_arrive(bar_empty(pend));
         }
       }
@@ -377,18 +469,34 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         // cw 0 stages its dQ_part in stage s's dO tile once both consumers' dV wgmmas are done
         // (barrier 3), while the dK wgmmas run; cw 1 stages in the Q tile once both consumers'
         // dK wgmmas are done (barrier 4). Then one thread per consumer reduce-adds the four boxes.
+        // PAIR: the owner first waits for the peer's staged dQ_part of this half and stages the sum
+        // of both; right after its 4 warps' reads of the peer's tile (barrier 5 / 6) it tells the
+        // peer so (read(s)). The non-owner stages its own and tells the peer (staged(s)).
         const auto stage_and_reduce = [&](uint32_t stg) {
-          stage_dq_part<DH / 8>(stg, warp, r0, qd, dq);
+          if (PAIR && owner) {
+            timed_out |= !mbar_wait_cluster(bar_staged(s), ph);
+            d256::stage_dq_part_sum<DH / 8>(stg, mapa_shared(stg, peer), warp, r0, qd, dq);
+          } else {
+            stage_dq_part<DH / 8>(stg, warp, r0, qd, dq);
+          }
           fence_proxy_async_smem();
           if (cw == 0)
             bar_sync_imm<5, 128>();
           else
             bar_sync_imm<6, 128>();
           if (ltid == 0) {
+            if constexpr (PAIR) {
+              if (owner)
+                mbar_signal_cluster(mapa_shared(bar_read(s), peer));
+              else
+                mbar_arrive_cluster(mapa_shared(bar_staged(s), peer));  // publishes the staged tile
+            }
+            if (owner) {
 #pragma unroll
-            for (int bx = 0; bx < DH / 32; ++bx)
-              tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
-            bulk_commit_group();
+              for (int bx = 0; bx < DH / 32; ++bx)
+                tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
+              bulk_commit_group();
+            }
           }
         };
         if (cw == 0) {
@@ -429,9 +537,10 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       // arrival waits for its reduces' reads of the staging tile (next tile, or below).
       __syncwarp();
       if (lane == 0) {
-        if (DQ_TMA && warp == 0)
+        if (DQ_TMA && warp == 0) {
           pend = s;
-        else
+          pend_ph = ph;
+        } else
           mbar_arrive(bar_empty(s));
       }
     }
@@ -454,7 +563,12 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     // The reduces read this CTA's shared memory: complete them before exit (after the dK / dV
     // stores, which they overlap). The last stage's release is not needed (the producer has issued
     // its last loads).
-    if (ltid == 0) bulk_wait_group<0>();
+    if (ltid == 0) {
+      if (owner)
+        bulk_wait_group<0>();
+      else if (pend >= 0)
+        mbar_wait<false>(bar_read(pend), pend_ph);  // PAIR: the peer reads this CTA's tile until then
+    }
   }
 #endif
 }
@@ -476,6 +590,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                                const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
   bwd_sm90_d256_main<T, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
+}
+
+// Key-tile pairs (the library's at d = 256): bwd_sm90_d256_dqtma_kernel's work in clusters of two
+// CTAs that sum their dQ_part through distributed shared memory, so that each iteration
+// reduce-adds 32 KB per CTA into L2 instead of 64 KB. Launched with cluster dims (2, 1, 1) on an
+// even grid.x (bwd_sm90_launch).
+template <typename T, bool CAUSAL>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_sm90_d256_pair_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                              const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                              const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
+  bwd_sm90_d256_main<T, CAUSAL, true, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
 }  // namespace hopper

@@ -73,6 +73,68 @@ __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
   return true;
 }
 
+// ----------------------------------------------------- clusters (DSMEM)
+// The CTA's rank in its cluster, and the shared::cluster address of `addr` (a shared::cta address
+// of this CTA's layout) in the CTA of rank `rank`.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// Every thread of every CTA of the cluster (release / acquire: barrier inits and shared-memory
+// writes before it are visible to the other CTAs after it).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
+// Arrive on a barrier of another CTA of the cluster (shared::cluster address), releasing this
+// thread's earlier writes (and, cumulatively, those ordered before them, e.g. by a bar.sync) at
+// cluster scope.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// The same arrival with the default CTA-scope release, for a signal that publishes no data (e.g.
+// "I have read your tile": loads whose values were used are complete): ptxas gives the
+// cluster-scope release a MEMBAR.ALL.GPU, this one a MEMBAR.ALL.CTA.
+__device__ __forceinline__ void mbar_signal_cluster(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// mbar_wait for a barrier that another CTA of the cluster arrives on: acquire at cluster scope, so
+// that the arriving CTA's released writes are visible after it. Watchdog as in mbar_wait<false>.
+__device__ __forceinline__ bool mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
+  uint32_t polls = 0;
+#endif
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return true;
+#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
+    if (++polls == (1u << 26)) return false;
+#endif
+  }
+}
+__device__ __forceinline__ float2 ld_shared_cluster_v2_f32(uint32_t cluster_addr) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(cluster_addr) : "memory");
+  return v;
+}
+
 // --------------------------------------------------------------------- TMA
 __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
