@@ -58,13 +58,16 @@
 // equal reads and instructions, and the causal calls run at the power limit. A cluster of two CTAs
 // takes key tiles 2j and 2j + 1 of one KV head over the same query tiles, so their dQ_parts of an
 // iteration cover the same rows: each CTA reduce-adds the sum of both for one head-dim half, its
-// rank's. In each CTA the consumer of the other half (the non-owner) stages its dQ_part as above
-// and arrives on the peer's staged(s) barrier; the owner waits on its own staged(s), reads the
-// peer's tile through distributed shared memory, adds its registers, stages the sum, arrives on
-// the peer's read(s) barrier and issues the reduces. The non-owner's warp 0 defers the stage's
-// release until read(s) (instead of its own reduces' reads), and waits for the last one before
-// the CTA exits. staged(s) and read(s) are indexed by stage, so each is arrived on once per use of
-// the stage: a second arrival needs the stage refilled, which needs the waiter's pass of the first.
+// rank's, from its dO tile of the stage (dead once both consumers' dV wgmmas are done, barrier 3).
+// In each CTA the consumer of that half (the owner) passes barrier 3, arms its data(s) barrier for
+// 32 KB and signals the peer's free(s) barrier; the consumer of the other half (the non-owner)
+// waits on its own free(s) and writes its dQ_part straight from registers into the peer's dO tile
+// (st.async, 8 bytes per store at stage_dq_part's slots, completing bytes on the peer's data(s)).
+// The owner waits on data(s), adds its own dQ_part into the tile in place, and issues the reduces
+// as the one-tile kernel does. The non-owner has no staging tile, so its warps release the stage
+// at once; the owner's warp 0 defers the release as before. free(s) and data(s) are indexed by
+// stage, so each is used once per use of the stage: its next use needs the stage refilled, which
+// needs the waiter's pass of the previous one. Barrier 4 (Q as staging) is not used.
 //
 // sP and sdS are double-buffered by iteration parity, so barriers 1 and 2 are
 // the only consumer-consumer synchronisation: WG0 writes sP(i+2) only after
@@ -111,7 +114,7 @@ struct BwdSmemD256 {
   static constexpr int kL = kdS + 2 * kPBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 4 * STAGES);  // K/V, full, empty; PAIR: staged, read
+  static constexpr int kBarBytes = 8 * (1 + 4 * STAGES);  // K/V, full, empty; PAIR: free, data
   static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
   static_assert(BM == 64 && BN == 64, "one wgmma M tile of queries and of keys");
   static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kP % 1024 == 0 && kdS % 1024 == 0 &&
@@ -148,40 +151,55 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
   return static_cast<uint32_t>(row * 128 + (((j ^ row) & 7) << 4) + 4 * qd);
 }
 
-// PAIR: the owner's half of the exchange. stage_dq_part's layout (see there): each thread reads
-// the peer's staged fragments at the very slots it writes its own, adds its registers and stores
-// the sum to its own tile. Remote loads are issued four fragments (eight 8-byte loads) at a time,
-// all before their adds, so that their DSMEM latencies overlap; more would need registers the
-// consumer does not have at this point (dK, dV and dQ_part accumulators are all live).
+// PAIR: stage_dq_part's layout (see there). dq_slot: the byte offset in a staging tile of store
+// (hf, j) of this thread; dq_pair: the two fragments it stores (j ^ 2's for threads with qd >= 2),
+// selected between compile-time indices so that dq stays in registers.
+__device__ __forceinline__ uint32_t dq_slot(int warp, int r0, int qd, int hf, int j) {
+  const int x = (qd >= 2 ? 5 : 0) ^ r0;
+  return (warp * 16 + r0) * 128 + (qd & 1) * 8 + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
+}
+__device__ __forceinline__ float2 dq_pair(const float* dq, int qd, int hf, int j) {
+  const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
+  return qd >= 2 ? make_float2(dq[g], dq[g + 1]) : make_float2(dq[f], dq[f + 1]);
+}
+
+// PAIR, non-owner: this consumer's dQ_part into the peer's tile (peer_stg, a shared::cluster
+// address) at the slots where the peer's thread of the same index adds its own, each store
+// completing its 8 bytes on the peer's barrier peer_bar.
 template <int NJ>
-__device__ __forceinline__ void stage_dq_part_sum(uint32_t stg, uint32_t peer_stg, int warp, int r0, int qd,
-                                                  const float* dq) {
-  constexpr int kBatch = 4;
+__device__ __forceinline__ void push_dq_part(uint32_t peer_stg, uint32_t peer_bar, int warp, int r0, int qd,
+                                             const float* dq) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const float2 v = dq_pair(dq, qd, hf, j);
+      st_async_v2_b32(peer_stg + dq_slot(warp, r0, qd, hf, j), __float_as_uint(v.x), __float_as_uint(v.y), peer_bar);
+    }
+  }
+}
+
+// PAIR, owner: the peer's dQ_part is in the tile at stg; add this consumer's in place (each thread
+// reads and writes only its own slots). Eight loads are issued before their adds and stores: ptxas
+// cannot tell the swizzled slots apart, so a load after a store would wait for it.
+template <int NJ>
+__device__ __forceinline__ void add_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {
+  constexpr int kBatch = 4;  // j per batch (x 2 row halves); more would need registers not free here
   static_assert(NJ % kBatch == 0, "whole batches");
-  const uint32_t trow = (warp * 16 + r0) * 128 + (qd & 1) * 8;
-  const bool hi = qd >= 2;
-  const int x = (hi ? 5 : 0) ^ r0;
 #pragma unroll
   for (int j0 = 0; j0 < NJ; j0 += kBatch) {
-    float2 peer[2][kBatch];
+    float2 v[2][kBatch];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
-      for (int jj = 0; jj < kBatch; ++jj) {
-        const int j = j0 + jj;
-        const uint32_t off = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
-        peer[hf][jj] = ld_shared_cluster_v2_f32(peer_stg + off);
-      }
+      for (int jj = 0; jj < kBatch; ++jj) v[hf][jj] = ld_shared_v2_f32(stg + dq_slot(warp, r0, qd, hf, j0 + jj));
     }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
       for (int jj = 0; jj < kBatch; ++jj) {
-        const int j = j0 + jj;
-        const uint32_t off = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
-        const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
-        st_shared_v2_f32(stg + off, peer[hf][jj].x + (hi ? dq[g] : dq[f]),
-                         peer[hf][jj].y + (hi ? dq[g + 1] : dq[f + 1]));
+        const float2 own = dq_pair(dq, qd, hf, j0 + jj);
+        st_shared_v2_f32(stg + dq_slot(warp, r0, qd, hf, j0 + jj), v[hf][jj].x + own.x, v[hf][jj].y + own.y);
       }
     }
   }
@@ -234,11 +252,11 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   const uint32_t bar_kv = bar0;
   auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
-  // PAIR: staged(s), arrived on by the peer's non-owner once its dQ_part of stage s's iteration is
-  // in its staging tile; read(s), arrived on by the peer's owner once it has read that tile.
-  auto bar_staged = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };
-  auto bar_read = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };
-  static_assert(!PAIR || DQ_TMA, "key-tile pairs exchange the TMA path's staged dQ_part");
+  // PAIR: free(s), arrived on by the peer's owner once its dO tile of stage s's iteration is dead;
+  // data(s), armed by this CTA's owner for the peer's dQ_part, which lands in this CTA's dO tile.
+  auto bar_free = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };
+  auto bar_data = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };
+  static_assert(!PAIR || DQ_TMA, "key-tile pairs sum the TMA path's staged dQ_part");
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
@@ -261,8 +279,8 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       mbar_init(bar_full(s), 1);
       mbar_init(bar_empty(s), kBwdConsumerWarps);
       if constexpr (PAIR) {
-        mbar_init(bar_staged(s), 1);
-        mbar_init(bar_read(s), 1);
+        mbar_init(bar_free(s), 1);
+        mbar_init(bar_data(s), 1);
       }
     }
     mbar_fence_init();
@@ -317,12 +335,10 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   __syncwarp();
 
   // DQ_TMA, thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
-  // for this thread's reduces to have read their staging tile (-1: none), or with PAIR in the
-  // non-owner for the peer's owner to have read it (barrier read(pend), phase parity pend_ph).
+  // for this thread's reduces to have read their staging tile (-1: none).
   int pend = -1;
-  uint32_t pend_ph = 0;
   // PAIR: this consumer owns the reduce of its head-dim half (the sum of both CTAs' dQ_part)
-  // when its half is the CTA's rank; otherwise it only stages its dQ_part for the peer.
+  // when its half is the CTA's rank; otherwise it sends its dQ_part to the peer.
   const bool owner = !PAIR || cw == static_cast<int>(rank);
 
   int it = 0;
@@ -357,10 +373,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         // Release the previous tile's stage while these wgmmas run: its reduces have had the dK
         // wgmmas' time to read the staging tile.
         if (ltid == 0 && pend >= 0) {
-          if (owner)
-            bulk_wait_group_read<0>();
-          else
-            timed_out |= !mbar_wait<false>(bar_read(pend), pend_ph);  // a signal only: CTA-scope wait
+          bulk_wait_group_read<0>();
           mbar_arrive(bar_empty(pend));
         }
       }
@@ -469,48 +482,61 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         // cw 0 stages its dQ_part in stage s's dO tile once both consumers' dV wgmmas are done
         // (barrier 3), while the dK wgmmas run; cw 1 stages in the Q tile once both consumers'
         // dK wgmmas are done (barrier 4). Then one thread per consumer reduce-adds the four boxes.
-        // PAIR: the owner first waits for the peer's staged dQ_part of this half and stages the sum
-        // of both; right after its 4 warps' reads of the peer's tile (barrier 5 / 6) it tells the
-        // peer so (read(s)). The non-owner stages its own and tells the peer (staged(s)).
         const auto stage_and_reduce = [&](uint32_t stg) {
-          if (PAIR && owner) {
-            timed_out |= !mbar_wait_cluster(bar_staged(s), ph);
-            d256::stage_dq_part_sum<DH / 8>(stg, mapa_shared(stg, peer), warp, r0, qd, dq);
-          } else {
-            stage_dq_part<DH / 8>(stg, warp, r0, qd, dq);
-          }
+          stage_dq_part<DH / 8>(stg, warp, r0, qd, dq);
           fence_proxy_async_smem();
           if (cw == 0)
             bar_sync_imm<5, 128>();
           else
             bar_sync_imm<6, 128>();
           if (ltid == 0) {
-            if constexpr (PAIR) {
-              if (owner)
-                mbar_signal_cluster(mapa_shared(bar_read(s), peer));
-              else
-                mbar_arrive_cluster(mapa_shared(bar_staged(s), peer));  // publishes the staged tile
-            }
-            if (owner) {
 #pragma unroll
-              for (int bx = 0; bx < DH / 32; ++bx)
-                tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
-              bulk_commit_group();
-            }
+            for (int bx = 0; bx < DH / 32; ++bx)
+              tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
+            bulk_commit_group();
           }
         };
-        if (cw == 0) {
-          bar_sync_imm<3, 256>();
-          stage_and_reduce(sdO);
+        if constexpr (PAIR) {
+          // See "Key-tile pairs" at the top.
+          if (owner) {
+            bar_sync_imm<3, 256>();
+            if (ltid == 0) {
+              mbar_arrive_expect_tx(bar_data(s), 64 * DH * 4);
+              mbar_signal_cluster(mapa_shared(bar_free(s), peer));
+            }
+            timed_out |= !mbar_wait<false>(bar_data(s), ph);
+            d256::add_dq_part<DH / 8>(sdO, warp, r0, qd, dq);
+            fence_proxy_async_smem();
+            if (cw == 0)
+              bar_sync_imm<5, 128>();
+            else
+              bar_sync_imm<6, 128>();
+            if (ltid == 0) {
+#pragma unroll
+              for (int bx = 0; bx < DH / 32; ++bx)
+                tma_reduce_add_4d(tmdQ, sdO + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
+              bulk_commit_group();
+            }
+          } else {
+            bar_arrive_imm<3, 256>();
+            timed_out |= !mbar_wait<false>(bar_free(s), ph);
+            d256::push_dq_part<DH / 8>(mapa_shared(sdO, peer), mapa_shared(bar_data(s), peer), warp, r0, qd, dq);
+          }
+          wgmma_wait<0>();
         } else {
-          bar_arrive_imm<3, 256>();
-        }
-        wgmma_wait<0>();
-        if (cw == 0) {
-          bar_arrive_imm<4, 256>();
-        } else {
-          bar_sync_imm<4, 256>();
-          stage_and_reduce(sQ);
+          if (cw == 0) {
+            bar_sync_imm<3, 256>();
+            stage_and_reduce(sdO);
+          } else {
+            bar_arrive_imm<3, 256>();
+          }
+          wgmma_wait<0>();
+          if (cw == 0) {
+            bar_arrive_imm<4, 256>();
+          } else {
+            bar_sync_imm<4, 256>();
+            stage_and_reduce(sQ);
+          }
         }
       } else {
         // dQ partial -> fp32 accumulator (rows: queries; cols: d).
@@ -537,10 +563,9 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       // arrival waits for its reduces' reads of the staging tile (next tile, or below).
       __syncwarp();
       if (lane == 0) {
-        if (DQ_TMA && warp == 0) {
+        if (DQ_TMA && owner && warp == 0)
           pend = s;
-          pend_ph = ph;
-        } else
+        else
           mbar_arrive(bar_empty(s));
       }
     }
@@ -563,12 +588,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     // The reduces read this CTA's shared memory: complete them before exit (after the dK / dV
     // stores, which they overlap). The last stage's release is not needed (the producer has issued
     // its last loads).
-    if (ltid == 0) {
-      if (owner)
-        bulk_wait_group<0>();
-      else if (pend >= 0)
-        mbar_wait<false>(bar_read(pend), pend_ph);  // PAIR: the peer reads this CTA's tile until then
-    }
+    if (ltid == 0 && owner) bulk_wait_group<0>();
   }
 #endif
 }

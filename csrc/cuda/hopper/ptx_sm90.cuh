@@ -94,45 +94,20 @@ __device__ __forceinline__ void cluster_sync() {
       "barrier.cluster.wait.acquire.aligned;\n" ::
           : "memory");
 }
-// Arrive on a barrier of another CTA of the cluster (shared::cluster address), releasing this
-// thread's earlier writes (and, cumulatively, those ordered before them, e.g. by a bar.sync) at
-// cluster scope.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
-}
-// The same arrival with the default CTA-scope release, for a signal that publishes no data (e.g.
-// "I have read your tile": loads whose values were used are complete): ptxas gives the
-// cluster-scope release a MEMBAR.ALL.GPU, this one a MEMBAR.ALL.CTA.
+// Arrive on a barrier of another CTA of the cluster (a shared::cluster address) with the default
+// CTA-scope release: for a signal that publishes no data (e.g. "my tile is free for your writes").
 __device__ __forceinline__ void mbar_signal_cluster(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }
-// mbar_wait for a barrier that another CTA of the cluster arrives on: acquire at cluster scope, so
-// that the arriving CTA's released writes are visible after it. Watchdog as in mbar_wait<false>.
-__device__ __forceinline__ bool mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
-  uint32_t polls = 0;
-#endif
-  for (;;) {
-    uint32_t done;
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return true;
-#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
-    if (++polls == (1u << 26)) return false;
-#endif
-  }
-}
-__device__ __forceinline__ float2 ld_shared_cluster_v2_f32(uint32_t cluster_addr) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(cluster_addr) : "memory");
-  return v;
+// An 8-byte store into another CTA's shared memory (shared::cluster addresses), completing its
+// bytes on that CTA's barrier cluster_bar (whose owner armed it with expect_tx): the data is
+// visible to the threads that see the barrier's phase complete.
+__device__ __forceinline__ void st_async_v2_b32(uint32_t cluster_addr, uint32_t x, uint32_t y,
+                                                uint32_t cluster_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(
+                   cluster_addr),
+               "r"(x), "r"(y), "r"(cluster_bar)
+               : "memory");
 }
 
 // --------------------------------------------------------------------- TMA
@@ -312,6 +287,11 @@ __device__ __forceinline__ void bulk_wait_group_read() {
 template <int N>
 __device__ __forceinline__ void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
 }
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
