@@ -298,7 +298,7 @@ def _grads_with_kernels(q, k, v, dout, causal, scale):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("s", [1, 17, 150, 200, 1024])  # d = 256: 150 is 3 key tiles (pairs: one partner empty)
+@pytest.mark.parametrize("s", [1, 17, 150, 200, 1024])  # 150: an odd count of d = 256 key tiles (3)
 @pytest.mark.parametrize("h_kv", [4, 2])
 def test_hopper_backward_matches_reference(s, d, causal, dtype, h_kv):
     gen = torch.Generator(device="cuda").manual_seed(s + d + h_kv)
@@ -338,53 +338,14 @@ def test_hopper_backward_misaligned_dout_falls_back():
         assert err < 1e-2, f"{name}: relative error {err:.2e}"
 
 
-# The d = 256 backward runs by key-tile pairs (tuning.h's kBwdD256Pairs) unless FUSEDATTN_HOPPER_BWD_PAIR=0
-# (read once per process, as the library reads it).
-_BWD_PAIR_ENV = os.environ.get("FUSEDATTN_HOPPER_BWD_PAIR", "")
-D256_PAIRS = _BWD_PAIR_ENV != "0"
-
-
 @needs_hopper_engine
 @needs_hopper_bwd
 @pytest.mark.parametrize("d,kernel", [(64, "bwd_sm90_dqtma_kernel"), (128, "bwd_sm90_dqtma_kernel"),
-                                      (256, "bwd_sm90_d256_pair_kernel" if D256_PAIRS else
-                                       "bwd_sm90_d256_dqtma_kernel")])
+                                      (256, "bwd_sm90_d256_dqtma_kernel")])
 def test_hopper_backward_kernel_runs(d, kernel):
     q, k, v = (torch.randn(2, 256, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     _, names = _grads_with_kernels(q, k, v, torch.randn_like(q), True, 0.1)
     assert kernel in names, names[:500]
-
-
-@needs_hopper_engine
-@needs_hopper_bwd
-@pytest.mark.skipif(_BWD_PAIR_ENV != "", reason="already the child process (or a choice set by the caller)")
-def test_hopper_backward_d256_one_tile_kernel():
-    """The d = 256 backward with one CTA per key tile (FUSEDATTN_HOPPER_BWD_PAIR=0) on every shape of
-    the reference test, in a child process; the child also checks that this kernel is the one that runs."""
-    r = C.run_tests_in_child(__file__, {"FUSEDATTN_HOPPER_BWD_PAIR": "0"},
-                             "backward_matches_reference or backward_kernel_runs")
-    assert r.returncode == 0, f"run with FUSEDATTN_HOPPER_BWD_PAIR=0 failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    assert " passed" in r.stdout and " skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
-
-
-@needs_hopper_engine
-@needs_hopper_bwd
-def test_hopper_bad_pair_switch_raises():
-    """A FUSEDATTN_HOPPER_BWD_PAIR other than 0 or 1 is an error naming the variable at the first Hopper
-    backward (read once: in a child process)."""
-    script = (
-        "import pytest, torch\n"
-        "from fusedattn._ops import FwdArgs, attention\n"
-        "q, k, v = (torch.randn(1, 256, 2, 256, device='cuda', dtype=torch.bfloat16, requires_grad=True)"
-        " for _ in range(3))\n"
-        "out, _ = attention(q, k, v, FwdArgs(scale=0.1, mask_type='causal'))\n"
-        "with pytest.raises(ValueError, match='FUSEDATTN_HOPPER_BWD_PAIR=yes'):\n"
-        "    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))\n"
-        "print('ok')\n"
-    )
-    env = dict(os.environ, FUSEDATTN_HOPPER_BWD_PAIR="yes")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
 @needs_hopper_bwd

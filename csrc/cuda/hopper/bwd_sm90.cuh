@@ -863,9 +863,6 @@ struct Sm90BwdArgs {
   // choice, which needs the device's SM count (0, unknown: group by group).
   int causal_chunk = 0;
   int sm_count = 0;
-  // d = 256 with DQ_TMA: the key-tile pair kernel (bwd_sm90_d256_pair_kernel) instead of one CTA
-  // per key tile.
-  bool d256_pair = false;
 };
 
 inline int bwd_sm90_s_pad(int s_q) { return (s_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
@@ -902,7 +899,6 @@ struct BwdLaunch {
   void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams);
   // DQ_TMA only (else null): launched instead of kern, with tdq as the last argument.
   void (*kern_dq)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap) = nullptr;
-  bool pairs = false;  // kern_dq runs in clusters of two CTAs along x (bwd_sm90_d256_pair_kernel)
   void (*post)(const float*, void*, long long, float);
   // DET only (else null): launched instead of pre and kern_dq, with the n_cnt turn counters dq_cnt.
   void (*pre_det)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int, int*,
@@ -975,20 +971,13 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   p.scale = a.scale;
   p.scale_log2 = a.scale * 1.4426950408889634f;
   const int n_kt = (a.s_kv + Tile::BN - 1) / Tile::BN;
-  // Pairs: the order deals pairs of key tiles, each on two SMs (an odd last tile gets an empty
-  // partner, whose keys are all out of range).
-  const bool pairs = D == 256 && DQ_TMA && a.d256_pair;
-  const int n_units = pairs ? (n_kt + 1) / 2 : n_kt;
   // DET keeps its own order (bwd_tile_idx).
-  p.causal_chunk = DET ? 1
-                       : causal_chunk_for(a.causal, a.causal_chunk, n_units, int64_t{a.h_kv} * a.b,
-                                          pairs ? a.sm_count / 2 : a.sm_count);
+  p.causal_chunk = DET ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
   L->o = a.o;
   L->dout = a.dout;
   L->lse = a.lse;
   L->dq = a.dq;
-  L->grid = dim3(pairs ? 2 * n_units : n_kt, a.h_kv, a.b);
-  L->pairs = pairs;
+  L->grid = dim3(n_kt, a.h_kv, a.b);
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
   } else {
@@ -1009,10 +998,7 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   if constexpr (D == 256 && DQ_TMA) {
     if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
     L->kern = nullptr;
-    if (pairs)
-      L->kern_dq = a.causal ? bwd_sm90_d256_pair_kernel<T, true> : bwd_sm90_d256_pair_kernel<T, false>;
-    else
-      L->kern_dq = a.causal ? bwd_sm90_d256_dqtma_kernel<T, true> : bwd_sm90_d256_dqtma_kernel<T, false>;
+    L->kern_dq = a.causal ? bwd_sm90_d256_dqtma_kernel<T, true> : bwd_sm90_d256_dqtma_kernel<T, false>;
   } else if constexpr (D == 256) {
     L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
   } else if constexpr (DQ_TMA) {
@@ -1030,11 +1016,11 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   } else {
     L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
   }
-  static std::atomic<uint64_t> raised[4];  // per instantiation of this function: causal or not, pairs or not
+  static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
   const void* main_kern = DET      ? reinterpret_cast<const void*>(L->kern_det)
                           : DQ_TMA ? reinterpret_cast<const void*>(L->kern_dq)
                                    : reinterpret_cast<const void*>(L->kern);
-  return detail::raise_smem_limit(main_kern, L->smem, raised[(a.causal ? 1 : 0) + (pairs ? 2 : 0)]);
+  return detail::raise_smem_limit(main_kern, L->smem, raised[a.causal ? 1 : 0]);
 }
 
 // preprocess + main + postprocess on one stream.
@@ -1051,21 +1037,7 @@ inline cudaError_t bwd_sm90_launch(const BwdLaunch& L, cudaStream_t stream = 0) 
   if (e != cudaSuccess) return e;
   if (L.kern_det)
     L.kern_det<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq, L.dq_cnt);
-  else if (L.kern_dq && L.pairs) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = L.grid;
-    cfg.blockDim = dim3(kBwdThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, L.kern_dq, L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq);  // errors: cudaGetLastError below
-  } else if (L.kern_dq)
+  else if (L.kern_dq)
     L.kern_dq<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq);
   else
     L.kern<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p);

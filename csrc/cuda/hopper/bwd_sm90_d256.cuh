@@ -53,22 +53,6 @@
 // under the next S / dP wgmmas). The stage is refilled for the iteration after next, so the
 // deferral costs the producer nothing while one iteration outlasts the reads.
 //
-// Key-tile pairs (bwd_sm90_d256_pair_kernel, PAIR): Nsight Compute counted twice cuDNN's L2
-// reduction traffic for our kernel at d = 256 (405.8 M against 204.5 M sectors at 8k causal), with
-// equal reads and instructions, and the causal calls run at the power limit. A cluster of two CTAs
-// takes key tiles 2j and 2j + 1 of one KV head over the same query tiles, so their dQ_parts of an
-// iteration cover the same rows: each CTA reduce-adds the sum of both for one head-dim half, its
-// rank's, from its dO tile of the stage (dead once both consumers' dV wgmmas are done, barrier 3).
-// In each CTA the consumer of that half (the owner) passes barrier 3, arms its data(s) barrier for
-// 32 KB and signals the peer's free(s) barrier; the consumer of the other half (the non-owner)
-// waits on its own free(s) and writes its dQ_part straight from registers into the peer's dO tile
-// (st.async, 8 bytes per store at stage_dq_part's slots, completing bytes on the peer's data(s)).
-// The owner waits on data(s), adds its own dQ_part into the tile in place, and issues the reduces
-// as the one-tile kernel does. The non-owner has no staging tile, so its warps release the stage
-// at once; the owner's warp 0 defers the release as before. free(s) and data(s) are indexed by
-// stage, so each is used once per use of the stage: its next use needs the stage refilled, which
-// needs the waiter's pass of the previous one. Barrier 4 (Q as staging) is not used.
-//
 // sP and sdS are double-buffered by iteration parity, so barriers 1 and 2 are
 // the only consumer-consumer synchronisation: WG0 writes sP(i+2) only after
 // passing barrier 1 of i+1, which WG1 reaches after its wait_group 0 of
@@ -114,7 +98,7 @@ struct BwdSmemD256 {
   static constexpr int kL = kdS + 2 * kPBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 4 * STAGES);  // K/V, full, empty; PAIR: free, data
+  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
   static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
   static_assert(BM == 64 && BN == 64, "one wgmma M tile of queries and of keys");
   static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kP % 1024 == 0 && kdS % 1024 == 0 &&
@@ -151,78 +135,10 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
   return static_cast<uint32_t>(row * 128 + (((j ^ row) & 7) << 4) + 4 * qd);
 }
 
-// PAIR: stage_dq_part's layout (see there). dq_slot: the byte offset in a staging tile of store
-// (hf, j) of this thread; dq_pair: the two fragments it stores (j ^ 2's for threads with qd >= 2),
-// selected between compile-time indices so that dq stays in registers.
-__device__ __forceinline__ uint32_t dq_slot(int warp, int r0, int qd, int hf, int j) {
-  const int x = (qd >= 2 ? 5 : 0) ^ r0;
-  return (warp * 16 + r0) * 128 + (qd & 1) * 8 + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
-}
-__device__ __forceinline__ float2 dq_pair(const float* dq, int qd, int hf, int j) {
-  const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
-  return qd >= 2 ? make_float2(dq[g], dq[g + 1]) : make_float2(dq[f], dq[f + 1]);
-}
-
-// PAIR, non-owner: this consumer's dQ_part into the peer's tile (peer_stg, a shared::cluster
-// address) at the slots where the peer's thread of the same index adds its own, each store
-// completing its 8 bytes on the peer's barrier peer_bar.
-template <int NJ>
-__device__ __forceinline__ void push_dq_part(uint32_t peer_stg, uint32_t peer_bar, int warp, int r0, int qd,
-                                             const float* dq) {
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const float2 v = dq_pair(dq, qd, hf, j);
-      st_async_v2_b32(peer_stg + dq_slot(warp, r0, qd, hf, j), __float_as_uint(v.x), __float_as_uint(v.y), peer_bar);
-    }
-  }
-}
-
-// PAIR, owner: the peer's dQ_part is in the tile at stg; add this consumer's in place (each thread
-// reads and writes only its own slots). Eight loads are issued before their adds and stores: ptxas
-// cannot tell the swizzled slots apart, so a load after a store would wait for it.
-template <int NJ>
-__device__ __forceinline__ void add_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {
-  constexpr int kBatch = 4;  // j per batch (x 2 row halves); more would need registers not free here
-  static_assert(NJ % kBatch == 0, "whole batches");
-#pragma unroll
-  for (int j0 = 0; j0 < NJ; j0 += kBatch) {
-    float2 v[2][kBatch];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-      for (int jj = 0; jj < kBatch; ++jj) v[hf][jj] = ld_shared_v2_f32(stg + dq_slot(warp, r0, qd, hf, j0 + jj));
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-      for (int jj = 0; jj < kBatch; ++jj) {
-        const float2 own = dq_pair(dq, qd, hf, j0 + jj);
-        st_shared_v2_f32(stg + dq_slot(warp, r0, qd, hf, j0 + jj), v[hf][jj].x + own.x, v[hf][jj].y + own.y);
-      }
-    }
-  }
-}
-
 }  // namespace d256
 
-// PAIR: the key-tile pair, KV head and batch of the CTA's cluster (n_blk: the pair's index; its
-// CTAs take key tiles 2 n_blk and 2 n_blk + 1), in bwd_tile_idx's order with pairs as the unit.
-template <bool CAUSAL>
-__device__ __forceinline__ BwdTileIdx bwd_pair_idx(const BwdKParams& p) {
-  const int n_pairs = static_cast<int>(gridDim.x) / 2;
-  const int pair = static_cast<int>(blockIdx.x) / 2;
-  if (!CAUSAL || p.causal_chunk <= 1) return {pair, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-  const int groups = static_cast<int>(gridDim.y * gridDim.z);
-  const ChunkedTile t = chunked_tile_of(pair + n_pairs * static_cast<int>(blockIdx.y + gridDim.y * blockIdx.z),
-                                        n_pairs, groups, p.causal_chunk);
-  return {t.rank, t.group % static_cast<int>(gridDim.y), t.group / static_cast<int>(gridDim.y)};
-}
-
-// The body of the entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top; PAIR (with
-// DQ_TMA): see "Key-tile pairs" there.
-template <typename T, bool CAUSAL, bool DQ_TMA, bool PAIR = false>
+// The body of both entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top.
+template <typename T, bool CAUSAL, bool DQ_TMA>
 __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const CUtensorMap& tmK,
                                                    const CUtensorMap& tmV, const CUtensorMap& tmdO,
                                                    const CUtensorMap* tmdQ, const BwdKParams& p) {
@@ -252,36 +168,22 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   const uint32_t bar_kv = bar0;
   auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
-  // PAIR: free(s), arrived on by the peer's owner once its dO tile of stage s's iteration is dead;
-  // data(s), armed by this CTA's owner for the peer's dQ_part, which lands in this CTA's dO tile.
-  auto bar_free = [&](int s) { return bar0 + 8u * (1 + 2 * STAGES + s); };
-  auto bar_data = [&](int s) { return bar0 + 8u * (1 + 3 * STAGES + s); };
-  static_assert(!PAIR || DQ_TMA, "key-tile pairs sum the TMA path's staged dQ_part");
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const int n_m = (p.s_q + BM - 1) / BM;
-  // PAIR: the CTA's rank in its cluster; it takes key tile 2 pair + rank, and both CTAs of the
-  // pair run the query tiles of the pair's first key tile (causally one more for rank 1, whose
-  // keys all lie above that tile's queries: its P there is 0).
-  const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
-  const uint32_t peer = rank ^ 1u;
-  const BwdTileIdx tile = PAIR ? bwd_pair_idx<CAUSAL>(p) : bwd_tile_idx<CAUSAL, false>(p);
-  const int n_blk = PAIR ? 2 * tile.n_blk + static_cast<int>(rank) : tile.n_blk;
+  const BwdTileIdx tile = bwd_tile_idx<CAUSAL, false>(p);
+  const int n_blk = tile.n_blk;
   const int hk = tile.hk;
   const int batch = tile.batch;
   const int G = p.h / p.h_kv;
-  const int m_start = CAUSAL ? min(((PAIR ? 2 * tile.n_blk : n_blk) * BN) / BM, n_m) : 0;
+  const int n_m = (p.s_q + BM - 1) / BM;
+  const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
 
   if (tid == 0) {
     mbar_init(bar_kv, 1);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_full(s), 1);
       mbar_init(bar_empty(s), kBwdConsumerWarps);
-      if constexpr (PAIR) {
-        mbar_init(bar_free(s), 1);
-        mbar_init(bar_data(s), 1);
-      }
     }
     mbar_fence_init();
     tma_prefetch_desc(&tmQ);
@@ -290,11 +192,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     tma_prefetch_desc(&tmdO);
     if constexpr (DQ_TMA) tma_prefetch_desc(tmdQ);
   }
-  // PAIR: the peer arrives on this CTA's barriers, so both CTAs' inits precede any use.
-  if constexpr (PAIR)
-    cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
@@ -337,9 +235,6 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   // DQ_TMA, thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
   // for this thread's reduces to have read their staging tile (-1: none).
   int pend = -1;
-  // PAIR: this consumer owns the reduce of its head-dim half (the sum of both CTAs' dQ_part)
-  // when its half is the CTA's rank; otherwise it sends its dQ_part to the peer.
-  const bool owner = !PAIR || cw == static_cast<int>(rank);
 
   int it = 0;
   for (int g = 0; g < G; ++g) {
@@ -496,47 +391,18 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
             bulk_commit_group();
           }
         };
-        if constexpr (PAIR) {
-          // See "Key-tile pairs" at the top.
-          if (owner) {
-            bar_sync_imm<3, 256>();
-            if (ltid == 0) {
-              mbar_arrive_expect_tx(bar_data(s), 64 * DH * 4);
-              mbar_signal_cluster(mapa_shared(bar_free(s), peer));
-            }
-            timed_out |= !mbar_wait<false>(bar_data(s), ph);
-            d256::add_dq_part<DH / 8>(sdO, warp, r0, qd, dq);
-            fence_proxy_async_smem();
-            if (cw == 0)
-              bar_sync_imm<5, 128>();
-            else
-              bar_sync_imm<6, 128>();
-            if (ltid == 0) {
-#pragma unroll
-              for (int bx = 0; bx < DH / 32; ++bx)
-                tma_reduce_add_4d(tmdQ, sdO + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
-              bulk_commit_group();
-            }
-          } else {
-            bar_arrive_imm<3, 256>();
-            timed_out |= !mbar_wait<false>(bar_free(s), ph);
-            d256::push_dq_part<DH / 8>(mapa_shared(sdO, peer), mapa_shared(bar_data(s), peer), warp, r0, qd, dq);
-          }
-          wgmma_wait<0>();
+        if (cw == 0) {
+          bar_sync_imm<3, 256>();
+          stage_and_reduce(sdO);
         } else {
-          if (cw == 0) {
-            bar_sync_imm<3, 256>();
-            stage_and_reduce(sdO);
-          } else {
-            bar_arrive_imm<3, 256>();
-          }
-          wgmma_wait<0>();
-          if (cw == 0) {
-            bar_arrive_imm<4, 256>();
-          } else {
-            bar_sync_imm<4, 256>();
-            stage_and_reduce(sQ);
-          }
+          bar_arrive_imm<3, 256>();
+        }
+        wgmma_wait<0>();
+        if (cw == 0) {
+          bar_arrive_imm<4, 256>();
+        } else {
+          bar_sync_imm<4, 256>();
+          stage_and_reduce(sQ);
         }
       } else {
         // dQ partial -> fp32 accumulator (rows: queries; cols: d).
@@ -563,7 +429,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       // arrival waits for its reduces' reads of the staging tile (next tile, or below).
       __syncwarp();
       if (lane == 0) {
-        if (DQ_TMA && owner && warp == 0)
+        if (DQ_TMA && warp == 0)
           pend = s;
         else
           mbar_arrive(bar_empty(s));
@@ -588,7 +454,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     // The reduces read this CTA's shared memory: complete them before exit (after the dK / dV
     // stores, which they overlap). The last stage's release is not needed (the producer has issued
     // its last loads).
-    if (ltid == 0 && owner) bulk_wait_group<0>();
+    if (ltid == 0) bulk_wait_group<0>();
   }
 #endif
 }
@@ -610,18 +476,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                                const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
   bwd_sm90_d256_main<T, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
-}
-
-// Key-tile pairs (the library's at d = 256): bwd_sm90_d256_dqtma_kernel's work in clusters of two
-// CTAs that sum their dQ_part through distributed shared memory, so that each iteration
-// reduce-adds 32 KB per CTA into L2 instead of 64 KB. Launched with cluster dims (2, 1, 1) on an
-// even grid.x (bwd_sm90_launch).
-template <typename T, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_d256_pair_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                              const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                              const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_sm90_d256_main<T, CAUSAL, true, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
 }
 
 }  // namespace hopper

@@ -81,17 +81,12 @@ struct KParams {
 struct ChunkedTile {
   int rank, group;
 };
-// chunked_tile_of: the same for the linear index `lin` of a unit of `tiles` x `groups` (the
-// backward's key-tile pairs, whose clusters span two blocks of x).
-__device__ __forceinline__ ChunkedTile chunked_tile_of(int lin, int tiles, int groups, int chunk) {
+__device__ __forceinline__ ChunkedTile chunked_tile(int tiles, int groups, int chunk) {
+  const int lin = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
   const int g0 = lin / (chunk * tiles) * chunk;  // the chunk's first group
   const int cc = min(chunk, groups - g0);       // groups in this chunk
   const int within = lin - g0 * tiles;
   return {within / cc, g0 + within % cc};
-}
-__device__ __forceinline__ ChunkedTile chunked_tile(int tiles, int groups, int chunk) {
-  return chunked_tile_of(static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), tiles,
-                         groups, chunk);
 }
 
 // The query tile, head and batch of a v2 / three-consumer forward CTA: causally the heaviest query

@@ -73,43 +73,6 @@ __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
   return true;
 }
 
-// ----------------------------------------------------- clusters (DSMEM)
-// The CTA's rank in its cluster, and the shared::cluster address of `addr` (a shared::cta address
-// of this CTA's layout) in the CTA of rank `rank`.
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-// Every thread of every CTA of the cluster (release / acquire: barrier inits and shared-memory
-// writes before it are visible to the other CTAs after it).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
-}
-// Arrive on a barrier of another CTA of the cluster (a shared::cluster address) with the default
-// CTA-scope release: for a signal that publishes no data (e.g. "my tile is free for your writes").
-__device__ __forceinline__ void mbar_signal_cluster(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
-}
-// An 8-byte store into another CTA's shared memory (shared::cluster addresses), completing its
-// bytes on that CTA's barrier cluster_bar (whose owner armed it with expect_tx): the data is
-// visible to the threads that see the barrier's phase complete.
-__device__ __forceinline__ void st_async_v2_b32(uint32_t cluster_addr, uint32_t x, uint32_t y,
-                                                uint32_t cluster_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(
-                   cluster_addr),
-               "r"(x), "r"(y), "r"(cluster_bar)
-               : "memory");
-}
-
 // --------------------------------------------------------------------- TMA
 __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
@@ -287,11 +250,6 @@ __device__ __forceinline__ void bulk_wait_group_read() {
 template <int N>
 __device__ __forceinline__ void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-  return v;
 }
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");

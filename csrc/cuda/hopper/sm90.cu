@@ -233,26 +233,6 @@ bool bwd_enabled() {
   return on;
 }
 
-// FUSEDATTN_HOPPER_BWD_PAIR=0 / 1: the d = 256 backward by one CTA per key tile or by key-tile
-// pairs (bwd_sm90_d256_pair_kernel); unset or "" takes tuning.h's kBwdD256Pairs. For A/B timing;
-// read once. Anything else is an error at the first Hopper backward.
-struct PairOverride {
-  bool pairs = kBwdD256Pairs, valid = true;
-  std::string raw;
-};
-const PairOverride& pair_override() {
-  static const PairOverride o = [] {
-    PairOverride r;
-    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD_PAIR");
-    r.raw = e == nullptr ? "" : e;
-    if (r.raw.empty()) return r;
-    r.valid = r.raw == "0" || r.raw == "1";
-    r.pairs = r.valid ? r.raw == "1" : kBwdD256Pairs;
-    return r;
-  }();
-  return o;
-}
-
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
@@ -314,10 +294,6 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   if (!chunk_override().valid) return chunk_override_error();
   a.causal_chunk = chunk_override().chunk;
   a.sm_count = sm_count;
-  if (!pair_override().valid) {
-    return Status::Invalid(cat("FUSEDATTN_HOPPER_BWD_PAIR=", pair_override().raw, " (expected 0 or 1)"));
-  }
-  a.d256_pair = pair_override().pairs;
   cudaError_t e;
   if constexpr (D == 256) {
     e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256

@@ -124,11 +124,6 @@ inline V3Schedule choose_v3_schedule(const V3Grid& gr) {
   return choice;
 }
 
-// The d = 256 backward by key-tile pairs (bwd_sm90_d256_pair_kernel: two CTAs per cluster sum
-// their dQ_part through distributed shared memory, halving the L2 reduce-adds) rather than one CTA
-// per key tile; FUSEDATTN_HOPPER_BWD_PAIR overrides it (sm90.cu).
-constexpr bool kBwdD256Pairs = true;
-
 // The causal tile order of the non-persistent kernels (fwd_sm90.cuh's chunked_tile: the v2 and
 // three-consumer forwards, the backward): how many groups ((batch, head) forward, (batch, kv head)
 // backward) share a chunk, inside which the blocks go tile-major so that every group's longest tile
