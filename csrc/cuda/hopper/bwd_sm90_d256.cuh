@@ -385,9 +385,13 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           else
             bar_sync_imm<6, 128>();
           if (ltid == 0) {
+            // FUSEDATTN_HOPPER_BWD_NO_DQ_REDUCE (harness builds only, bwd_harness.cu): no reduce-adds,
+            // dQ wrong, everything else as is: what the L2 reduction traffic costs, in time and clock.
+#ifndef FUSEDATTN_HOPPER_BWD_NO_DQ_REDUCE
 #pragma unroll
             for (int bx = 0; bx < DH / 32; ++bx)
               tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
+#endif
             bulk_commit_group();
           }
         };
