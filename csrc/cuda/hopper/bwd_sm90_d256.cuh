@@ -82,6 +82,19 @@
 namespace fusedattn {
 namespace hopper {
 
+// FUSEDATTN_HOPPER_BWD_DQ_PROBE (harness builds only, HARNESS_NVCC_FLAGS; bwd_harness.cu): timing probes
+// of the DQ_TMA path's dQ reduce-adds, each leaving dQ wrong and everything else as it is. 0 (the
+// library): none. 1: no reduce-adds. 2: each CTA reduce-adds into query tile (m + its key tile) mod
+// n_m instead of m, so that no two CTAs reduce into the same lines at once (contention out). 3: as 2,
+// with plain TMA stores instead of reduce-adds (the L2's reduction work out, the bytes kept). 4: the
+// deferred stage release does not wait for the reduces' shared-memory reads (the producer's coupling
+// to the reduces out; the refill may overwrite a tile being read).
+#ifndef FUSEDATTN_HOPPER_BWD_DQ_PROBE
+#define FUSEDATTN_HOPPER_BWD_DQ_PROBE 0
+#endif
+constexpr int kBwdDqProbe = FUSEDATTN_HOPPER_BWD_DQ_PROBE;
+static_assert(kBwdDqProbe >= 0 && kBwdDqProbe <= 4, "FUSEDATTN_HOPPER_BWD_DQ_PROBE: 0-4");
+
 struct BwdSmemD256 {
   using Tile = BwdTile<256>;
   static constexpr int D = 256, BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
@@ -268,7 +281,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         // Release the previous tile's stage while these wgmmas run: its reduces have had the dK
         // wgmmas' time to read the staging tile.
         if (ltid == 0 && pend >= 0) {
-          bulk_wait_group_read<0>();
+          if constexpr (kBwdDqProbe != 4) bulk_wait_group_read<0>();
           mbar_arrive(bar_empty(pend));
         }
       }
@@ -385,13 +398,15 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           else
             bar_sync_imm<6, 128>();
           if (ltid == 0) {
-            // FUSEDATTN_HOPPER_BWD_NO_DQ_REDUCE (harness builds only, bwd_harness.cu): no reduce-adds,
-            // dQ wrong, everything else as is: what the L2 reduction traffic costs, in time and clock.
-#ifndef FUSEDATTN_HOPPER_BWD_NO_DQ_REDUCE
+            // kBwdDqProbe (harness builds only): see its definition.
+            const int row0 = (kBwdDqProbe == 2 || kBwdDqProbe == 3 ? (m + n_blk) % n_m : m) * BM;
 #pragma unroll
-            for (int bx = 0; bx < DH / 32; ++bx)
-              tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, m * BM, batch);
-#endif
+            for (int bx = 0; bx < DH / 32; ++bx) {
+              if constexpr (kBwdDqProbe == 3)
+                tma_store_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, row0, batch);
+              else if constexpr (kBwdDqProbe != 1)
+                tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, row0, batch);
+            }
             bulk_commit_group();
           }
         };
