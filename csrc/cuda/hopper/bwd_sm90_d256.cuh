@@ -35,13 +35,13 @@
 //       queries, K-major from sdS; B = K, MN-major), commit;
 //       dK[:, half] += dS^T Q[:, half]  (WgmmaTT: A = dS^T M-major from sdS;
 //       B = Q MN-major), commit; wait_group 1 (dV, dQ done) -> dQ_part into
-//       the workspace's fp32 accumulator (TMA reduce-add, see below, or
-//       atomicAdd(float2)) while dK runs; wait_group 0; each warp releases the stage.
+//       the workspace's fp32 accumulator (TMA reduce-add, see below, or 16-byte
+//       red.global.add.v4.f32) while dK runs; wait_group 0; each warp releases the stage.
 //   Epilogue: WG cw stores dK[:, half] * scale, dV[:, half] (plain stores).
 //
-// dQ by TMA reduce-add (bwd_sm90_d256_dqtma_kernel, the library's; bwd_sm90_d256_kernel keeps
-// the atomics above as the harness's baseline): shared memory has no room for 64 KB of fp32
-// staging, but a stage's Q and dO tiles are 32 KB each, exactly one consumer's 64 x 128 fp32
+// dQ by TMA reduce-add (bwd_sm90_d256_dqtma_kernel, the library's; bwd_sm90_d256_kernel keeps the
+// reductions from registers above as the harness's baseline): shared memory has no room for 64 KB
+// of fp32 staging, but a stage's Q and dO tiles are 32 KB each, exactly one consumer's 64 x 128 fp32
 // dQ_part, and are dead once the iteration's wgmmas have read them. cw 0 waits for both
 // consumers' dV (barrier 3: cw 1 arrives after its wait_group 1) and stages its dQ_part in the
 // dO tile while the dK wgmmas run; cw 1 waits for both consumers' dK (barrier 4: cw 0 arrives
@@ -424,16 +424,23 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           stage_and_reduce(sQ);
         }
       } else {
-        // dQ partial -> fp32 accumulator (rows: queries; cols: d).
+        // dQ partial -> fp32 accumulator (rows: queries; cols: d) by 16-byte reductions: lanes qd
+        // and qd ^ 1 swap one fragment pair per 8 columns, so that the even one holds 4 consecutive
+        // columns 8j + 2qd.. of row row_l and the odd one columns 8j + 2qd - 2.. of row row_l + 8.
+        // (Float2 atomics, one per pair, were this path until the sixteenth session.)
+        const bool odd = (qd & 1) != 0;
+        const int qrow = m * BM + row_l + (odd ? 8 : 0);
+        float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + min(qrow, p.s_q - 1)) * p.h + head) * D +
+                     cw * DH + 2 * (qd & ~1);
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int qrow = m * BM + row_l + 8 * hf;
+        for (int j = 0; j < DH / 8; ++j) {
+          const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
+          const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
           if (qrow < p.s_q) {
-            float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + qrow) * p.h + head) * D + cw * DH + 2 * qd;
-#pragma unroll
-            for (int j = 0; j < DH / 8; ++j)
-              atomicAdd(reinterpret_cast<float2*>(dst + 8 * j),
-                        make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]));
+            if (odd)
+              red_add_v4_f32(dst + 8 * j, x0, x1, dq[4 * j + 2], dq[4 * j + 3]);
+            else
+              red_add_v4_f32(dst + 8 * j, dq[4 * j], dq[4 * j + 1], x0, x1);
           }
         }
         wgmma_wait<0>();
@@ -478,7 +485,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
 #endif
 }
 
-// dQ by fp32 atomicAdd(float2) (the harness's bench2 / check2 baseline).
+// dQ by 16-byte fp32 reductions from registers, no staging (the harness's bench2 / check2 baseline).
 template <typename T, bool CAUSAL>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_d256_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,

@@ -7,7 +7,8 @@
 //   bwd_harness one D S CAUSAL   one bench point (for ncu / nsys)
 //   bwd_harness check2           DQ_TMA variant (dQ by TMA reduce-add) vs. the reference and vs.
 //                                the atomic-dQ kernel (dk/dv must be bitwise equal; dq differs by
-//                                fp32 summation order: max rel diff)
+//                                fp32 summation order: max rel diff). Atomic dQ: float2 atomics at
+//                                d = 64 / 128, 16-byte red.global.add.v4.f32 at d = 256
 //   bwd_harness bench2           per point: HBWD (atomic dQ) and HBWD2 (DQ_TMA)
 //   bwd_harness one2 D S CAUSAL  one bench2 point
 //   bwd_harness checkdet         DET variant (deterministic dQ, d = 64/128): two runs, the second

@@ -5,6 +5,9 @@
 # wait), each timed at the same points in turn for ROUNDS rounds (the harness's bursts: 20 launches
 # back to back, which the sixteenth session measured at 1970-1980 MHz, below the power cap).
 # Prints, per point, each probe's median time and its ratio to probe 0; writes OUTDIR/dq_probes.txt.
+# Also, from the probe-0 build: check2 (the d = 256 baseline kernel's dQ by 16-byte reductions from
+# registers, no staging, against the reference and the TMA kernel) and one2 at the same points (that
+# kernel's time next to the TMA kernel's), into the same file.
 #
 #   tests/gpu/hopper/dq_probes.sh OUTDIR [ROUNDS]
 #
@@ -44,6 +47,12 @@ for ((r = 1; r <= ROUNDS; ++r)); do
       echo "p$p $pt $line" | tee -a "$log"
     done
   done
+done
+echo "== check2 (probe 0 build)" | tee -a "$log"
+timeout 180 "$BIN/bwdh_p0" check2 2>&1 | tail -12 | tee -a "$log"
+for pt in "${points[@]}"; do
+  # shellcheck disable=SC2086
+  "$BIN/bwdh_p0" one2 $pt 2>&1 | grep -E "^HBWD" | tee -a "$log"
 done
 python3 - "$log" <<'EOF'
 import re, statistics, sys
