@@ -408,6 +408,21 @@ struct FwdBars {
   }
 };
 
+// The forward kernels' CTA start (v2, v3 and both three-consumer kernels): thread 0 initialises the
+// barrier map (FwdBars or V3Bars) and prefetches the three tensor maps, then the whole CTA syncs, so
+// that no thread waits on a barrier before its init.
+template <class Bars>
+__device__ __forceinline__ void fwd_cta_start(const Bars& bars, int consumer_warps, const CUtensorMap& tmQ,
+                                              const CUtensorMap& tmK, const CUtensorMap& tmV) {
+  if (threadIdx.x == 0) {
+    bars.init(consumer_warps);
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+  }
+  __syncthreads();
+}
+
 // A one-tile CTA's work: its query tile (causal: heaviest first, fwd_tile_idx), the K / V head, and
 // the key tiles it runs. The count is per CTA, not per consumer warpgroup: every consumer runs them
 // all, which the turn barriers' counts rely on. Always >= 1.
@@ -502,13 +517,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int m_blk = tile.m_blk, head = tile.head, batch = tile.batch;
   const int head_kv = tile.head_kv, n_blocks = tile.n_blocks;
 
-  if (tid == 0) {
-    bars.init(kConsumerWarps);
-    tma_prefetch_desc(&tmQ);
-    tma_prefetch_desc(&tmK);
-    tma_prefetch_desc(&tmV);
-  }
-  __syncthreads();
+  fwd_cta_start(bars, kConsumerWarps, tmQ, tmK, tmV);
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer

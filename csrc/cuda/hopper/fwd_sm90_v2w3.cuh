@@ -366,13 +366,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   const int m_blk = tile.m_blk, head = tile.head, batch = tile.batch;
   const int head_kv = tile.head_kv, n_blocks = tile.n_blocks;
 
-  if (tid == 0) {
-    bars.init(kW3ConsumerWarps);
-    tma_prefetch_desc(&tmQ);
-    tma_prefetch_desc(&tmK);
-    tma_prefetch_desc(&tmV);
-  }
-  __syncthreads();
+  fwd_cta_start(bars, kW3ConsumerWarps, tmQ, tmK, tmV);
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer

@@ -310,13 +310,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr bool kSnake = CAUSAL && SCHED_ != kV3RoundRobin;  // non-causal: one tile length, nothing to balance
   constexpr bool kHeadMajor = CAUSAL && SCHED_ == kV3SnakeHeadMajor;
 
-  if (tid == 0) {
-    bars.init(kConsumerWarps);
-    tma_prefetch_desc(&tmQ);
-    tma_prefetch_desc(&tmK);
-    tma_prefetch_desc(&tmV);
-  }
-  __syncthreads();
+  fwd_cta_start(bars, kConsumerWarps, tmQ, tmK, tmV);
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer

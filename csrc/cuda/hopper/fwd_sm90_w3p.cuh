@@ -99,13 +99,7 @@ __global__ void __launch_bounds__(kW3Threads, 1)
   const int n_hb = p.h * p.b;
   const int n_tiles = n_m * n_hb;  // host: fits in int, gridDim.x <= n_tiles
 
-  if (tid == 0) {
-    bars.init(kW3ConsumerWarps);
-    tma_prefetch_desc(&tmQ);
-    tma_prefetch_desc(&tmK);
-    tma_prefetch_desc(&tmV);
-  }
-  __syncthreads();
+  fwd_cta_start(bars, kW3ConsumerWarps, tmQ, tmK, tmV);
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
