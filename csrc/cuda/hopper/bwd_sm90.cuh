@@ -199,14 +199,23 @@ constexpr int kBwdConsumerWarps = 8;
 // ring (full barrier bar0 + 8(1 + s), empty barrier bar0 + 8(1 + STAGES + s)).
 // Smem supplies the tile shape and byte sizes; DCH is the number of 64-wide
 // head-dim chunks (one TMA box each). Addresses are shared-space.
+//
+// DQ_Q (the d = 256 kernel, bwd_sm90_d256.cuh "dQ by TMA reduce-add"): consumer 1 stages its fp32
+// dQ_part columns [128, 256) of each iteration in that iteration's Q tile and releases the stage
+// without reducing; this thread reduce-adds the staged tile into tmdQ (the fp32 accumulator's map)
+// once the stage's empty barrier completes, starts the stage's dO refill (dO holds consumer 0's
+// dQ_part, whose reduces consumer 0 has waited for), and refills Q once the reduces have read it.
+// So no consumer waits for those reads, and the refill waits for them only where it must. After
+// the last refill it waits for the stages still in use and reduces them, then for completion.
 struct BwdProducerArgs {
   uint32_t sK, sV, sQ0, sdO0, sL0, sDs0, bar0;
   const CUtensorMap *tmQ, *tmK, *tmV, *tmdO;
   int n_blk, hk, batch;  // the CTA's key tile, KV head, batch
   int m_start, n_m;      // its query tiles [m_start, n_m)
+  const CUtensorMap* tmdQ;  // DQ_Q only
 };
 
-template <class Smem, int DCH>
+template <class Smem, int DCH, bool DQ_Q = false>
 __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdKParams& p) {
   constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
   const uint32_t bar_kv = a.bar0;
@@ -219,6 +228,17 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
 #pragma unroll
   for (int c = 0; c < DCH; ++c) tma_load_4d(a.sV + c * BN * 128, a.tmV, bar_kv, c * 64, a.hk, a.n_blk * BN, a.batch);
   const int G = p.h / p.h_kv;
+  // DQ_Q: consumer 1's staged dQ_part of iteration j (query tile and head recomputed from j).
+  const int per_head = a.n_m - a.m_start;
+  const auto reduce_dq = [&](int j) {
+    const uint32_t stg = a.sQ0 + (j % STAGES) * Smem::kQBytes;
+    const int head = a.hk * G + j / per_head;
+    const int row0 = (a.m_start + j % per_head) * BM;
+#pragma unroll
+    for (int bx = 0; bx < DCH; ++bx)  // four [BM][32] fp32 boxes: columns DCH * 32 + 32 bx ..
+      tma_reduce_add_4d(a.tmdQ, stg + bx * (BM * 128), DCH * 32 + 32 * bx, head, row0, a.batch);
+    bulk_commit_group();
+  };
   int it = 0;
   for (int g = 0; g < G; ++g) {
     const int head = a.hk * G + g;
@@ -226,17 +246,36 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
       const int s = it % STAGES;
       const uint32_t use = it / STAGES;
       mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
+      if constexpr (DQ_Q) {
+        if (it >= STAGES) reduce_dq(it - STAGES);
+      }
       mbar_arrive_expect_tx(bar_full(s), 2 * Smem::kQBytes + 2 * Smem::kRowBytes);
+      const auto load_q = [&] {
 #pragma unroll
-      for (int c = 0; c < DCH; ++c)
-        tma_load_4d(a.sQ0 + s * Smem::kQBytes + c * BM * 128, a.tmQ, bar_full(s), c * 64, head, m * BM, a.batch);
+        for (int c = 0; c < DCH; ++c)
+          tma_load_4d(a.sQ0 + s * Smem::kQBytes + c * BM * 128, a.tmQ, bar_full(s), c * 64, head, m * BM, a.batch);
+      };
+      if constexpr (!DQ_Q) load_q();
 #pragma unroll
       for (int c = 0; c < DCH; ++c)
         tma_load_4d(a.sdO0 + s * Smem::kQBytes + c * BM * 128, a.tmdO, bar_full(s), c * 64, head, m * BM, a.batch);
       const size_t row_off = (static_cast<size_t>(a.batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
       bulk_g2s(a.sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
       bulk_g2s(a.sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
+      if constexpr (DQ_Q) {
+        bulk_wait_group_read<0>();  // the Q tile's staged dQ_part read
+        load_q();
+      }
     }
+  }
+  if constexpr (DQ_Q) {
+    for (int j = it < STAGES ? 0 : it - STAGES; j < it; ++j) {
+      const uint32_t use = j / STAGES + 1;
+      mbar_wait<true>(bar_empty(j % STAGES), (use & 1u) ^ 1u);
+      reduce_dq(j);
+    }
+    // The reduces read this CTA's shared memory: complete before the CTA exits.
+    bulk_wait_group<0>();
   }
 }
 

@@ -42,16 +42,21 @@
 // dQ by TMA reduce-add (bwd_sm90_d256_dqtma_kernel, the library's; bwd_sm90_d256_kernel keeps the
 // reductions from registers above as the harness's baseline): shared memory has no room for 64 KB
 // of fp32 staging, but a stage's Q and dO tiles are 32 KB each, exactly one consumer's 64 x 128 fp32
-// dQ_part, and are dead once the iteration's wgmmas have read them. cw 0 waits for both
-// consumers' dV (barrier 3: cw 1 arrives after its wait_group 1) and stages its dQ_part in the
-// dO tile while the dK wgmmas run; cw 1 waits for both consumers' dK (barrier 4: cw 0 arrives
-// after its wait_group 0) and stages in the Q tile. Each writes four [64][32] fp32 boxes (128B
-// swizzle, stage_dq_part), fences, syncs its own 4 warps (barrier 5 / 6), and one thread issues
-// four cp.reduce.async.bulk.tensor adds (rows >= s_q are out of bounds and skipped). The stage
-// is released when the reduces have read it: warp 0 of each consumer defers its arrival on the
-// stage's empty barrier to the next iteration, after that thread's wait_group.read (issued
-// under the next S / dP wgmmas). The stage is refilled for the iteration after next, so the
-// deferral costs the producer nothing while one iteration outlasts the reads.
+// dQ_part, and are dead once the iteration's wgmmas have read them. Each consumer writes four
+// [64][32] fp32 boxes (128B swizzle, stage_dq_part) and fences; rows >= s_q are out of bounds of
+// the map and skipped by the cp.reduce.async.bulk.tensor adds.
+//   cw 0 waits for both consumers' dV (barrier 3: cw 1 arrives after its wait_group 1), stages in
+//   the dO tile while the dK wgmmas run, syncs its 4 warps (barrier 5) and one thread issues the
+//   four reduces. Its warp 0 defers its arrival on the stage's empty barrier to the next
+//   iteration, after that thread's wait_group.read (issued under the next S wgmmas, which give the
+//   reads time).
+//   cw 1 waits for both consumers' dK (barrier 4: cw 0 arrives after its wait_group 0), stages in
+//   the Q tile and releases the stage at once; the producer thread issues the four reduces once
+//   the stage's empty barrier completes and refills Q after their reads (bwd_produce, DQ_Q). cw 1's
+//   reduces go out at the very end of an iteration, so a consumer waiting for their reads under its
+//   next wgmmas stalled (sixteenth / seventeenth sessions: 4.5-6% of the kernel's time); the
+//   producer waits for them only where the refill must, and the stage is refilled for the
+//   iteration after next.
 //
 // sP and sdS are double-buffered by iteration parity, so barriers 1 and 2 are
 // the only consumer-consumer synchronisation: WG0 writes sP(i+2) only after
@@ -82,18 +87,12 @@
 namespace fusedattn {
 namespace hopper {
 
-// FUSEDATTN_HOPPER_BWD_DQ_PROBE (harness builds only, HARNESS_NVCC_FLAGS; bwd_harness.cu): timing probes
-// of the DQ_TMA path's dQ reduce-adds, each leaving dQ wrong and everything else as it is. 0 (the
-// library): none. 1: no reduce-adds. 2: each CTA reduce-adds into query tile (m + its key tile) mod
-// n_m instead of m, so that no two CTAs reduce into the same lines at once (contention out). 3: as 2,
-// with plain TMA stores instead of reduce-adds (the L2's reduction work out, the bytes kept). 4: the
-// deferred stage release does not wait for the reduces' shared-memory reads (the producer's coupling
-// to the reduces out; the refill may overwrite a tile being read).
-#ifndef FUSEDATTN_HOPPER_BWD_DQ_PROBE
-#define FUSEDATTN_HOPPER_BWD_DQ_PROBE 0
+// Harness A/B only (HARNESS_NVCC_FLAGS): cw 0's deferred stage release (see "dQ by TMA reduce-add")
+// at its idle wait before barrier 2 instead of under the next S wgmmas.
+#ifndef FUSEDATTN_HOPPER_BWD_DQ_LATE_RELEASE
+#define FUSEDATTN_HOPPER_BWD_DQ_LATE_RELEASE 0
 #endif
-constexpr int kBwdDqProbe = FUSEDATTN_HOPPER_BWD_DQ_PROBE;
-static_assert(kBwdDqProbe >= 0 && kBwdDqProbe <= 4, "FUSEDATTN_HOPPER_BWD_DQ_PROBE: 0-4");
+constexpr bool kBwdDqLateRelease = FUSEDATTN_HOPPER_BWD_DQ_LATE_RELEASE != 0;
 
 struct BwdSmemD256 {
   using Tile = BwdTile<256>;
@@ -211,9 +210,9 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<24>();
     if (tid == 0) {
-      bwd_produce<Smem, DCH>(BwdProducerArgs{sK, sV, sQ0, sdO0, sL0, sDs0, bar0, &tmQ, &tmK, &tmV, &tmdO, n_blk, hk,
-                                              batch, m_start, n_m},
-                             p);
+      bwd_produce<Smem, DCH, DQ_TMA>(BwdProducerArgs{sK, sV, sQ0, sdO0, sL0, sDs0, bar0, &tmQ, &tmK, &tmV, &tmdO,
+                                                      n_blk, hk, batch, m_start, n_m, tmdQ},
+                                     p);
     }
     return;
   }
@@ -277,14 +276,15 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         Wgmma<BN, F16>::ss(acc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
       }
       wgmma_commit();
-      if constexpr (DQ_TMA) {
-        // Release the previous tile's stage while these wgmmas run: its reduces have had the dK
-        // wgmmas' time to read the staging tile.
+      // DQ_TMA, cw 0: release the previous tile's stage while these wgmmas run: its reduces have had
+      // the dK wgmmas' time to read the staging tile.
+      const auto release_pending = [&] {
         if (ltid == 0 && pend >= 0) {
-          if constexpr (kBwdDqProbe != 4) bulk_wait_group_read<0>();
+          bulk_wait_group_read<0>();
           mbar_arrive(bar_empty(pend));
         }
-      }
+      };
+      if constexpr (DQ_TMA && !kBwdDqLateRelease) release_pending();
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
@@ -350,6 +350,8 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           }
         }
         fence_proxy_async_smem();
+      } else if constexpr (DQ_TMA && kBwdDqLateRelease) {
+        release_pending();
       }
       bar_sync_imm<2, 256>();  // dS in smem
 
@@ -388,40 +390,28 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
 
       if constexpr (DQ_TMA) {
         // cw 0 stages its dQ_part in stage s's dO tile once both consumers' dV wgmmas are done
-        // (barrier 3), while the dK wgmmas run; cw 1 stages in the Q tile once both consumers'
-        // dK wgmmas are done (barrier 4). Then one thread per consumer reduce-adds the four boxes.
-        const auto stage_and_reduce = [&](uint32_t stg) {
-          stage_dq_part<DH / 8>(stg, warp, r0, qd, dq);
-          fence_proxy_async_smem();
-          if (cw == 0)
-            bar_sync_imm<5, 128>();
-          else
-            bar_sync_imm<6, 128>();
-          if (ltid == 0) {
-            // kBwdDqProbe (harness builds only): see its definition.
-            const int row0 = (kBwdDqProbe == 2 || kBwdDqProbe == 3 ? (m + n_blk) % n_m : m) * BM;
-#pragma unroll
-            for (int bx = 0; bx < DH / 32; ++bx) {
-              if constexpr (kBwdDqProbe == 3)
-                tma_store_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, row0, batch);
-              else if constexpr (kBwdDqProbe != 1)
-                tma_reduce_add_4d(tmdQ, stg + bx * (64 * 128), cw * DH + 32 * bx, head, row0, batch);
-            }
-            bulk_commit_group();
-          }
-        };
+        // (barrier 3), while the dK wgmmas run, and one thread reduce-adds the four boxes; cw 1
+        // stages in the Q tile once both consumers' dK wgmmas are done (barrier 4), and the
+        // producer reduce-adds it after the stage's release (bwd_produce, DQ_Q).
         if (cw == 0) {
           bar_sync_imm<3, 256>();
-          stage_and_reduce(sdO);
-        } else {
-          bar_arrive_imm<3, 256>();
-        }
-        wgmma_wait<0>();
-        if (cw == 0) {
+          stage_dq_part<DH / 8>(sdO, warp, r0, qd, dq);
+          fence_proxy_async_smem();
+          bar_sync_imm<5, 128>();
+          if (ltid == 0) {
+#pragma unroll
+            for (int bx = 0; bx < DH / 32; ++bx)
+              tma_reduce_add_4d(tmdQ, sdO + bx * (64 * 128), 32 * bx, head, m * BM, batch);
+            bulk_commit_group();
+          }
+          wgmma_wait<0>();
           bar_arrive_imm<4, 256>();
         } else {
+          bar_arrive_imm<3, 256>();
+          wgmma_wait<0>();
           bar_sync_imm<4, 256>();
-          stage_and_reduce(sQ);
+          stage_dq_part<DH / 8>(sQ, warp, r0, qd, dq);
+          fence_proxy_async_smem();
         }
       } else {
         // dQ partial -> fp32 accumulator (rows: queries; cols: d) by 16-byte reductions: lanes qd
@@ -455,7 +445,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       // arrival waits for its reduces' reads of the staging tile (next tile, or below).
       __syncwarp();
       if (lane == 0) {
-        if (DQ_TMA && warp == 0)
+        if (DQ_TMA && cw == 0 && warp == 0)
           pend = s;
         else
           mbar_arrive(bar_empty(s));
@@ -477,10 +467,13 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
     store_frag_row<T, DH>(dvp + off, dv, hf, 1.f, qd, vec16, active);
   }
   if constexpr (DQ_TMA) {
-    // The reduces read this CTA's shared memory: complete them before exit (after the dK / dV
-    // stores, which they overlap). The last stage's release is not needed (the producer has issued
-    // its last loads).
-    if (ltid == 0) bulk_wait_group<0>();
+    // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
+    // stores, which they overlap). Then the last release: the producer waits for it before it
+    // reduces cw 1's last staged tile.
+    if (cw == 0 && ltid == 0) {
+      bulk_wait_group<0>();
+      if (pend >= 0) mbar_arrive(bar_empty(pend));
+    }
   }
 #endif
 }
