@@ -87,13 +87,6 @@
 namespace fusedattn {
 namespace hopper {
 
-// Harness A/B only (HARNESS_NVCC_FLAGS): cw 0's deferred stage release (see "dQ by TMA reduce-add")
-// at its idle wait before barrier 2 instead of under the next S wgmmas.
-#ifndef FUSEDATTN_HOPPER_BWD_DQ_LATE_RELEASE
-#define FUSEDATTN_HOPPER_BWD_DQ_LATE_RELEASE 0
-#endif
-constexpr bool kBwdDqLateRelease = FUSEDATTN_HOPPER_BWD_DQ_LATE_RELEASE != 0;
-
 struct BwdSmemD256 {
   using Tile = BwdTile<256>;
   static constexpr int D = 256, BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
@@ -277,14 +270,12 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       }
       wgmma_commit();
       // DQ_TMA, cw 0: release the previous tile's stage while these wgmmas run: its reduces have had
-      // the dK wgmmas' time to read the staging tile.
-      const auto release_pending = [&] {
-        if (ltid == 0 && pend >= 0) {
-          bulk_wait_group_read<0>();
-          mbar_arrive(bar_empty(pend));
-        }
-      };
-      if constexpr (DQ_TMA && !kBwdDqLateRelease) release_pending();
+      // the dK wgmmas' time to read the staging tile. (Later, at cw 0's idle wait before barrier 2,
+      // the release cost 7-12%: the dO refill then comes late.)
+      if (DQ_TMA && ltid == 0 && pend >= 0) {
+        bulk_wait_group_read<0>();
+        mbar_arrive(bar_empty(pend));
+      }
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
@@ -350,8 +341,6 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           }
         }
         fence_proxy_async_smem();
-      } else if constexpr (DQ_TMA && kBwdDqLateRelease) {
-        release_pending();
       }
       bar_sync_imm<2, 256>();  // dS in smem
 

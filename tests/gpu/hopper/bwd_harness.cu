@@ -24,8 +24,6 @@
 //                                one launch of the library's main kernel with per-CTA phase times
 //                                (K/V landed, first query tile done, loop done, reduces done, dK/dV
 //                                stored): where a CTA's fixed cost goes
-//   (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_BWD_DQ_LATE_RELEASE=1) bench / one at d = 256
-//                                with consumer 0's deferred stage release moved (bwd_sm90_d256.cuh)
 // Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
