@@ -192,6 +192,17 @@ struct BwdKParams {
 constexpr int kBwdThreads = 384;
 constexpr int kBwdConsumerWarps = 8;
 
+// Reduce-adds a staging tile written by stage_dq_part<4 NB> (NB boxes of [64 rows][32 fp32] at
+// stg + b * 8 KB) into the fp32 dQ accumulator's map at columns col0 + 32 b, query rows row0..,
+// as one bulk group of the calling thread (rows >= s_q are out of bounds and skipped).
+template <int NB>
+__device__ __forceinline__ void reduce_dq_part(const CUtensorMap* tmdQ, uint32_t stg, int col0, int head, int row0,
+                                               int batch) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b) tma_reduce_add_4d(tmdQ, stg + b * (64 * 128), col0 + 32 * b, head, row0, batch);
+  bulk_commit_group();
+}
+
 // The producer warpgroup's work, the same for the d = 64/128 kernel and the
 // d = 256 one (bwd_sm90_d256.cuh): one thread TMA-loads the CTA's K and V tiles
 // once (barrier bar0), then streams (Q, dO, lse2 row slice, Dsum row slice) of
@@ -231,13 +242,9 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
   // DQ_Q: consumer 1's staged dQ_part of iteration j (query tile and head recomputed from j).
   const int per_head = a.n_m - a.m_start;
   const auto reduce_dq = [&](int j) {
-    const uint32_t stg = a.sQ0 + (j % STAGES) * Smem::kQBytes;
-    const int head = a.hk * G + j / per_head;
-    const int row0 = (a.m_start + j % per_head) * BM;
-#pragma unroll
-    for (int bx = 0; bx < DCH; ++bx)  // four [BM][32] fp32 boxes: columns DCH * 32 + 32 bx ..
-      tma_reduce_add_4d(a.tmdQ, stg + bx * (BM * 128), DCH * 32 + 32 * bx, head, row0, a.batch);
-    bulk_commit_group();
+    // Consumer 1's half: columns [DCH * 32, DCH * 64), DCH boxes of 32.
+    reduce_dq_part<DCH>(a.tmdQ, a.sQ0 + (j % STAGES) * Smem::kQBytes, DCH * 32, a.hk * G + j / per_head,
+                        (a.m_start + j % per_head) * BM, a.batch);
   };
   int it = 0;
   for (int g = 0; g < G; ++g) {
@@ -784,9 +791,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
             rel_cnt = cnt;
             rel_val = turn + 1;
           }
-          tma_reduce_add_4d(tmdQ, stg, col0, head, row0, batch);
-          tma_reduce_add_4d(tmdQ, stg + 64 * 128, col0 + 32, head, row0, batch);
-          bulk_commit_group();
+          reduce_dq_part<NDQ / 32>(tmdQ, stg, col0, head, row0, batch);
         }
       } else {
         // dQ partial -> fp32 accumulator (rows: queries; cols: d).

@@ -387,12 +387,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
           stage_dq_part<DH / 8>(sdO, warp, r0, qd, dq);
           fence_proxy_async_smem();
           bar_sync_imm<5, 128>();
-          if (ltid == 0) {
-#pragma unroll
-            for (int bx = 0; bx < DH / 32; ++bx)
-              tma_reduce_add_4d(tmdQ, sdO + bx * (64 * 128), 32 * bx, head, m * BM, batch);
-            bulk_commit_group();
-          }
+          if (ltid == 0) reduce_dq_part<DH / 32>(tmdQ, sdO, 0, head, m * BM, batch);
           wgmma_wait<0>();
           bar_arrive_imm<4, 256>();
         } else {
