@@ -377,6 +377,132 @@ __device__ __forceinline__ void v2_softmax_steady(float (&sacc)[BN / 2], float (
   v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);
 }
 
+// A consumer warpgroup's main-loop registers (v2 and v3), by reference: S_n's accumulators, O, P
+// as A fragments, and the two rows' running max, sum and owed rescale.
+template <int D, int BN>
+struct V2Regs {
+  float (&sacc)[BN / 2];
+  float (&o)[D / 2];
+  uint32_t (&pa)[BN / 16][4];
+  float (&row_m)[2];
+  float (&row_l)[2];
+  float (&corr)[2];
+};
+
+// Where a steady iteration's tiles are: K_n's ring position (Pos: int in v2, whose positions are
+// the key tiles; uint32_t in v3, which counts them over the CTA's life) and the K / V ring bases.
+template <typename Pos>
+struct V2Step {
+  Pos it;
+  uint32_t sK0, sV0;
+  int cw, lane;
+  float sl2;
+};
+
+// One steady iteration n >= 1 of the v2 / v3 consumer loop: in this warpgroup's ping-pong turn S_n
+// (group A) and O += P_{n-1} V_{n-1} (group B); S_n's softmax while B runs; K_n released after it,
+// V_{n-1} after B; then P_n packed. Hooks: wait_full(bar, parity) (the watchdog wait),
+// issue_s(sK) (S_n's chain against the K tile at sK; the slow path's reissue too), mask() (S_n's
+// mask), k_released() (lane 0, after K_n's release: v3 frees its Q slot after the last S GEMM).
+template <int D, int BN, int STAGES, bool F16, bool PP, typename Pos, class Bars, class WaitFull, class IssueS,
+          class Mask, class KReleased>
+__device__ __forceinline__ void v2_steady_step(const V2Step<Pos>& st, const Bars& bars, const V2Regs<D, BN>& r,
+                                               WaitFull&& wait_full, IssueS&& issue_s, Mask&& mask,
+                                               KReleased&& k_released) {
+  constexpr int kKVBytes = BN * D * 2;
+  const Pos s = st.it % STAGES;
+  const uint32_t ph = (st.it / STAGES) & 1u;
+  const Pos sp = (st.it - 1) % STAGES;  // slot of tile n-1 (its V)
+  const uint32_t php = ((st.it - 1) / STAGES) & 1u;
+
+  wait_full(bars.kf(s), ph);
+  __syncwarp();
+  if (PP) v2_pp_wait_turn(st.cw);
+  // group A: S_n
+  v2_fence_f(r.sacc);
+  wgmma_fence();
+  issue_s(st.sK0 + s * kKVBytes);
+  wgmma_commit();
+  // O is not an operand of any wgmma in flight: rescale it for tile n-1.
+  v2_rescale_o<D>(r.o, r.corr);
+  wait_full(bars.vf(sp), php);
+  __syncwarp();
+  // group B: O += P_{n-1} V_{n-1}
+  v2_commit_pv<D, BN, F16>(r.o, r.pa, st.sV0 + sp * kKVBytes);
+  if (PP) v2_pp_pass_turn(st.cw);
+
+  wgmma_wait<1>();  // group A (S_n) complete; B may still run
+  v2_fence_f(r.sacc);
+  v2_softmax_steady<BN, 2>(
+      r.sacc, r.row_m, r.row_l, r.corr, st.sl2, st.cw,
+      [&] { issue_s(st.sK0 + (warp_uniform_here(st.it) % STAGES) * kKVBytes); }, mask);
+  __syncwarp();
+  if (st.lane == 0) {  // only now: the softmax's slow path reads K_n (and Q, if not in registers) again
+    mbar_arrive(bars.ke(s));
+    k_released();
+  }
+  // Pin the softmax before the wait (else the compiler may sink it past
+  // wait_group 0 and the overlap with PV_{n-1} is lost).
+  v2_fence_f(r.sacc);
+  reg_fence(r.row_l[0]);
+  reg_fence(r.row_l[1]);
+
+  wgmma_wait<0>();  // group B complete: O final for tile n-1, P_{n-1} free
+  v2_fence_f(r.o);
+  v2_fence_p(r.pa);
+  __syncwarp();
+  if (st.lane == 0) mbar_arrive(bars.ve(sp));
+  v2_pack_p<BN, F16>(r.pa, r.sacc);
+}
+
+// The first iteration of the v2 / v3 consumer loop: S_0 alone in this warpgroup's turn, K_0
+// released once it completed, then its softmax (no max to keep yet) and P_0 packed. Hooks as in
+// v2_steady_step; stamp() marks S_0's completion (phase stamps; empty in the library).
+template <int D, int BN, int STAGES, bool F16, bool PP, typename Pos, class Bars, class WaitFull, class IssueS,
+          class Mask, class KReleased, class Stamp>
+__device__ __forceinline__ void v2_first_step(const V2Step<Pos>& st, const Bars& bars, const V2Regs<D, BN>& r,
+                                              WaitFull&& wait_full, IssueS&& issue_s, Mask&& mask,
+                                              KReleased&& k_released, Stamp&& stamp) {
+  const Pos s = st.it % STAGES;
+  wait_full(bars.kf(s), (st.it / STAGES) & 1u);
+  __syncwarp();  // reconverge after the spins before the .aligned ops
+  if (PP) v2_pp_wait_turn(st.cw);
+  v2_fence_f(r.sacc);
+  wgmma_fence();
+  issue_s(st.sK0 + s * (BN * D * 2));
+  wgmma_commit();
+  if (PP) v2_pp_pass_turn(st.cw);
+  wgmma_wait<0>();
+  v2_fence_f(r.sacc);
+  stamp();
+  __syncwarp();
+  if (st.lane == 0) {
+    mbar_arrive(bars.ke(s));
+    k_released();
+  }
+  mask();
+  v2_softmax<BN>(r.sacc, r.row_m, r.row_l, r.corr, st.sl2);  // corr = 0 here; O is still 0
+  v2_pack_p<BN, F16>(r.pa, r.sacc);
+}
+
+// The last iteration: O += P_last V_last alone in this warpgroup's turn (st.it: V_last's ring
+// position), which passes the turn on only when pass_turn (the other consumer has a turn left).
+template <int D, int BN, int STAGES, bool F16, bool PP, typename Pos, class Bars, class WaitFull>
+__device__ __forceinline__ void v2_last_step(const V2Step<Pos>& st, const Bars& bars, const V2Regs<D, BN>& r,
+                                             WaitFull&& wait_full, bool pass_turn) {
+  const Pos s = st.it % STAGES;
+  wait_full(bars.vf(s), (st.it / STAGES) & 1u);
+  __syncwarp();
+  if (PP) v2_pp_wait_turn(st.cw);
+  v2_rescale_o<D>(r.o, r.corr);
+  v2_commit_pv<D, BN, F16>(r.o, r.pa, st.sV0 + s * (BN * D * 2));
+  if (PP && pass_turn) v2_pp_pass_turn(st.cw);
+  wgmma_wait<0>();
+  v2_fence_f(r.o);
+  __syncwarp();
+  if (st.lane == 0) mbar_arrive(bars.ve(s));
+}
+
 // The K / V rings' barriers of a barrier map (FwdBars here, V3Bars in fwd_sm90_v3.cuh): full ones
 // count one arrival (with the TMA transaction bytes), empty ones one per consumer warp.
 template <int STAGES, class Bars>
@@ -566,86 +692,24 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   };
 
   // ------------------------------------------------ prologue: S_0 alone
-  wait_full(bars.kf(0), 0);
-  __syncwarp();  // reconverge after the spins before the .aligned ops
-  if (PP) v2_pp_wait_turn(cw);
-  v2_fence_f(sacc);
-  wgmma_fence();
-  v2_issue_s<D, BN, F16>(sacc, sQ, sK0, cw);
-  wgmma_commit();
-  if (PP) v2_pp_pass_turn(cw);
-  wgmma_wait<0>();
-  v2_fence_f(sacc);
-  phase_stamp(0, 2);
-  __syncwarp();
-  if (lane == 0) mbar_arrive(bars.ke(0));
-  v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
-  v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
-  v2_pack_p<BN, F16>(pa, sacc);
+  const V2Regs<D, BN> regs{sacc, o, pa, row_m, row_l, corr};
+  const auto issue_s = [&](uint32_t sK) { v2_issue_s<D, BN, F16>(sacc, sQ, sK, cw); };
+  v2_first_step<D, BN, STAGES, F16, PP>(
+      V2Step<int>{0, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full, issue_s,
+      [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd); }, [] {}, [] { phase_stamp(0, 2); });
 
   // ------------------------------------------------ steady state
-  for (int n = 1; n < n_blocks; ++n) {
-    const int s = n % STAGES;
-    const uint32_t ph = (n / STAGES) & 1u;
-    const int sp = (n - 1) % STAGES;  // slot of tile n-1 (its V)
-    const uint32_t php = ((n - 1) / STAGES) & 1u;
-
-    wait_full(bars.kf(s), ph);
-    __syncwarp();
-    if (PP) v2_pp_wait_turn(cw);
-    // group A: S_n
-    v2_fence_f(sacc);
-    wgmma_fence();
-    v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + s * Cfg::kKVBytes, cw);
-    wgmma_commit();
-    // O is not an operand of any wgmma in flight: rescale it for tile n-1.
-    v2_rescale_o<D>(o, corr);
-    wait_full(bars.vf(sp), php);
-    __syncwarp();
-    // group B: O += P_{n-1} V_{n-1}
-    v2_commit_pv<D, BN, F16>(o, pa, sV0 + sp * Cfg::kKVBytes);
-    if (PP) v2_pp_pass_turn(cw);
-
-    wgmma_wait<1>();  // group A (S_n) complete; B may still run
-    v2_fence_f(sacc);
-    v2_softmax_steady<BN, 2>(
-        sacc, row_m, row_l, corr, sl2, cw,
-        [&] { v2_issue_s<D, BN, F16>(sacc, sQ, sK0 + (warp_uniform_here(n) % STAGES) * Cfg::kKVBytes, cw); },
-        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars.ke(s));  // only now: the softmax's slow path reads K_n again
-    // Pin the softmax before the wait (else the compiler may sink it past
-    // wait_group 0 and the overlap with PV_{n-1} is lost).
-    v2_fence_f(sacc);
-    reg_fence(row_l[0]);
-    reg_fence(row_l[1]);
-
-    wgmma_wait<0>();  // group B complete: O final for tile n-1, P_{n-1} free
-    v2_fence_f(o);
-    v2_fence_p(pa);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars.ve(sp));
-    v2_pack_p<BN, F16>(pa, sacc);
-  }
+  for (int n = 1; n < n_blocks; ++n)
+    v2_steady_step<D, BN, STAGES, F16, PP>(
+        V2Step<int>{n, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full, issue_s,
+        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); }, [] {});
 
   phase_stamp(0, 3);
   // ------------------------------------------------ epilogue: PV_{last} alone
-  {
-    const int last = n_blocks - 1;
-    const int s = last % STAGES;
-    const uint32_t ph = (last / STAGES) & 1u;
-    wait_full(bars.vf(s), ph);
-    __syncwarp();
-    if (PP) v2_pp_wait_turn(cw);
-    v2_rescale_o<D>(o, corr);
-    v2_commit_pv<D, BN, F16>(o, pa, sV0 + s * Cfg::kKVBytes);
-    // Consumer 1's last turn passes nothing: consumer 0 has no turn left.
-    if (PP && cw == 0) v2_pp_pass_turn(cw);
-    wgmma_wait<0>();
-    v2_fence_f(o);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars.ve(s));  // no producer waits on it; kept for symmetry
-  }
+  // (V_last's release has no waiter here; kept for symmetry.) Consumer 1's last turn passes
+  // nothing: consumer 0 has no turn left.
+  v2_last_step<D, BN, STAGES, F16, PP>(V2Step<int>{n_blocks - 1, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full,
+                                       cw == 0);
   phase_stamp(0, 4);
 
   // ---------------------------------------------------------------- epilogue

@@ -380,95 +380,31 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     }
 
     // ---------------------------------------------- prologue: S_0 alone
-    {
-      const uint32_t s = kv % STAGES;
-      wait_full(bars.kf(s), (kv / STAGES) & 1u);
-      __syncwarp();  // reconverge after the spins before the .aligned ops
-      if (PP) v2_pp_wait_turn(cw);
-      v2_fence_f(sacc);
-      wgmma_fence();
-      v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sKt + s * Cfg::kKVBytes, cw);
-      wgmma_commit();
-      if (PP) v2_pp_pass_turn(cw);
-      wgmma_wait<0>();
-      v2_fence_f(sacc);
-      phase_stamp(j, 2);
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(bars.ke(s));
-        if (!QREG && n_blocks == 1) mbar_arrive(bars.qe(qs));  // S_0 was this tile's last read of Q
-      }
-      v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
-      v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
-      v2_pack_p<BN, F16>(pa, sacc);
-    }
+    const V2Regs<D, BN> regs{sacc, o, pa, row_m, row_l, corr};
+    const auto issue_s = [&](uint32_t sK) { v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK, cw); };
+    v2_first_step<D, BN, STAGES, F16, PP>(
+        V2Step<uint32_t>{kv, sKt, sVt, cw, lane, sl2}, bars, regs, wait_full, issue_s,
+        [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd); },
+        [&] {
+          if (!QREG && n_blocks == 1) mbar_arrive(bars.qe(qs));  // S_0 was this tile's last read of Q
+        },
+        [&] { phase_stamp(j, 2); });
 
     // ---------------------------------------------- steady state
-    for (int n = 1; n < n_blocks; ++n) {
-      const uint32_t it = kv + n;
-      const uint32_t s = it % STAGES;
-      const uint32_t ph = (it / STAGES) & 1u;
-      const uint32_t sp = (it - 1) % STAGES;  // slot of block n-1 (its V)
-      const uint32_t php = ((it - 1) / STAGES) & 1u;
-
-      wait_full(bars.kf(s), ph);
-      __syncwarp();
-      if (PP) v2_pp_wait_turn(cw);
-      // group A: S_n
-      v2_fence_f(sacc);
-      wgmma_fence();
-      v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sKt + s * Cfg::kKVBytes, cw);
-      wgmma_commit();
-      v2_rescale_o<D>(o, corr);
-      wait_full(bars.vf(sp), php);
-      __syncwarp();
-      // group B: O += P_{n-1} V_{n-1}
-      v2_commit_pv<D, BN, F16>(o, pa, sVt + sp * Cfg::kKVBytes);
-      if (PP) v2_pp_pass_turn(cw);
-
-      wgmma_wait<1>();  // group A (S_n) complete; B may still run
-      v2_fence_f(sacc);
-      v2_softmax_steady<BN, 2>(
-          sacc, row_m, row_l, corr, sl2, cw,
+    for (int n = 1; n < n_blocks; ++n)
+      v2_steady_step<D, BN, STAGES, F16, PP>(
+          V2Step<uint32_t>{kv + n, sKt, sVt, cw, lane, sl2}, bars, regs, wait_full, issue_s,
+          [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); },
           [&] {
-            const uint32_t sK = sKt + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes;
-            v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK, cw);
-          },
-          [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
-      __syncwarp();
-      if (lane == 0) {  // only now: the softmax's slow path reads K_n (and Q, if not in registers) again
-        mbar_arrive(bars.ke(s));
-        if (!QREG && n == n_blocks - 1) mbar_arrive(bars.qe(qs));  // last S GEMM of the tile: Q slot free
-      }
-      v2_fence_f(sacc);
-      reg_fence(row_l[0]);
-      reg_fence(row_l[1]);
-
-      wgmma_wait<0>();  // group B complete: O final for block n-1, P_{n-1} free
-      v2_fence_f(o);
-      v2_fence_p(pa);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bars.ve(sp));
-      v2_pack_p<BN, F16>(pa, sacc);
-    }
+            if (!QREG && n == n_blocks - 1) mbar_arrive(bars.qe(qs));  // last S GEMM of the tile: Q slot free
+          });
 
     phase_stamp(j, 3);
     // ---------------------------------------------- PV_{last} alone
-    {
-      const uint32_t it = kv + n_blocks - 1;
-      const uint32_t s = it % STAGES;
-      wait_full(bars.vf(s), (it / STAGES) & 1u);
-      __syncwarp();
-      if (PP) v2_pp_wait_turn(cw);
-      v2_rescale_o<D>(o, corr);
-      v2_commit_pv<D, BN, F16>(o, pa, sVt + s * Cfg::kKVBytes);
-      // Only consumer 1's last turn of the whole loop passes nothing.
-      if (PP && !(cw == 1 && last_tile)) v2_pp_pass_turn(cw);
-      wgmma_wait<0>();
-      v2_fence_f(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bars.ve(s));  // the producer's later loads wait on it
-    }
+    // V_last's release: the producer's later loads wait on it. Only consumer 1's last turn of the
+    // whole loop passes nothing.
+    v2_last_step<D, BN, STAGES, F16, PP>(V2Step<uint32_t>{kv + n_blocks - 1, sKt, sVt, cw, lane, sl2}, bars, regs,
+                                         wait_full, !(cw == 1 && last_tile));
     phase_stamp(j, 4);
     kv += n_blocks;
 
