@@ -28,6 +28,13 @@ at its power limit, so two kernels of equal work can run at different clocks.
 --sustain SECONDS runs each implementation back to back for that long before it is timed, so that each
 is timed at the clocks its own power draw settles at rather than at those the one before left.
 
+--energy SECONDS measures, instead of the grid, each implementation's energy per call: after
+SECONDS of back-to-back calls (to reach the power limit), NVML's board energy counter is read around
+another SECONDS of them; per point and implementation the table gives the calls' sustained TFLOP/s,
+the mean board power, joules per call and picojoules per FLOP. At the power limit a kernel's speed
+follows its energy per FLOP, so this says which of two kernels a long run favours, and a variant's
+table says what one change costs in energy (docs/perf-notes.md, eighteenth session).
+
 --order rotate starts round r with the (r mod 3)-th implementation (fusedattn, FA2, cuDNN, ...), so
 that over the rounds each one follows each other one; the default, fixed, times them in the same
 order every round, so fusedattn's forward+backward always follows fusedattn's forward and cuDNN's
@@ -38,6 +45,7 @@ then falls on the same implementation every round.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import math
 import os
@@ -226,13 +234,59 @@ SUSTAIN = 0.0  # --sustain (main sets it)
 ROTATE = False  # --order rotate (main sets it)
 
 
-def sustain(fn):
-    """Calls fn back to back for SUSTAIN seconds (at most 32 calls queued ahead of the GPU)."""
-    end = time.time() + SUSTAIN
+def sustain(fn, seconds=None):
+    """Calls fn back to back for `seconds` (default SUSTAIN) seconds (at most 32 calls queued ahead of
+    the GPU)."""
+    end = time.time() + (SUSTAIN if seconds is None else seconds)
     while time.time() < end:
         for _ in range(32):
             fn()
         torch.cuda.synchronize()
+
+
+class NvmlEnergy:
+    """NVML's total board energy counter (millijoules since the driver loaded) of GPU 0, through
+    ctypes, so that no Python package is needed."""
+
+    def __init__(self):
+        try:
+            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError as e:
+            raise RuntimeError(f"--energy needs NVML (libnvidia-ml.so.1): {e}") from e
+        if self.lib.nvmlInit_v2() != 0:
+            raise RuntimeError("--energy: nvmlInit_v2 failed")
+        self.handle = ctypes.c_void_p()
+        if self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(0), ctypes.byref(self.handle)) != 0:
+            raise RuntimeError("--energy: no NVML handle for GPU 0")
+        self.millijoules()  # fails here, not mid-table, on a GPU without the counter
+
+    def millijoules(self):
+        e = ctypes.c_ulonglong()
+        rc = self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(e))
+        if rc != 0:
+            raise RuntimeError(f"--energy: nvmlDeviceGetTotalEnergyConsumption returned {rc}")
+        return e.value
+
+
+def energy_point(d, s, causal, meter, seconds):
+    """Per implementation and mode (fwd, fb): calls, sustained TFLOP/s, mean W, J per call, pJ per FLOP
+    over `seconds` of back-to-back calls, after as long a warm-up of the same calls."""
+    b, h = 16384 // s, 2048 // d
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    rows = []
+    for name, (fwd, fb) in point_impls(d, s, causal).items():
+        for mode, fn, work in (("fwd", fwd, flops), ("fb", fb, 3.5 * flops)):
+            sustain(fn, seconds)
+            e0, t0, calls = meter.millijoules(), time.perf_counter(), 0
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(32):
+                    fn()
+                calls += 32
+                torch.cuda.synchronize()
+            dt, joules = time.perf_counter() - t0, (meter.millijoules() - e0) / 1000.0
+            rows.append((name, mode, calls, calls * work / dt / 1e12, joules / dt, joules / calls,
+                         joules / calls / work * 1e12))
+    return rows
 
 
 def run_point(d, s, causal, dtype=torch.bfloat16):
@@ -356,6 +410,26 @@ def main_deterministic(out_path):
                 lines, out_path)
 
 
+def main_energy(ds, ss, seconds, out_path):
+    meter = NvmlEnergy()
+    lines = ["| d | s | causal | implementation | mode | calls | TFLOP/s | W | J per call | pJ per FLOP "
+             "| pJ per FLOP vs cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in ds:
+        for s in ss:
+            for causal in (False, True):
+                rows = energy_point(d, s, causal, meter, seconds)
+                per_flop = {(name, mode): pj for name, mode, *_, pj in rows}
+                for name, mode, calls, tf, watts, jpc, pj in rows:
+                    lines.append(f"| {d} | {s} | {'yes' if causal else 'no'} | {name} | {mode} | {calls} | {tf:.0f} | "
+                                 f"{watts:.0f} | {jpc:.4f} | {pj:.3f} | {pj / per_flop[('cudnn', mode)]:.3f} |")
+                    print(lines[-1], flush=True)
+    write_table("Energy per call",
+                f"bf16, b*s = 16384 tokens, h*d = 2048; per implementation and mode, {seconds:g} s of back-to-back "
+                f"calls after {seconds:g} s of them; NVML board energy; TFLOP/s by FlashAttention's count (fwd+bwd "
+                "3.5x fwd); the last column below 1 means fewer joules per FLOP than cuDNN.",
+                lines, out_path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="d=128 only")
@@ -378,6 +452,8 @@ def main():
     ap.add_argument("--order", choices=("fixed", "rotate"), default="fixed",
                     help="fixed (default): the implementations in the same order every round; rotate: round r "
                          "starts with the (r mod 3)-th")
+    ap.add_argument("--energy", type=float, default=0.0, metavar="SECONDS",
+                    help="energy per call (NVML) over this many seconds of back-to-back calls instead of the grid")
     ap.add_argument("--deterministic", action="store_true",
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
@@ -392,6 +468,9 @@ def main():
     ds = (128,) if opts.quick else (64, 128, 256)
     if opts.dims:
         ds = tuple(int(x) for x in opts.dims.split(","))
+    if opts.energy > 0:
+        main_energy(ds, tuple(int(x) for x in opts.s.split(",")) if opts.s else (2048, 8192), opts.energy, opts.out)
+        return
     if opts.profile:
         for d in ds:
             for s in (tuple(int(x) for x in opts.s.split(",")) if opts.s else (2048, 8192)):
