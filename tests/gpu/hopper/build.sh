@@ -18,7 +18,7 @@ LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 # shellcheck disable=SC2086
 "$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo ${HARNESS_NVCC_FLAGS:-} \
-  -o "$OUT" "$ROOT/tests/gpu/hopper/harness.cu" 2>&1 | tee "$LOG"
+  -o "$OUT" "$ROOT/tests/gpu/hopper/harness.cu" -ldl 2>&1 | tee "$LOG"
 echo "built $OUT"
 # Summary: kernels that spill, and ptxas wgmma diagnostics (C75xx: a
 # warpgroup.wait injected / wgmma serialised) -- both should be empty.

@@ -9,7 +9,7 @@ NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 # HARNESS_NVCC_FLAGS adds nvcc flags, e.g. -DFUSEDATTN_HOPPER_STAMPS for the `stamps` mode.
 # shellcheck disable=SC2086
 "$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo ${HARNESS_NVCC_FLAGS:-} \
-  -o "$OUT" "$ROOT/tests/gpu/hopper/bwd_harness.cu"
+  -o "$OUT" "$ROOT/tests/gpu/hopper/bwd_harness.cu" -ldl
 echo "built $OUT"
 # Optional: confirm the main kernels use Hopper wgmma (needs cuobjdump).
 if command -v cuobjdump >/dev/null 2>&1; then

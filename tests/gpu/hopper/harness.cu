@@ -44,7 +44,10 @@
 //   harness sweepw3            d=64 three-consumer key-tile sizes (64 / 96 / 128) at s = 2k, 4k
 //   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
 //                              (any mode) each variant runs back to back that long before it is
-//                              timed, and its line ends with the SM clock and board power then
+//                              timed, and its line ends with the SM clock and board power then;
+//                              with HARNESS_ENERGY_S=<s> (any mode timed through bench_point) each
+//                              variant's line ends with its energy per launch, mean board power, pJ
+//                              per FLOP and sustained TF/s over that many seconds of launches (NVML)
 //   harness stamps D S CAUSAL [v2|v3]  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS) one
 //                              v2 or persistent launch's per-tile phase times: where fixed cost goes
 // Build: tests/gpu/hopper/build.sh [OUT_BINARY]
@@ -855,8 +858,10 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       continue;
     }
     const std::string clk = sustain_seconds() > 0.0 ? clock_power_now() : "";
-    std::printf("%s d=%d s=%d causal=%d fwd %.3f ms %.1f TF/s%s%s\n", tag, D, s, causal ? 1 : 0, med,
-                flops / (med * 1e-3) / 1e12, cfg.c_str(), clk.c_str());
+    const std::string joules =
+        energy_seconds() > 0.0 ? energy_per_launch([&] { CK(var.launch(L, 0)); }, flops) : "";
+    std::printf("%s d=%d s=%d causal=%d fwd %.3f ms %.1f TF/s%s%s%s\n", tag, D, s, causal ? 1 : 0, med,
+                flops / (med * 1e-3) / 1e12, cfg.c_str(), clk.c_str(), joules.c_str());
     // Outputs of this variant (all launches wrote the same values) vs vars[0].
     std::vector<T>& dst_o = vi == 0 ? ref_o : cur_o;
     std::vector<float>& dst_l = vi == 0 ? ref_l : cur_l;

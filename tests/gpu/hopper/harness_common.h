@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -136,6 +137,64 @@ static std::string clock_power_now() {
   if (!got || std::sscanf(buf, "%u, %lf", &mhz, &watts) != 2) return "";
   char out[64];
   std::snprintf(out, sizeof(out), " clk=%u W=%.0f", mhz, watts);
+  return out;
+}
+
+// HARNESS_ENERGY_S=<seconds>: after its timed launches a variant runs back to back for that long more,
+// with NVML's board energy counter read around those launches (energy_per_launch). Under the board's
+// power limit a kernel's sustained speed follows its energy per FLOP, which bursts do not show
+// (docs/perf-notes.md, eighteenth session); this compares variants on it without the library.
+static double energy_seconds() {
+  static const double s = [] {
+    const char* e = std::getenv("HARNESS_ENERGY_S");
+    return e == nullptr ? 0.0 : std::atof(e);
+  }();
+  return s;
+}
+
+// NVML's total energy counter of GPU 0 in millijoules, through dlopen (the harness links no NVML); < 0
+// where the library or the counter is missing.
+static long long nvml_millijoules() {
+  using InitFn = int (*)();
+  using HandleFn = int (*)(unsigned, void**);
+  using EnergyFn = int (*)(void*, unsigned long long*);
+  static void* handle = nullptr;
+  static EnergyFn energy = nullptr;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (lib != nullptr) {
+      auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
+      auto get = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+      energy = reinterpret_cast<EnergyFn>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+      if (init == nullptr || get == nullptr || energy == nullptr || init() != 0 || get(0, &handle) != 0) energy = nullptr;
+    }
+  }
+  unsigned long long mj = 0;
+  if (energy == nullptr || energy(handle, &mj) != 0) return -1;
+  return static_cast<long long>(mj);
+}
+
+// Launches back to back for energy_seconds() (32 at a time) and returns " J=<per launch> W=<mean>
+// pJ/FLOP=<...> TF/s=<sustained>" for `flops` per launch, or " energy=unavailable" without NVML.
+template <typename F>
+static std::string energy_per_launch(F&& launch, double flops) {
+  const long long e0 = nvml_millijoules();
+  if (e0 < 0) return " energy=unavailable";
+  const auto t0 = std::chrono::steady_clock::now();
+  long long launches = 0;
+  double secs = 0.0;
+  while (secs < energy_seconds()) {
+    for (int i = 0; i < 32; ++i) launch();
+    launches += 32;
+    CK(cudaDeviceSynchronize());
+    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double joules = (nvml_millijoules() - e0) * 1e-3;
+  char out[128];
+  std::snprintf(out, sizeof(out), " J=%.4f W=%.0f pJ/FLOP=%.3f TF/s=%.1f", joules / launches, joules / secs,
+                joules / launches / flops * 1e12, launches * flops / secs / 1e12);
   return out;
 }
 
