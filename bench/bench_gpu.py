@@ -236,12 +236,15 @@ ROTATE = False  # --order rotate (main sets it)
 
 def sustain(fn, seconds=None):
     """Calls fn back to back for `seconds` (default SUSTAIN) seconds (at most 32 calls queued ahead of
-    the GPU)."""
-    end = time.time() + (SUSTAIN if seconds is None else seconds)
-    while time.time() < end:
+    the GPU); returns the number of calls and the seconds they took."""
+    t0, calls = time.perf_counter(), 0
+    end = t0 + (SUSTAIN if seconds is None else seconds)
+    while time.perf_counter() < end:
         for _ in range(32):
             fn()
+        calls += 32
         torch.cuda.synchronize()
+    return calls, time.perf_counter() - t0
 
 
 class NvmlEnergy:
@@ -277,13 +280,9 @@ def energy_point(d, s, causal, meter, seconds):
     for name, (fwd, fb) in point_impls(d, s, causal).items():
         for mode, fn, work in (("fwd", fwd, flops), ("fb", fb, 3.5 * flops)):
             sustain(fn, seconds)
-            e0, t0, calls = meter.millijoules(), time.perf_counter(), 0
-            while time.perf_counter() - t0 < seconds:
-                for _ in range(32):
-                    fn()
-                calls += 32
-                torch.cuda.synchronize()
-            dt, joules = time.perf_counter() - t0, (meter.millijoules() - e0) / 1000.0
+            e0 = meter.millijoules()
+            calls, dt = sustain(fn, seconds)
+            joules = (meter.millijoules() - e0) / 1000.0
             rows.append((name, mode, calls, calls * work / dt / 1e12, joules / dt, joules / calls,
                          joules / calls / work * 1e12))
     return rows

@@ -68,12 +68,16 @@ __device__ __forceinline__ void v2_pp_pass_turn(int cw) {
 }
 
 // ------------------------------------------------------------------ config
+// Bytes of one K or V ring slot (BN rows of D 16-bit elements): the ring stride of v2, v3 and the step helpers.
+template <int D, int BN>
+constexpr int kV2KVBytes = BN * D * 2;
+
 template <int D, int BN_, int STAGES_, bool PP_>
 struct FwdV2Cfg {
   static constexpr int BM = 128, BN = BN_, STAGES = STAGES_;
   static constexpr bool PP = PP_;
   static constexpr int kQBytes = BM * D * 2;
-  static constexpr int kKVBytes = BN * D * 2;
+  static constexpr int kKVBytes = kV2KVBytes<D, BN>;
   static constexpr int kBarOffset = kQBytes + 2 * STAGES * kKVBytes;
   static constexpr int kBarBytes = 8 * (1 + 4 * STAGES);  // q, kf[], vf[], ke[], ve[]
   // + 1024 slack for aligning the dynamic smem base to the swizzle atom.
@@ -409,7 +413,7 @@ template <int D, int BN, int STAGES, bool F16, bool PP, typename Pos, class Bars
 __device__ __forceinline__ void v2_steady_step(const V2Step<Pos>& st, const Bars& bars, const V2Regs<D, BN>& r,
                                                WaitFull&& wait_full, IssueS&& issue_s, Mask&& mask,
                                                KReleased&& k_released) {
-  constexpr int kKVBytes = BN * D * 2;
+  constexpr int kKVBytes = kV2KVBytes<D, BN>;
   const Pos s = st.it % STAGES;
   const uint32_t ph = (st.it / STAGES) & 1u;
   const Pos sp = (st.it - 1) % STAGES;  // slot of tile n-1 (its V)
@@ -469,7 +473,7 @@ __device__ __forceinline__ void v2_first_step(const V2Step<Pos>& st, const Bars&
   if (PP) v2_pp_wait_turn(st.cw);
   v2_fence_f(r.sacc);
   wgmma_fence();
-  issue_s(st.sK0 + s * (BN * D * 2));
+  issue_s(st.sK0 + s * kV2KVBytes<D, BN>);
   wgmma_commit();
   if (PP) v2_pp_pass_turn(st.cw);
   wgmma_wait<0>();
@@ -495,7 +499,7 @@ __device__ __forceinline__ void v2_last_step(const V2Step<Pos>& st, const Bars& 
   __syncwarp();
   if (PP) v2_pp_wait_turn(st.cw);
   v2_rescale_o<D>(r.o, r.corr);
-  v2_commit_pv<D, BN, F16>(r.o, r.pa, st.sV0 + s * (BN * D * 2));
+  v2_commit_pv<D, BN, F16>(r.o, r.pa, st.sV0 + s * kV2KVBytes<D, BN>);
   if (PP && pass_turn) v2_pp_pass_turn(st.cw);
   wgmma_wait<0>();
   v2_fence_f(r.o);
@@ -588,7 +592,7 @@ struct FwdProducerArgs {
 template <int D, int BM, int BN, int STAGES>
 __device__ __forceinline__ void v2_produce(const FwdProducerArgs& a, const FwdBars<STAGES>& bars) {
   constexpr int DCH = D / 64;  // 128-byte chunks per row
-  constexpr int kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  constexpr int kQBytes = BM * D * 2, kKVBytes = kV2KVBytes<D, BN>;
   auto load_k = [&](int n) {
     const int s = n % STAGES;
     mbar_wait<true>(bars.ke(s), ((n / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once

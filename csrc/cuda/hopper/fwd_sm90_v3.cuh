@@ -105,7 +105,7 @@ struct FwdV3Cfg {
   static constexpr int BM = 128, BN = BN_, STAGES = STAGES_;
   static constexpr bool PP = PP_;
   static constexpr int kQBytes = BM * D * 2;
-  static constexpr int kKVBytes = BN * D * 2;
+  static constexpr int kKVBytes = kV2KVBytes<D, BN>;
   static constexpr int kSmemLimit = 232448;  // 227 KB of dynamic shared memory per block
   static constexpr int bar_bytes(int qbuf) { return 8 * (2 * qbuf + 4 * STAGES); }  // qf[], qe[], kf[], vf[], ke[], ve[]
   // + 1024 slack for aligning the dynamic smem base to the swizzle atom.

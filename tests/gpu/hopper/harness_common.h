@@ -112,16 +112,27 @@ static double sustain_seconds() {
   return s;
 }
 
-// Calls launch() back to back for sustain_seconds() (at most 32 launches queued ahead of the GPU).
+// Calls launch() back to back for `secs` seconds (at most 32 launches queued ahead of the GPU); returns
+// the launches made and stores the seconds they took in *took.
+template <typename F>
+static long long launch_for(double secs, F&& launch, double* took = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  long long launches = 0;
+  double elapsed = 0.0;
+  while (elapsed < secs) {
+    for (int i = 0; i < 32; ++i) launch();
+    launches += 32;
+    CK(cudaDeviceSynchronize());
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (took != nullptr) *took = elapsed;
+  return launches;
+}
+
+// Calls launch() back to back for sustain_seconds().
 template <typename F>
 static void sustain(F&& launch) {
-  const double secs = sustain_seconds();
-  if (secs <= 0.0) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < secs) {
-    for (int i = 0; i < 32; ++i) launch();
-    CK(cudaDeviceSynchronize());
-  }
+  launch_for(sustain_seconds(), launch);
 }
 
 // The SM clock (MHz) and board power (W) as nvidia-smi reports them now, " clk=... W=..." ("" without
@@ -182,15 +193,8 @@ template <typename F>
 static std::string energy_per_launch(F&& launch, double flops) {
   const long long e0 = nvml_millijoules();
   if (e0 < 0) return " energy=unavailable";
-  const auto t0 = std::chrono::steady_clock::now();
-  long long launches = 0;
   double secs = 0.0;
-  while (secs < energy_seconds()) {
-    for (int i = 0; i < 32; ++i) launch();
-    launches += 32;
-    CK(cudaDeviceSynchronize());
-    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  const long long launches = launch_for(energy_seconds(), launch, &secs);
   const double joules = (nvml_millijoules() - e0) * 1e-3;
   char out[128];
   std::snprintf(out, sizeof(out), " J=%.4f W=%.0f pJ/FLOP=%.3f TF/s=%.1f", joules / launches, joules / secs,
