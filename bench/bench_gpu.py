@@ -27,6 +27,13 @@ at its power limit, so two kernels of equal work can run at different clocks.
 
 --sustain SECONDS runs each implementation back to back for that long before it is timed, so that each
 is timed at the clocks its own power draw settles at rather than at those the one before left.
+--precede idle | gemm replaces that warm-up with the same thing before every measurement: SECONDS
+with the GPU idle, or SECONDS of back-to-back 8192^3 bf16 matmuls (a load at the power limit). In the
+fixed order each implementation starts from the clocks its predecessor left (fusedattn after cuDNN's
+forward+backward at the limit, cuDNN after FA2's, which draws less and leaves higher clocks); a
+measurement of about 50 ms is shorter than the power controller's reaction, so that start weighs on
+it. A common predecessor takes the order out of the comparison (docs/perf-notes.md, nineteenth
+session).
 
 --energy SECONDS measures, instead of the grid, each implementation's energy per call: after
 SECONDS of back-to-back calls (to reach the power limit), NVML's board energy counter is read around
@@ -231,6 +238,8 @@ def clock_cell(sample):
 
 SAMPLER = None  # --clocks (main sets it)
 SUSTAIN = 0.0  # --sustain (main sets it)
+PRECEDE = "own"  # --precede (main sets it)
+CAUSAL = (False, True)  # --causal (main sets it)
 ROTATE = False  # --order rotate (main sets it)
 
 
@@ -245,6 +254,26 @@ def sustain(fn, seconds=None):
         calls += 32
         torch.cuda.synchronize()
     return calls, time.perf_counter() - t0
+
+
+_GEMM = []  # --precede gemm's operands, made on first use
+
+
+def precede(fn):
+    """What runs for SUSTAIN seconds before a timed measurement (--precede): fn itself, nothing, or a
+    bf16 matmul load that holds the board at its power limit whatever was timed before."""
+    if PRECEDE == "own":
+        sustain(fn)
+    elif PRECEDE == "idle":
+        torch.cuda.synchronize()
+        time.sleep(SUSTAIN)
+    else:
+        if not _GEMM:
+            gen = torch.Generator(device="cuda").manual_seed(1)
+            _GEMM.extend(torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16, generator=gen)
+                         for _ in range(2))
+        a, b = _GEMM
+        sustain(lambda: torch.mm(a, b))
 
 
 class NvmlEnergy:
@@ -280,11 +309,13 @@ def energy_point(d, s, causal, meter, seconds):
     for name, (fwd, fb) in point_impls(d, s, causal).items():
         for mode, fn, work in (("fwd", fwd, flops), ("fb", fb, 3.5 * flops)):
             sustain(fn, seconds)
-            e0 = meter.millijoules()
+            e0, t0 = meter.millijoules(), time.time()
             calls, dt = sustain(fn, seconds)
             joules = (meter.millijoules() - e0) / 1000.0
+            # With --clocks, the SM clock the power limit left this implementation while metered.
+            clock = clock_cell(SAMPLER.window(t0, time.time())) if SAMPLER is not None else ""
             rows.append((name, mode, calls, calls * work / dt / 1e12, joules / dt, joules / calls,
-                         joules / calls / work * 1e12))
+                         joules / calls / work * 1e12, clock))
     return rows
 
 
@@ -302,7 +333,7 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
         for name, (fwd, fb) in order:
             for mode, fn in (("fwd", fwd), ("fb", fb)):
                 if SUSTAIN > 0:
-                    sustain(fn)
+                    precede(fn)
                 t0 = time.time()
                 times.setdefault(name + "_" + mode, []).append(time_ms(fn))
                 if SAMPLER is not None:
@@ -399,7 +430,7 @@ def main_deterministic(out_path):
              "|---|---|---|---|---|---|"]
     for d in (64, 128):
         for s in (512, 1024, 2048, 4096, 8192, 16384):
-            for causal in (False, True):
+            for causal in CAUSAL:
                 det, dflt = run_det_point(d, s, causal)
                 lines.append(f"| {d} | {s} | {'yes' if causal else 'no'} | {det:.0f} | {dflt:.0f} | {det / dflt:.2f} |")
                 print(lines[-1], flush=True)
@@ -412,15 +443,15 @@ def main_deterministic(out_path):
 def main_energy(ds, ss, seconds, out_path):
     meter = NvmlEnergy()
     lines = ["| d | s | causal | implementation | mode | calls | TFLOP/s | W | J per call | pJ per FLOP "
-             "| pJ per FLOP vs cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| pJ per FLOP vs cuDNN | clock |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for d in ds:
         for s in ss:
-            for causal in (False, True):
+            for causal in CAUSAL:
                 rows = energy_point(d, s, causal, meter, seconds)
-                per_flop = {(name, mode): pj for name, mode, *_, pj in rows}
-                for name, mode, calls, tf, watts, jpc, pj in rows:
+                per_flop = {(name, mode): pj for name, mode, *_, pj, _clock in rows}
+                for name, mode, calls, tf, watts, jpc, pj, clock in rows:
                     lines.append(f"| {d} | {s} | {'yes' if causal else 'no'} | {name} | {mode} | {calls} | {tf:.0f} | "
-                                 f"{watts:.0f} | {jpc:.4f} | {pj:.3f} | {pj / per_flop[('cudnn', mode)]:.3f} |")
+                                 f"{watts:.0f} | {jpc:.4f} | {pj:.3f} | {pj / per_flop[('cudnn', mode)]:.3f} | {clock} |")
                     print(lines[-1], flush=True)
     write_table("Energy per call",
                 f"bf16, b*s = 16384 tokens, h*d = 2048; per implementation and mode, {seconds:g} s of back-to-back "
@@ -448,6 +479,11 @@ def main():
                     help="also report the mean SM clock and board power during each timed measurement")
     ap.add_argument("--sustain", type=float, default=0.0,
                     help="run each implementation back to back this many seconds before timing it")
+    ap.add_argument("--precede", choices=("own", "idle", "gemm"), default="own",
+                    help="with --sustain: before each measurement, the implementation's own calls (default), "
+                         "the GPU idle, or bf16 matmuls at the power limit, for --sustain seconds")
+    ap.add_argument("--causal", choices=("both", "no", "yes"), default="both",
+                    help="which of the non-causal and causal points to run")
     ap.add_argument("--order", choices=("fixed", "rotate"), default="fixed",
                     help="fixed (default): the implementations in the same order every round; rotate: round r "
                          "starts with the (r mod 3)-th")
@@ -456,8 +492,10 @@ def main():
     ap.add_argument("--deterministic", action="store_true",
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
-    global TIMING, INPUTS, ROUNDS, SAMPLER, SUSTAIN, ROTATE
+    global TIMING, INPUTS, ROUNDS, SAMPLER, SUSTAIN, ROTATE, PRECEDE, CAUSAL
     TIMING, INPUTS, ROUNDS, SUSTAIN = opts.timing, opts.inputs, max(1, opts.rounds), max(0.0, opts.sustain)
+    PRECEDE = opts.precede
+    CAUSAL = {"both": (False, True), "no": (False,), "yes": (True,)}[opts.causal]
     ROTATE = opts.order == "rotate"
     if opts.clocks:
         SAMPLER = ClockSampler()
@@ -473,7 +511,7 @@ def main():
     if opts.profile:
         for d in ds:
             for s in (tuple(int(x) for x in opts.s.split(",")) if opts.s else (2048, 8192)):
-                for causal in (False, True):
+                for causal in CAUSAL:
                     profile_point(d, s, causal)
         return
     lines = ["| d | s | causal | fwd fusedattn | fwd FA2 | fwd cuDNN | fwd vs FA2 | fwd vs cuDNN "
@@ -482,7 +520,7 @@ def main():
     clock_lines = []
     for d in ds:
         for s in (tuple(int(x) for x in opts.s.split(",")) if opts.s else (512, 1024, 2048, 4096, 8192, 16384)):
-            for causal in (False, True):
+            for causal in CAUSAL:
                 r = run_point(d, s, causal)
                 lines.append(
                     f"| {d} | {s} | {'yes' if causal else 'no'} | {r['fusedattn_fwd']:.0f} | {r['fa2_fwd']:.0f} | "
@@ -498,7 +536,10 @@ def main():
                 + ("triton do_bench" if TIMING == "do_bench" else
                                                      "20 event-timed calls back to back, no L2 flush (--timing loop)")
                 + ("; inputs uniform as the harnesses'" if INPUTS == "uniform" else "")
-                + (f"; each timed after {SUSTAIN:g} s of back-to-back calls" if SUSTAIN > 0 else "")
+                + ({"own": f"; each timed after {SUSTAIN:g} s of back-to-back calls",
+                    "idle": f"; each timed after {SUSTAIN:g} s with the GPU idle",
+                    "gemm": f"; each timed after {SUSTAIN:g} s of back-to-back 8192^3 bf16 matmuls"}[PRECEDE]
+                   if SUSTAIN > 0 else "")
                 + ("; each round starting with the next implementation (--order rotate)" if ROTATE else "")
                 + "; ratios > 1 mean fusedattn is faster"
                 + (" (vs cuDNN: median over the rounds, in brackets the range of the per-round ratios)"
