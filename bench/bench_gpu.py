@@ -25,15 +25,16 @@ the time of a call goes (the backward's preprocess and dQ conversion beside its 
 prints, per point and implementation, the mean clock and power during its timed calls: the GPU runs
 at its power limit, so two kernels of equal work can run at different clocks.
 
---sustain SECONDS runs each implementation back to back for that long before it is timed, so that each
-is timed at the clocks its own power draw settles at rather than at those the one before left.
---precede idle | gemm replaces that warm-up with the same thing before every measurement: SECONDS
-with the GPU idle, or SECONDS of back-to-back 8192^3 bf16 matmuls (a load at the power limit). In the
-fixed order each implementation starts from the clocks its predecessor left (fusedattn after cuDNN's
-forward+backward at the limit, cuDNN after FA2's, which draws less and leaves higher clocks); a
-measurement of about 50 ms is shorter than the power controller's reaction, so that start weighs on
-it. A common predecessor takes the order out of the comparison (docs/perf-notes.md, nineteenth
-session).
+--precede idle | own | gemm | none says what runs before every timed measurement, for --precede-s
+seconds (default 0.4): the GPU idle (default), the implementation's own calls back to back, bf16
+8192^3 matmuls back to back (a load at the power limit), or nothing. The board runs at its power
+limit and a measurement of about 50 ms is shorter than the power controller's reaction, so without a
+common predecessor each implementation starts from the clocks the one before left: in the fixed
+order fusedattn follows cuDNN's forward+backward at the limit and cuDNN follows FA2's, which draws
+less and leaves higher clocks (docs/perf-notes.md, nineteenth session: cuDNN 1965 MHz against our
+1585-1860 at one point). `idle` times every kernel from the same state, at the same clocks; `own`
+times each at the clocks its own power draw settles at, as in a long training run. --sustain S is
+--precede own --precede-s S.
 
 --energy SECONDS measures, instead of the grid, each implementation's energy per call: after
 SECONDS of back-to-back calls (to reach the power limit), NVML's board energy counter is read around
@@ -237,8 +238,8 @@ def clock_cell(sample):
 
 
 SAMPLER = None  # --clocks (main sets it)
-SUSTAIN = 0.0  # --sustain (main sets it)
-PRECEDE = "own"  # --precede (main sets it)
+SUSTAIN = 0.0  # --precede-s (main sets it)
+PRECEDE = "idle"  # --precede (main sets it)
 CAUSAL = (False, True)  # --causal (main sets it)
 ROTATE = False  # --order rotate (main sets it)
 
@@ -260,8 +261,10 @@ _GEMM = []  # --precede gemm's operands, made on first use
 
 
 def precede(fn):
-    """What runs for SUSTAIN seconds before a timed measurement (--precede): fn itself, nothing, or a
-    bf16 matmul load that holds the board at its power limit whatever was timed before."""
+    """What runs for SUSTAIN seconds before a timed measurement (--precede): fn itself, the GPU idle, a
+    bf16 matmul load that holds the board at its power limit whatever was timed before, or nothing."""
+    if PRECEDE == "none" or SUSTAIN <= 0:
+        return
     if PRECEDE == "own":
         sustain(fn)
     elif PRECEDE == "idle":
@@ -332,8 +335,7 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
             order = order[k:] + order[:k]
         for name, (fwd, fb) in order:
             for mode, fn in (("fwd", fwd), ("fb", fb)):
-                if SUSTAIN > 0:
-                    precede(fn)
+                precede(fn)
                 t0 = time.time()
                 times.setdefault(name + "_" + mode, []).append(time_ms(fn))
                 if SAMPLER is not None:
@@ -477,11 +479,12 @@ def main():
                     help="each kernel of a fusedattn and a cuDNN call with its duration instead of the grid")
     ap.add_argument("--clocks", action="store_true",
                     help="also report the mean SM clock and board power during each timed measurement")
-    ap.add_argument("--sustain", type=float, default=0.0,
-                    help="run each implementation back to back this many seconds before timing it")
-    ap.add_argument("--precede", choices=("own", "idle", "gemm"), default="own",
-                    help="with --sustain: before each measurement, the implementation's own calls (default), "
-                         "the GPU idle, or bf16 matmuls at the power limit, for --sustain seconds")
+    ap.add_argument("--precede", choices=("idle", "own", "gemm", "none"), default="idle",
+                    help="before each measurement, for --precede-s seconds: the GPU idle (default), the "
+                         "implementation's own calls, bf16 matmuls at the power limit, or nothing")
+    ap.add_argument("--precede-s", type=float, default=0.4, help="seconds of --precede (default 0.4)")
+    ap.add_argument("--sustain", type=float, default=None, metavar="SECONDS",
+                    help="the same as --precede own --precede-s SECONDS")
     ap.add_argument("--causal", choices=("both", "no", "yes"), default="both",
                     help="which of the non-causal and causal points to run")
     ap.add_argument("--order", choices=("fixed", "rotate"), default="fixed",
@@ -493,8 +496,9 @@ def main():
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
     global TIMING, INPUTS, ROUNDS, SAMPLER, SUSTAIN, ROTATE, PRECEDE, CAUSAL
-    TIMING, INPUTS, ROUNDS, SUSTAIN = opts.timing, opts.inputs, max(1, opts.rounds), max(0.0, opts.sustain)
-    PRECEDE = opts.precede
+    TIMING, INPUTS, ROUNDS = opts.timing, opts.inputs, max(1, opts.rounds)
+    PRECEDE, SUSTAIN = ("own", opts.sustain) if opts.sustain is not None else (opts.precede, opts.precede_s)
+    SUSTAIN = max(0.0, SUSTAIN)
     CAUSAL = {"both": (False, True), "no": (False,), "yes": (True,)}[opts.causal]
     ROTATE = opts.order == "rotate"
     if opts.clocks:
@@ -538,8 +542,9 @@ def main():
                 + ("; inputs uniform as the harnesses'" if INPUTS == "uniform" else "")
                 + ({"own": f"; each timed after {SUSTAIN:g} s of back-to-back calls",
                     "idle": f"; each timed after {SUSTAIN:g} s with the GPU idle",
-                    "gemm": f"; each timed after {SUSTAIN:g} s of back-to-back 8192^3 bf16 matmuls"}[PRECEDE]
-                   if SUSTAIN > 0 else "")
+                    "gemm": f"; each timed after {SUSTAIN:g} s of back-to-back 8192^3 bf16 matmuls",
+                    "none": "; each timed right after the one before (--precede none)"}[PRECEDE]
+                   if SUSTAIN > 0 or PRECEDE == "none" else "")
                 + ("; each round starting with the next implementation (--order rotate)" if ROTATE else "")
                 + "; ratios > 1 mean fusedattn is faster"
                 + (" (vs cuDNN: median over the rounds, in brackets the range of the per-round ratios)"
