@@ -43,11 +43,10 @@ the mean board power, joules per call and picojoules per FLOP. At the power limi
 follows its energy per FLOP, so this says which of two kernels a long run favours, and a variant's
 table says what one change costs in energy (docs/perf-notes.md, eighteenth session).
 
---order rotate starts round r with the (r mod 3)-th implementation (fusedattn, FA2, cuDNN, ...), so
-that over the rounds each one follows each other one; the default, fixed, times them in the same
-order every round, so fusedattn's forward+backward always follows fusedattn's forward and cuDNN's
-follows FA2's and cuDNN's forwards: whatever heat or power state the previous measurement leaves
-then falls on the same implementation every round.
+--order rotate starts round r with the (r mod 3)-th implementation (fusedattn, FA2, cuDNN, ...); the
+default, fixed, times them in the same order every round. A rotation keeps each implementation's
+predecessor within a round (fusedattn still follows cuDNN, cuDNN still follows FA2), so it does not
+remove the predecessor's effect on the clocks; --precede does.
 """
 
 from __future__ import annotations
