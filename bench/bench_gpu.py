@@ -237,17 +237,17 @@ def clock_cell(sample):
 
 
 SAMPLER = None  # --clocks (main sets it)
-SUSTAIN = 0.0  # --precede-s (main sets it)
+PRECEDE_S = 0.0  # --precede-s (main sets it)
 PRECEDE = "idle"  # --precede (main sets it)
 CAUSAL = (False, True)  # --causal (main sets it)
 ROTATE = False  # --order rotate (main sets it)
 
 
-def sustain(fn, seconds=None):
-    """Calls fn back to back for `seconds` (default SUSTAIN) seconds (at most 32 calls queued ahead of
-    the GPU); returns the number of calls and the seconds they took."""
+def sustain(fn, seconds):
+    """Calls fn back to back for `seconds` seconds (at most 32 calls queued ahead of the GPU); returns
+    the number of calls and the seconds they took."""
     t0, calls = time.perf_counter(), 0
-    end = t0 + (SUSTAIN if seconds is None else seconds)
+    end = t0 + seconds
     while time.perf_counter() < end:
         for _ in range(32):
             fn()
@@ -260,22 +260,22 @@ _GEMM = []  # --precede gemm's operands, made on first use
 
 
 def precede(fn):
-    """What runs for SUSTAIN seconds before a timed measurement (--precede): fn itself, the GPU idle, a
+    """What runs for PRECEDE_S seconds before a timed measurement (--precede): fn itself, the GPU idle, a
     bf16 matmul load that holds the board at its power limit whatever was timed before, or nothing."""
-    if PRECEDE == "none" or SUSTAIN <= 0:
+    if PRECEDE == "none" or PRECEDE_S <= 0:
         return
     if PRECEDE == "own":
-        sustain(fn)
+        sustain(fn, PRECEDE_S)
     elif PRECEDE == "idle":
         torch.cuda.synchronize()
-        time.sleep(SUSTAIN)
+        time.sleep(PRECEDE_S)
     else:
         if not _GEMM:
             gen = torch.Generator(device="cuda").manual_seed(1)
             _GEMM.extend(torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16, generator=gen)
                          for _ in range(2))
         a, b = _GEMM
-        sustain(lambda: torch.mm(a, b))
+        sustain(lambda: torch.mm(a, b), PRECEDE_S)
 
 
 class NvmlEnergy:
@@ -302,11 +302,17 @@ class NvmlEnergy:
         return e.value
 
 
+def fwd_flops(d, s, causal):
+    """A grid point's forward FLOPs by FlashAttention's count (b*s = 16k tokens, h*d = 2048): 4 b h s^2 d,
+    halved when causal; forward+backward counts 3.5x this."""
+    b, h = 16384 // s, 2048 // d
+    return 4 * b * h * s * s * d / (2 if causal else 1)
+
+
 def energy_point(d, s, causal, meter, seconds):
     """Per implementation and mode (fwd, fb): calls, sustained TFLOP/s, mean W, J per call, pJ per FLOP
     over `seconds` of back-to-back calls, after as long a warm-up of the same calls."""
-    b, h = 16384 // s, 2048 // d
-    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    flops = fwd_flops(d, s, causal)
     rows = []
     for name, (fwd, fb) in point_impls(d, s, causal).items():
         for mode, fn, work in (("fwd", fwd, flops), ("fb", fb, 3.5 * flops)):
@@ -322,9 +328,8 @@ def energy_point(d, s, causal, meter, seconds):
 
 
 def run_point(d, s, causal, dtype=torch.bfloat16):
-    b, h = 16384 // s, 2048 // d
     impls = point_impls(d, s, causal, dtype)
-    fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    flops = fwd_flops(d, s, causal)
     times = {}
     clocks = {}
     for r in range(ROUNDS):
@@ -339,7 +344,7 @@ def run_point(d, s, causal, dtype=torch.bfloat16):
                 times.setdefault(name + "_" + mode, []).append(time_ms(fn))
                 if SAMPLER is not None:
                     clocks.setdefault(name + "_" + mode, []).append(SAMPLER.window(t0, time.time()))
-    row = {key: tflops(statistics.median(ts), (3.5 if key.endswith("_fb") else 1) * fwd_flops)
+    row = {key: tflops(statistics.median(ts), (3.5 if key.endswith("_fb") else 1) * flops)
            for key, ts in times.items()}
     # --clocks: the clock table's lines for this point, one per measurement.
     row["clock_lines"] = [f"| {d} | {s} | {'yes' if causal else 'no'} | {key} | "
@@ -410,13 +415,12 @@ def profile_point(d, s, causal, calls=20):
 
 def run_det_point(d, s, causal, dtype=torch.bfloat16):
     """fusedattn forward+backward TFLOP/s: (deterministic, default)."""
-    b, h = 16384 // s, 2048 // d
     q, k, v, dout, args = grid_inputs(d, s, causal, dtype)
 
     def fb():
         torch.autograd.grad(attention(q, k, v, args)[0], (q, k, v), dout)
 
-    flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    flops = 3.5 * fwd_flops(d, s, causal)
     prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         torch.use_deterministic_algorithms(True)
@@ -494,10 +498,10 @@ def main():
     ap.add_argument("--deterministic", action="store_true",
                     help="fusedattn forward+backward deterministic vs default (d = 64, 128) instead of the grid")
     opts = ap.parse_args()
-    global TIMING, INPUTS, ROUNDS, SAMPLER, SUSTAIN, ROTATE, PRECEDE, CAUSAL
+    global TIMING, INPUTS, ROUNDS, SAMPLER, PRECEDE_S, ROTATE, PRECEDE, CAUSAL
     TIMING, INPUTS, ROUNDS = opts.timing, opts.inputs, max(1, opts.rounds)
-    PRECEDE, SUSTAIN = ("own", opts.sustain) if opts.sustain is not None else (opts.precede, opts.precede_s)
-    SUSTAIN = max(0.0, SUSTAIN)
+    PRECEDE, PRECEDE_S = ("own", opts.sustain) if opts.sustain is not None else (opts.precede, opts.precede_s)
+    PRECEDE_S = max(0.0, PRECEDE_S)
     CAUSAL = {"both": (False, True), "no": (False,), "yes": (True,)}[opts.causal]
     ROTATE = opts.order == "rotate"
     if opts.clocks:
@@ -508,12 +512,16 @@ def main():
     ds = (128,) if opts.quick else (64, 128, 256)
     if opts.dims:
         ds = tuple(int(x) for x in opts.dims.split(","))
+
+    def lengths(default):
+        return tuple(int(x) for x in opts.s.split(",")) if opts.s else default
+
     if opts.energy > 0:
-        main_energy(ds, tuple(int(x) for x in opts.s.split(",")) if opts.s else (2048, 8192), opts.energy, opts.out)
+        main_energy(ds, lengths((2048, 8192)), opts.energy, opts.out)
         return
     if opts.profile:
         for d in ds:
-            for s in (tuple(int(x) for x in opts.s.split(",")) if opts.s else (2048, 8192)):
+            for s in lengths((2048, 8192)):
                 for causal in CAUSAL:
                     profile_point(d, s, causal)
         return
@@ -522,7 +530,7 @@ def main():
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     clock_lines = []
     for d in ds:
-        for s in (tuple(int(x) for x in opts.s.split(",")) if opts.s else (512, 1024, 2048, 4096, 8192, 16384)):
+        for s in lengths((512, 1024, 2048, 4096, 8192, 16384)):
             for causal in CAUSAL:
                 r = run_point(d, s, causal)
                 lines.append(
@@ -539,11 +547,11 @@ def main():
                 + ("triton do_bench" if TIMING == "do_bench" else
                                                      "20 event-timed calls back to back, no L2 flush (--timing loop)")
                 + ("; inputs uniform as the harnesses'" if INPUTS == "uniform" else "")
-                + ({"own": f"; each timed after {SUSTAIN:g} s of back-to-back calls",
-                    "idle": f"; each timed after {SUSTAIN:g} s with the GPU idle",
-                    "gemm": f"; each timed after {SUSTAIN:g} s of back-to-back 8192^3 bf16 matmuls",
+                + ({"own": f"; each timed after {PRECEDE_S:g} s of back-to-back calls",
+                    "idle": f"; each timed after {PRECEDE_S:g} s with the GPU idle",
+                    "gemm": f"; each timed after {PRECEDE_S:g} s of back-to-back 8192^3 bf16 matmuls",
                     "none": "; each timed right after the one before (--precede none)"}[PRECEDE]
-                   if SUSTAIN > 0 or PRECEDE == "none" else "")
+                   if PRECEDE_S > 0 or PRECEDE == "none" else "")
                 + ("; each round starting with the next implementation (--order rotate)" if ROTATE else "")
                 + "; ratios > 1 mean fusedattn is faster"
                 + (" (vs cuDNN: median over the rounds, in brackets the range of the per-round ratios)"
