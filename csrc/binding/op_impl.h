@@ -30,6 +30,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
     const std::string& q_format, const std::string& kv_format, const std::string& mask_type, int64_t window_left,
     int64_t window_right, int64_t bottom_right_diagonal, const std::string& softmax_type, double scale,
     double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv, bool return_max_logit, const OptT& page_table) {
+  checked_overrides();
   const typename Engine::Scope scope(q);
   const OpSettings settings{q_format,     kv_format, mask_type, window_left,  window_right, bottom_right_diagonal,
                             softmax_type, scale,     dropout_p, max_seqlen_q, max_seqlen_kv};
@@ -69,6 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_impl(
     const std::string& kv_format, const std::string& mask_type, int64_t window_left, int64_t window_right,
     int64_t bottom_right_diagonal, const std::string& softmax_type, double scale, double dropout_p,
     int64_t max_seqlen_q, int64_t max_seqlen_kv, bool need_dbias) {
+  checked_overrides();
   const typename Engine::Scope scope(q);
   const OpSettings settings{q_format,     kv_format, mask_type, window_left,  window_right, bottom_right_diagonal,
                             softmax_type, scale,     dropout_p, max_seqlen_q, max_seqlen_kv};

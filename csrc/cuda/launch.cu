@@ -5,31 +5,25 @@
 // (csrc/cuda/tc) is asked first and takes the calls it supports; the rest runs
 // on the SIMT engine (csrc/cuda/simt), which covers every dtype and feature.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include <cuda_runtime.h>
 
 #include "decode/decode.h"
 #include "fusedattn/cat.h"
 #include "fusedattn/cuda_api.h"
+#include "fusedattn/overrides.h"
 #include "simt/simt.h"
 
 namespace fusedattn {
 namespace {
 
-// FUSEDATTN_CUDA_ENGINE=simt sends every call to the SIMT engine (to test it,
-// or to rule the tensor-core and decode kernels out); =sm80 skips the Hopper
-// forward path and keeps the sm80-class tensor-core kernels. Read once per
-// process.
-const char* engine_choice() {
-  static const char* e = std::getenv("FUSEDATTN_CUDA_ENGINE");
-  return e == nullptr ? "" : e;
-}
+// FUSEDATTN_CUDA_ENGINE (fusedattn/overrides.h): simt sends every call to the SIMT engine, sm80
+// skips the Hopper path.
+CudaEngineChoice engine_choice() { return process_overrides().values.cuda_engine; }
 
-bool tc_enabled() { return std::strcmp(engine_choice(), "simt") != 0; }
+bool tc_enabled() { return engine_choice() != CudaEngineChoice::kSimt; }
 
-bool hopper_enabled() { return tc_enabled() && std::strcmp(engine_choice(), "sm80") != 0; }
+bool hopper_enabled() { return engine_choice() == CudaEngineChoice::kAuto; }
 
 }  // namespace
 

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "decode.h"
+#include "fusedattn/overrides.h"
 #include "simt/common.cuh"
 #include "tile.h"
 
@@ -90,16 +90,10 @@ int choose_splits(int64_t units, int64_t tiles, int64_t cap) {
   return best;
 }
 
-// FUSEDATTN_DECODE_SPLITS=n fixes the split count (capped by the key tiles
-// and kMaxSplits), for measuring choose_splits' model against the device;
-// read once per process.
-int forced_splits() {
-  static const int n = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_SPLITS");
-    return e == nullptr ? 0 : std::clamp(std::atoi(e), 0, kMaxSplits);
-  }();
-  return n;
-}
+// FUSEDATTN_DECODE_SPLITS=n (fusedattn/overrides.h) fixes the split count (capped by the key tiles),
+// for measuring choose_splits' model against the device.
+static_assert(kMaxSplits == Overrides::kMaxDecodeSplits, "the parser's bound is the engine's");
+int forced_splits() { return process_overrides().values.decode_splits; }
 
 Plan no(const char* why) {
   Plan p;
@@ -107,20 +101,14 @@ Plan no(const char* why) {
   return p;
 }
 
-// Programmatic dependent launches on sm_90+ (FUSEDATTN_DECODE_PDL, read once per process):
+// Programmatic dependent launches on sm_90+ (FUSEDATTN_DECODE_PDL, fusedattn/overrides.h):
 // 2 (the default): the decode kernel is a programmatic dependent of whatever precedes it on the
 // stream (it waits for that work before its first global access, so only its launch overlaps), and
 // the combine one of the decode kernel (its launch overlaps the decode blocks' epilogues).
 // 1: the combine only. 0: plain launches. Measured (H200, bench_decode.py, per call): batch 1 /
 // ctx 8192 16.8 us plain, 15.3 with the combine's, 15.2 with both; batch 8 70.7 -> 68.9 us
 // from 1 to 2.
-int pdl_mode() {
-  static const int mode = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_PDL");
-    return e == nullptr || *e == '\0' ? 2 : std::clamp(std::atoi(e), 0, 2);
-  }();
-  return mode;
-}
+int pdl_mode() { return process_overrides().values.decode_pdl; }
 
 }  // namespace
 

@@ -6,9 +6,8 @@
 //
 // Forward, on by default: four kernel variants (v2, persistent, and at d = 64
 // three-consumer and persistent three-consumer), chosen per call by tuning.h;
-// FUSEDATTN_HOPPER_FWD=v2|persistent|three_consumer|three_consumer_persistent
-// forces one (the three-consumer ones only where d = 64) for A/B timing and for
-// the tests, which run every variant on every shape.
+// FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h) forces one (the three-consumer
+// ones only where d = 64) for A/B timing and for the tests.
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too
@@ -17,7 +16,7 @@
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
 // Backward (bwd_sm90.cuh; dQ by TMA reduce-add), on by default
-// (FUSEDATTN_HOPPER_BWD=0 turns it off): the forward's calls restricted to
+// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls restricted to
 // s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
 // and the gradients), no dbias. Deterministic mode (torch.use_deterministic_
 // algorithms) at d = 64 and 128 runs the variant whose dQ reduce-adds take turns
@@ -27,11 +26,11 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "fusedattn/cat.h"
 #include "fusedattn/cuda_api.h"
+#include "fusedattn/overrides.h"
 #include "hopper/kernels.h"
 #include "hopper/tuning.h"
 
@@ -57,57 +56,9 @@ bool device_is_sm90() {
   return ok;
 }
 
-// FUSEDATTN_HOPPER_FWD: unset, "" or "auto" lets tuning.h choose; read once. An unknown value
-// is an error at the first Hopper forward, not a silent fallback.
-struct FwdOverride {
-  bool set = false, valid = true;
-  FwdVariant variant = FwdVariant::kV2;
-  std::string raw;
-};
-const FwdOverride& fwd_override() {
-  static const FwdOverride o = [] {
-    FwdOverride r;
-    const char* e = std::getenv("FUSEDATTN_HOPPER_FWD");
-    r.raw = e == nullptr ? "" : e;
-    if (r.raw.empty() || r.raw == "auto") return r;
-    r.set = true;
-    if (r.raw == "v2") r.variant = FwdVariant::kV2;
-    else if (r.raw == "persistent") r.variant = FwdVariant::kPersistent;
-    else if (r.raw == "three_consumer") r.variant = FwdVariant::kThreeConsumer;
-    else if (r.raw == "three_consumer_persistent") r.variant = FwdVariant::kThreeConsumerPersistent;
-    else r.valid = false;
-    return r;
-  }();
-  return o;
-}
-
-// FUSEDATTN_HOPPER_CAUSAL_CHUNK=C: the causal tile order of the v2 and three-consumer forwards and
-// of the backward deals its CTAs in chunks of C groups (fwd_sm90.cuh's chunked_tile); 1 is group by
-// group, the order before the chunks; unset, "", "auto" or 0 lets tuning.h choose. For A/B timing;
-// read once. Anything else is an error at the first Hopper call.
-struct ChunkOverride {
-  int chunk = 0;
-  bool valid = true;
-  std::string raw;
-};
-const ChunkOverride& chunk_override() {
-  static const ChunkOverride o = [] {
-    ChunkOverride r;
-    const char* e = std::getenv("FUSEDATTN_HOPPER_CAUSAL_CHUNK");
-    r.raw = e == nullptr ? "" : e;
-    if (r.raw.empty() || r.raw == "auto") return r;
-    char* end = nullptr;
-    const long v = std::strtol(r.raw.c_str(), &end, 10);
-    r.valid = end != r.raw.c_str() && *end == '\0' && v >= 0 && v <= 65535;
-    r.chunk = r.valid ? static_cast<int>(v) : 0;
-    return r;
-  }();
-  return o;
-}
-Status chunk_override_error() {
-  return Status::Invalid(
-      cat("FUSEDATTN_HOPPER_CAUSAL_CHUNK=", chunk_override().raw, " (expected auto or a group count 0-65535)"));
-}
+// FUSEDATTN_HOPPER_FWD and FUSEDATTN_HOPPER_CAUSAL_CHUNK (fusedattn/overrides.h): a forced forward
+// variant and the causal tile order's chunk (0: tuning.h's choice), for A/B timing and the tests.
+const Overrides& overrides() { return process_overrides().values; }
 
 std::string check_rows(const SeqTensor& t, const char* name) {
   if (t.data == nullptr) return cat(name, " is null");
@@ -148,15 +99,16 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   k.h_kv = static_cast<int>(pr.h_kv);
   k.scale_log2 = p.scale * 1.4426950408889634f;
   a.causal = causal;
-  if (!chunk_override().valid) return chunk_override_error();
-  a.causal_chunk = chunk_override().chunk;
+  a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
-  const FwdOverride& o = fwd_override();
-  if (!o.valid) {
-    return Status::Invalid(cat("FUSEDATTN_HOPPER_FWD=", o.raw,
-                               " (expected auto, v2, persistent, three_consumer or three_consumer_persistent)"));
+  FwdVariant variant = choose_fwd_variant(D, causal, pr.s_kv);
+  switch (overrides().hopper_fwd) {
+    case HopperFwdChoice::kAuto: break;
+    case HopperFwdChoice::kV2: variant = FwdVariant::kV2; break;
+    case HopperFwdChoice::kPersistent: variant = FwdVariant::kPersistent; break;
+    case HopperFwdChoice::kThreeConsumer: variant = FwdVariant::kThreeConsumer; break;
+    case HopperFwdChoice::kThreeConsumerPersistent: variant = FwdVariant::kThreeConsumerPersistent; break;
   }
-  FwdVariant variant = o.set ? o.variant : choose_fwd_variant(D, causal, pr.s_kv);
   if ((variant == FwdVariant::kThreeConsumer || variant == FwdVariant::kThreeConsumerPersistent) && D != 64)
     variant = choose_fwd_variant(D, causal, pr.s_kv);
   // The persistent kernels need the SM count, and their tile indices (one round past the last) must
@@ -223,22 +175,12 @@ std::string fwd_support(const FwdParams& p) {
   return "";
 }
 
-// FUSEDATTN_HOPPER_BWD=0 sends every backward to the sm80-class kernels (A/B
-// timing, triage); read once.
-bool bwd_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD");
-    return e == nullptr || *e == '\0' || std::atoi(e) != 0;
-  }();
-  return on;
-}
-
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
 
 std::string bwd_support(const BwdParams& p) {
-  if (!bwd_enabled()) return "the Hopper backward is off (FUSEDATTN_HOPPER_BWD=0)";
+  if (!overrides().hopper_bwd) return "the Hopper backward is off (FUSEDATTN_HOPPER_BWD=off)";
   const FwdParams& f = p.fwd;
   std::string r = fwd_support(f);
   if (!r.empty()) return r;
@@ -291,8 +233,7 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.h_kv = static_cast<int>(pr.h_kv);
   a.scale = f.scale;
   a.causal = f.mask.window_right == 0;
-  if (!chunk_override().valid) return chunk_override_error();
-  a.causal_chunk = chunk_override().chunk;
+  a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
   cudaError_t e;
   if constexpr (D == 256) {
