@@ -120,6 +120,7 @@ Plan make_plan(const FwdParams& p, int sm_count) {
   if (p.bias.type == BiasType::kPostScaleBias || p.mask.mask.data != nullptr || p.dropout.p > 0.f) {
     return no("bias, explicit mask or dropout");
   }
+  if (p.softcap > 0) return no("softcap");
   const int64_t dmax = std::max(pr.d_qk, pr.d_v);
   if (dmax > 256 || dmax <= 0) return no("head dim above 256");
   if (!simt::rows_vectorizable<__half>(p.q) || !simt::rows_vectorizable<__half>(p.k) ||

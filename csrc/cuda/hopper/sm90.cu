@@ -12,7 +12,7 @@
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too
 // when s_q = s_kv, where the diagonals coincide), vanilla softmax, no bias,
-// ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
+// ALiBi, dropout, padding, thd, sliding window, max_logit, softcap or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
 // Backward (bwd_sm90.cuh; dQ by TMA reduce-add), on by default
@@ -155,6 +155,7 @@ std::string fwd_support(const FwdParams& p) {
   if (p.softmax.type != SoftmaxType::kVanilla) return "off-by-one or learnable softmax";
   if (p.dropout.p > 0.f) return "dropout";
   if (p.max_logit != nullptr) return "max_logit";
+  if (p.softcap > 0) return "softcap";
   const bool causal = p.mask.window_left < 0 && p.mask.window_right == 0;
   if (!(p.mask.window_left < 0 && p.mask.window_right < 0) && !causal) return "sliding window";
   if (causal && p.mask.bottom_right && pr.s_q != pr.s_kv) return "bottom-right causal with s_q != s_kv";

@@ -113,6 +113,8 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
 
   DeviceDropout<A> drop;
   drop.init(p.dropout);
+  SoftCap<A> cap;
+  cap.init(p);
   const A scale_l2 = static_cast<A>(p.scale) * Consts<A>::kLog2e;
   const PairTensor& db = bp.dbias;
 
@@ -191,15 +193,22 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
           const int j = k0 + VS * tx + u;
           pd[u] = ds[u] = A(0);
           if (full || visible(p, kr, b, h, i, j)) {
-            const A x = s[r][u] * scale_l2 + lb.at(b, h, i, j, si.diag);
+            A x = s[r][u] * scale_l2, dcap = A(1);
+            if (cap.on) {
+              const A t = cap.tanh_of(x);
+              x = cap.cap * t;
+              dcap = A(1) - t * t;
+            }
+            x += lb.at(b, h, i, j, si.diag);
             const A pe = fast_exp2(x - lse_s[row]);
             pd[u] = pe * f[u];
             ds[u] = pe * (dp[r][u] * f[u] - dd_s[row]);
-            if (dbias_acc != nullptr) {
+            if (dbias_acc != nullptr) {  // the bias is added after the cap: its gradient is dS itself
               const int64_t bb = db.sizes[0] == 1 ? 0 : b, hh = db.sizes[1] == 1 ? 0 : h;
               const int64_t ii = db.sizes[2] == 1 ? 0 : i, jj = db.sizes[3] == 1 ? 0 : j;
               atomicAdd(dbias_acc + ((bb * db.sizes[1] + hh) * db.sizes[2] + ii) * db.sizes[3] + jj, ds[u]);
             }
+            ds[u] *= dcap;
           }
         }
         sts<VS>(Ps + row * KS + VS * tx, pd);

@@ -295,6 +295,25 @@ struct LogitBias {
   }
 };
 
+// Logit soft-capping (FwdParams::softcap) of x = log2(e) * scale * q.k: x -> cap * tanh(x / cap) with
+// cap = log2(e) * softcap, i.e. softcap * tanh(scale q.k / softcap) in log2 units; the backward's factor
+// for the gradient of scale q.k is 1 - tanh^2.
+template <class A>
+struct SoftCap {
+  bool on = false;
+  A cap = A(0), inv_cap = A(0);
+
+  __device__ __forceinline__ void init(const FwdParams& p) {
+    on = p.softcap > 0;
+    if (on) {
+      cap = static_cast<A>(p.softcap) * Consts<A>::kLog2e;
+      inv_cap = A(1) / cap;
+    }
+  }
+  // tanh(x / cap); the capped logit is cap * t.
+  __device__ __forceinline__ A tanh_of(A x) const { return tanh(x * inv_cap); }
+};
+
 // Dropout keep factors: philox.h's draw of (b, h, i, j); one Philox call
 // yields 4 consecutive keys, which is why threads own VS consecutive keys.
 template <class A>

@@ -4,7 +4,7 @@
 // Per key tile: K^T -> smem, S = Q K^T in registers, mask / bias / ALiBi,
 // running max and sum, P (dropped and rescaled) -> smem, V -> smem (reusing
 // K^T's buffer), O += P V in registers. Q is pre-scaled by scale * log2(e) so
-// that the softmax runs on exp2.
+// that the softmax runs on exp2 (a softcap, common.cuh's SoftCap, works in those units).
 #pragma once
 
 #include "aux_kernels.cuh"
@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
 
   LogitBias<T, A> lb;
   lb.init(p, b, h);
+  SoftCap<A> cap;
+  cap.init(p);
   DeviceDropout<A> drop;
   drop.init(p.dropout);
   const int64_t bh = int64_t(b) * pr.h_q + h;
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
       for (int u = 0; u < VS; ++u) {
         const int j = j0 + VS * tx + u;
         if (full || visible(p, kr, b, h, i, j)) {
-          const A x = s[r][u] + lb.at(b, h, i, j, si.diag);
+          const A x = (cap.on ? cap.cap * cap.tanh_of(s[r][u]) : s[r][u]) + lb.at(b, h, i, j, si.diag);
           mx = fmax(mx, x);
           s[r][u] = x;
         } else {

@@ -90,6 +90,7 @@ std::string common_support(const FwdParams& p, Dir dir) {
     return cat("dtype ", dtype_name(pr.dtype), " (tensor-core kernels take float16 and bfloat16)");
   }
   if (pr.device != DeviceType::kCUDA) return "not a CUDA tensor";
+  if (p.softcap > 0) return "softcap (the tensor-core kernels do not cap logits)";
   const int major = device_major();
   if (major < 8) return cat("compute capability ", major, ".x (tensor-core kernels need sm_80 or newer)");
   const int bucket = head_dim_bucket(pr);

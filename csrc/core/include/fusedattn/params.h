@@ -100,6 +100,10 @@ struct FwdParams {
   SoftmaxParams softmax;
   DropoutParams dropout;
   float scale = 1.f;
+  // Logit soft-capping (Gemma 2, flash-attn's softcap), 0: off. As in flash-attn, the cap applies
+  // to the scaled scores and comes before the bias, ALiBi and the masks:
+  //   s = softcap * tanh(scale * q.k / softcap) + bias,  ds/d(scale q.k) = 1 - tanh^2(.)
+  double softcap = 0.0;
   // Where the engine writes {0, 0}, the op's rng_state output of a call without dropout, or null.
   // The CUDA engine takes it so that no separate fill kernel precedes the attention kernels (a
   // decode step is a few microseconds; the decode kernel writes it itself).

@@ -71,7 +71,7 @@ struct BwdRun {
   int64_t fused_dq_elems = 0;  // dQ accumulator of one pair (fused schedule)
 
   struct Scratch {
-    Buf<A> s, dp, pd, acc_a, acc_b, dbias, dq;
+    Buf<A> s, dp, pd, acc_a, acc_b, dbias, dq, dcap;
   };
 
   bool init_scratch(Scratch& w) const {
@@ -79,7 +79,7 @@ struct BwdRun {
     const int64_t accn = std::max(kBlockN, kBlockM) * std::max(c.dqk_p, c.dv_p);
     return w.s.alloc(tile) && w.dp.alloc(tile) && w.pd.alloc(tile) && w.acc_a.alloc(accn) && w.acc_b.alloc(accn) &&
            (!dbias_on || w.dbias.alloc(static_cast<size_t>(kBlockM * dbias_w))) &&
-           (!fused || w.dq.alloc(static_cast<size_t>(fused_dq_elems)));
+           (!fused || w.dq.alloc(static_cast<size_t>(fused_dq_elems))) && (!(c.softcap > 0) || w.dcap.alloc(tile));
   }
 
   // ---- staging ------------------------------------------------------------------------
@@ -164,7 +164,7 @@ struct BwdRun {
     A* __restrict PD = w.pd.get();
     gemm<A, false>(nr, ncols, static_cast<int>(c.dqk), qs, c.dqk_p, 1, pp.kt + kt * c.dqk * kBlockN, kBlockN, S,
                    kBlockN);
-    const A f = c.finish_logits(pp.b, h, i0, nr, j0, nj, ncols, S);
+    const A f = c.finish_logits(pp.b, h, i0, nr, j0, nj, ncols, S, w.dcap.get());
     gemm<A, false>(nr, ncols, static_cast<int>(c.dv), dos, c.dv_p, 1, pp.vt + kt * c.dv * kBlockN, kBlockN, dP,
                    kBlockN);
     const int64_t bh = pp.b * c.hq + h;
@@ -215,6 +215,7 @@ struct BwdRun {
         const int64_t i0 = qt * kBlockM;
         const int nr = static_cast<int>(std::min<int64_t>(kBlockM, e.len_q - i0));
         tile_grads(w, pp, h, g, i0, nr, kt, true);
+        c.cap_grad(w.dp.get(), w.dcap.get(), nr, nj);
         const int64_t row0 = g * pp.nq + i0;
         const A* pd = c.drop.on ? w.pd.get() : w.s.get();
         const A* ds = w.dp.get();
@@ -251,8 +252,7 @@ struct BwdRun {
       const int64_t j0 = kt * kBlockN;
       const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
       tile_grads(w, pp, h, g, i0, nr, kt, false);
-      const A* ds = w.dp.get();
-      gemm<A, true>(nr, static_cast<int>(c.dqk_p), nj, ds, kBlockN, 1, pp.k + j0 * c.dqk_p, c.dqk_p, dq, c.dqk_p);
+      A* ds = w.dp.get();
       if (dbias_acc != nullptr) {
         for (int r = 0; r < nr; ++r) {
           A* acc = dbias_acc + (dbias_row_sum ? 0 : r * dbias_w) + j0;
@@ -260,6 +260,8 @@ struct BwdRun {
           for (int jj = 0; jj < nj; ++jj) acc[jj] += src[jj];
         }
       }
+      c.cap_grad(ds, w.dcap.get(), nr, nj);  // after dbias: the bias is added after the cap
+      gemm<A, true>(nr, static_cast<int>(c.dqk_p), nj, ds, kBlockN, 1, pp.k + j0 * c.dqk_p, c.dqk_p, dq, c.dqk_p);
     }
     for (int r = 0; r < nr; ++r) {
       const int64_t tok = e.tok_q + i0 + r;
