@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
           const int rr = e >> 1;
           const int j = jw + nt * 8 + 2 * t4 + (e & 1);
           float xv = s[nt][e] * a.scale_log2;
-          if (has_alibi) xv -= slope[rr] * fabsf(static_cast<float>(j - ri[rr] - si.diag));
+          if (has_alibi) xv -= slope[rr] * static_cast<float>(si.vis.alibi_distance(ri[rr], j));
           if (!full && !(j >= rlo[rr] && j < rhi[rr])) xv = -INFINITY;
           s[nt][e] = xv;
         }

@@ -129,7 +129,7 @@ Plan make_plan(const FwdParams& p, int sm_count) {
   }
   if (p.paged.page_size <= 0 || p.paged.max_pages <= 0 || p.paged.num_pages <= 0) return no("empty page pool");
   if (pr.b <= 0 || pr.s_q <= 0 || pr.h_q <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return no("empty problem");
-  if (pr.s_kv >= (int64_t(1) << 30) || pr.s_q >= (int64_t(1) << 30)) return no("sequence extent >= 2^30");
+  if (pr.s_q + pr.s_kv >= kMaxPositionSum32) return no("s_q + s_kv >= 2^30 (positions in int32)");
   const int64_t group = pr.h_q / pr.h_kv;
   const int64_t rows = pr.s_q * group;
   if (rows >= (int64_t(1) << 30) || pr.s_q * pr.h_q >= (int64_t(1) << 31)) return no("too many query rows");

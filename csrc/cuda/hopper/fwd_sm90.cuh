@@ -32,12 +32,21 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fusedattn/visibility.h"
 #include "ptx_sm90.cuh"
 #include "tuning.h"  // causal_chunk_for
 #include "wgmma.cuh"
 
 namespace fusedattn {
 namespace hopper {
+
+// The Hopper path's visibility (fusedattn/visibility.h): no window but causal's (top-left, or
+// bottom-right with s_q = s_kv, the same diagonal), so key j is visible to query i iff j < s_kv and,
+// causal, j <= i. The kernels do not bound rows by s_q here (rows past it are not stored).
+template <bool CAUSAL>
+__device__ __forceinline__ Visibility<int> sm90_vis(int s_q, int s_kv) {
+  return Visibility<int>::make(-1, CAUSAL ? 0 : -1, false, s_q, s_kv);
+}
 
 template <int D>
 struct FwdTile;
@@ -388,10 +397,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) reg_fence(sacc[i]);
 
-    // ---------------- masking (kv tail and causal diagonal)
-    const bool tail = (n + 1) * BN > p.s_kv;
-    const bool diag = CAUSAL && ((n + 1) * BN - 1 > wg_row0);
-    if (tail || diag) {
+    // ---------------- masking (kv tail and causal diagonal: visibility.h's rule)
+    const Visibility<int> vis = sm90_vis<CAUSAL>(p.s_q, p.s_kv);
+    if (!vis.keys_all_visible(wg_row0, wg_row0 + 63, n * BN, BN)) {
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -400,9 +408,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
           for (int e = 0; e < 2; ++e) {
             const int col = n * BN + 8 * j + 2 * qd + e;
             const int row = row_base + 8 * hf;
-            bool masked = col >= p.s_kv;
-            if (CAUSAL) masked = masked || (col > row);
-            if (masked) sacc[4 * j + 2 * hf + e] = -INFINITY;
+            if (!vis.key_visible(row, col)) sacc[4 * j + 2 * hf + e] = -INFINITY;
           }
         }
       }

@@ -182,12 +182,12 @@ __device__ __forceinline__ void v2_issue_pv(float (&o)[D / 2], const uint32_t (&
   }
 }
 
-// kv tail and causal diagonal (top-left: key j visible to query i iff j <= i).
+// kv tail and causal diagonal of key tile n for the warpgroup's 64 rows from wg_row0.
 template <int BN, bool CAUSAL>
-__device__ __forceinline__ void v2_mask(float (&sacc)[BN / 2], int n, int s_kv, int row_base, int wg_row0, int qd) {
-  const bool tail = (n + 1) * BN > s_kv;
-  const bool diag = CAUSAL && ((n + 1) * BN - 1 > wg_row0);
-  if (tail || diag) {
+__device__ __forceinline__ void v2_mask(float (&sacc)[BN / 2], int n, int s_q, int s_kv, int row_base, int wg_row0,
+                                        int qd) {
+  const Visibility<int> vis = sm90_vis<CAUSAL>(s_q, s_kv);
+  if (!vis.keys_all_visible(wg_row0, wg_row0 + 63, n * BN, BN)) {
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -196,9 +196,7 @@ __device__ __forceinline__ void v2_mask(float (&sacc)[BN / 2], int n, int s_kv, 
         for (int e = 0; e < 2; ++e) {
           const int col = n * BN + 8 * j + 2 * qd + e;
           const int row = row_base + 8 * hf;
-          bool masked = col >= s_kv;
-          if (CAUSAL) masked = masked || (col > row);
-          if (masked) sacc[4 * j + 2 * hf + e] = -INFINITY;
+          if (!vis.key_visible(row, col)) sacc[4 * j + 2 * hf + e] = -INFINITY;
         }
       }
     }
@@ -700,13 +698,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const auto issue_s = [&](uint32_t sK) { v2_issue_s<D, BN, F16>(sacc, sQ, sK, cw); };
   v2_first_step<D, BN, STAGES, F16, PP>(
       V2Step<int>{0, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full, issue_s,
-      [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd); }, [] {}, [] { phase_stamp(0, 2); });
+      [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_q, p.s_kv, row_base, wg_row0, qd); }, [] {}, [] { phase_stamp(0, 2); });
 
   // ------------------------------------------------ steady state
   for (int n = 1; n < n_blocks; ++n)
     v2_steady_step<D, BN, STAGES, F16, PP>(
         V2Step<int>{n, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full, issue_s,
-        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); }, [] {});
+        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_q, p.s_kv, row_base, wg_row0, qd); }, [] {});
 
   phase_stamp(0, 3);
   // ------------------------------------------------ epilogue: PV_{last} alone

@@ -235,7 +235,7 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
       mbar_arrive(ke(s));
       if (PERSISTENT && n_eff == 1) mbar_arrive(io.q_empty);  // S_0 was this warpgroup's last read of Q
     }
-    v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd);
+    v2_mask<BN, CAUSAL>(sacc, 0, p.s_q, p.s_kv, row_base, wg_row0, qd);
     v2_softmax<BN>(sacc, row_m, row_l, corr, sl2);  // corr = 0 here; O is still 0
     v2_pack_p<BN, F16>(pa, sacc);
   }
@@ -282,7 +282,7 @@ __device__ __forceinline__ void w3_consume_tile(const KParams& p, const W3TileIo
     v2_softmax_steady<BN, kW3Consumers>(
         sacc, row_m, row_l, corr, sl2, cw,
         [&] { w3_issue_s<BN, F16>(sacc, sQ, io.sK0 + (warp_uniform_here(it) % STAGES) * Cfg::kKVBytes, cw); },
-        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); });
+        [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_q, p.s_kv, row_base, wg_row0, qd); });
     __syncwarp();
     if (lane == 0) {  // only now: the softmax's slow path reads K_n and Q again
       mbar_arrive(ke(s));

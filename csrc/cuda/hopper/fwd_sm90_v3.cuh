@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     const auto issue_s = [&](uint32_t sK) { v2_issue_s_q<D, BN, F16, QREG>(sacc, qa, sQ, sK, cw); };
     v2_first_step<D, BN, STAGES, F16, PP>(
         V2Step<uint32_t>{kv, sKt, sVt, cw, lane, sl2}, bars, regs, wait_full, issue_s,
-        [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd); },
+        [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_q, p.s_kv, row_base, wg_row0, qd); },
         [&] {
           if (!QREG && n_blocks == 1) mbar_arrive(bars.qe(qs));  // S_0 was this tile's last read of Q
         },
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     for (int n = 1; n < n_blocks; ++n)
       v2_steady_step<D, BN, STAGES, F16, PP>(
           V2Step<uint32_t>{kv + n, sKt, sVt, cw, lane, sl2}, bars, regs, wait_full, issue_s,
-          [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); },
+          [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_q, p.s_kv, row_base, wg_row0, qd); },
           [&] {
             if (!QREG && n == n_blocks - 1) mbar_arrive(bars.qe(qs));  // last S GEMM of the tile: Q slot free
           });

@@ -99,9 +99,7 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
                       p.v.stride_d, fl.v_vec, kv_valid, BK, dv, dv, A(1));
 
   // Query rows that can see any key of the tile.
-  int i_lo = 0, i_hi = si.len_q;
-  if (si.wr >= 0) i_lo = max(0, k0 - si.diag - si.wr);
-  if (si.wl >= 0) i_hi = min(si.len_q, k_end - 1 - si.diag + si.wl + 1);
+  const int i_lo = si.vis.row_lo(k0), i_hi = si.vis.row_hi(k_end - 1);
 
   A dk[RK][CV2][VEC], dvv[RK][CV2][VEC];
 #pragma unroll
@@ -199,7 +197,7 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
               x = cap.cap * t;
               dcap = A(1) - t * t;
             }
-            x += lb.at(b, h, i, j, si.diag);
+            x += lb.at(b, h, i, j, si.vis);
             const A pe = fast_exp2(x - lse_s[row]);
             pd[u] = pe * f[u];
             ds[u] = pe * (dp[r][u] * f[u] - dd_s[row]);

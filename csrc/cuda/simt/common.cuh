@@ -16,6 +16,7 @@
 
 #include "fusedattn/params.h"
 #include "fusedattn/philox.h"
+#include "fusedattn/visibility.h"
 
 namespace fusedattn {
 namespace simt {
@@ -185,13 +186,12 @@ __device__ __forceinline__ const T* paged_kv_row(const PagedKV& pk, const SeqTen
 
 // ---- sequences and visibility ------------------------------------------------
 
-// Positions inside a sequence fit in 32 bits (cu_seqlens are int32); token
-// offsets and addresses stay 64-bit.
+// Positions inside a sequence fit in 32 bits (cu_seqlens are int32, and the engine takes
+// s_q + s_kv < kMaxPositionSum32, visibility.h); token offsets and addresses stay 64-bit.
 struct SeqInfo {
   int len_q, len_kv;      // clamped to [0, s_q] / [0, s_kv]
   int64_t tok_q, tok_kv;  // token of position 0 (0 for bshd/sbhd)
-  int diag;               // bottom-right: len_kv - len_q, else 0
-  int wl, wr;             // < 0: unbounded
+  Visibility<int> vis;    // the sequence's visibility rule (window, diagonal, lengths)
 };
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -224,17 +224,10 @@ __device__ __forceinline__ SeqInfo seq_info(const FwdParams& p, int b) {
   } else {
     s.tok_kv = 0;
   }
-  s.diag = p.mask.bottom_right ? s.len_kv - s.len_q : 0;
-  // A window wider than both sequences constrains nothing; dropping it keeps
-  // i + diag +- w far from overflow (the CPU engine does the same).
-  const int64_t reach = int64_t(s.len_q) + s.len_kv + 1;
-  s.wl = p.mask.window_left >= 0 && p.mask.window_left <= reach ? static_cast<int>(p.mask.window_left) : -1;
-  s.wr = p.mask.window_right >= 0 && p.mask.window_right <= reach ? static_cast<int>(p.mask.window_right) : -1;
+  // Windows arrive clamped to s_q + s_kv (make_fwd_params), so they fit in int.
+  s.vis = Visibility<int>::make(static_cast<int>(p.mask.window_left), static_cast<int>(p.mask.window_right),
+                                p.mask.bottom_right, s.len_q, s.len_kv);
   return s;
-}
-
-__device__ __forceinline__ bool in_window(const SeqInfo& s, int i, int j) {
-  return (s.wl < 0 || j >= i + s.diag - s.wl) && (s.wr < 0 || j <= i + s.diag + s.wr);
 }
 
 // Keys [lo, hi) that row i may see by lengths and window (empty past len_q).
@@ -243,10 +236,7 @@ struct KeyRange {
 };
 __device__ __forceinline__ KeyRange key_range(const SeqInfo& s, int i) {
   if (i >= s.len_q) return {0, 0};
-  KeyRange k{0, s.len_kv};
-  if (s.wl >= 0) k.lo = max(0, i + s.diag - s.wl);
-  if (s.wr >= 0) k.hi = min(s.len_kv, i + s.diag + s.wr + 1);
-  return k;
+  return {s.vis.key_lo(i), s.vis.key_hi(i)};
 }
 
 __device__ __forceinline__ int64_t pair_index(const PairTensor& t, int64_t b, int64_t h, int64_t i, int64_t j) {
@@ -262,8 +252,7 @@ __device__ __forceinline__ bool visible(const FwdParams& p, const KeyRange& kr, 
 
 // Whether every (row, key) of the tile [i0, i0 + nr) x [j0, j0 + nc) is visible.
 __device__ __forceinline__ bool tile_all_visible(const FwdParams& p, const SeqInfo& s, int i0, int nr, int j0, int nc) {
-  if (p.mask.mask.data != nullptr || i0 + nr > s.len_q || j0 + nc > s.len_kv) return false;
-  return in_window(s, i0 + nr - 1, j0) && in_window(s, i0, j0 + nc - 1);
+  return p.mask.mask.data == nullptr && s.vis.tile_all_visible(i0, nr, j0, nc);
 }
 
 // Additive logit terms (post-scale bias or ALiBi) in log2 units.
@@ -284,13 +273,10 @@ struct LogitBias {
               Consts<A>::kLog2e;
     }
   }
-  __device__ __forceinline__ A at(int b, int h, int i, int j, int diag) const {
+  __device__ __forceinline__ A at(int b, int h, int i, int j, const Visibility<int>& vis) const {
     A x = A(0);
     if (bias != nullptr) x = static_cast<A>(to_acc(bias[pair_index(t, b, h, i, j)])) * Consts<A>::kLog2e;
-    if (has_alibi) {
-      const int dist = j - i - diag;
-      x -= alibi * static_cast<A>(dist < 0 ? -dist : dist);
-    }
+    if (has_alibi) x -= alibi * static_cast<A>(vis.alibi_distance(i, j));
     return x;
   }
 };

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
       for (int u = 0; u < VS; ++u) {
         const int j = j0 + VS * tx + u;
         if (full || visible(p, kr, b, h, i, j)) {
-          const A x = (cap.on ? cap.cap * cap.tanh_of(s[r][u]) : s[r][u]) + lb.at(b, h, i, j, si.diag);
+          const A x = (cap.on ? cap.cap * cap.tanh_of(s[r][u]) : s[r][u]) + lb.at(b, h, i, j, si.vis);
           mx = fmax(mx, x);
           s[r][u] = x;
         } else {

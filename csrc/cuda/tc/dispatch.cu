@@ -36,7 +36,7 @@ const TableEntry kTable[] = {
 };
 
 constexpr int kBuckets[] = {64, 128, 256};
-constexpr int64_t kMaxSeq = int64_t{1} << 29;  // keeps window arithmetic in int32
+constexpr int64_t kMaxSeq = int64_t{1} << 29;  // s_q + s_kv < kMaxPositionSum32: visibility in int32
 
 int head_dim_bucket(const Problem& p) {
   const int64_t d = std::max(p.d_qk, p.d_v);
@@ -124,8 +124,6 @@ std::string common_support(const FwdParams& p, Dir dir) {
   return "";
 }
 
-int clamp_window(int64_t w) { return w < 0 ? -1 : static_cast<int>(std::min<int64_t>(w, int64_t{1} << 30)); }
-
 KArgs make_fwd_kargs(const FwdParams& p) {
   KArgs a{};
   const Problem& pr = p.prob;
@@ -156,8 +154,8 @@ KArgs make_fwd_kargs(const FwdParams& p) {
   a.s_kv = static_cast<int>(pr.s_kv);
   a.d_qk = static_cast<int>(pr.d_qk);
   a.d_v = static_cast<int>(pr.d_v);
-  a.wl = clamp_window(p.mask.window_left);
-  a.wr = clamp_window(p.mask.window_right);
+  a.wl = static_cast<int>(p.mask.window_left);  // clamped to s_q + s_kv < 2^30 (make_fwd_params)
+  a.wr = static_cast<int>(p.mask.window_right);
   a.bottom_right = p.mask.bottom_right;
   const PairTensor& m = p.mask.mask;
   a.mask = static_cast<const uint8_t*>(m.data);

@@ -37,13 +37,9 @@ struct SeqlenParams {
   bool q_is_thd = false, kv_is_thd = false;
 };
 
-// Visibility of key j to query i of one sequence with lengths (sq, skv):
-//   j < skv, i < sq,
-//   if window_left  >= 0: j >= i + diag - window_left
-//   if window_right >= 0: j <= i + diag + window_right
-//   where diag = bottom_right ? skv - sq : 0,
-//   and, with an explicit mask, !mask[b, h, i, j].
-// Causal mask types arrive here as window_right == 0.
+// Visibility of keys to queries: fusedattn/visibility.h's rule, with these windows (already clamped
+// there, causal mask types as window_right = 0), the diagonal they are aligned to, and an optional
+// explicit mask (true = masked out).
 struct MaskParams {
   int64_t window_left = -1, window_right = -1;
   bool bottom_right = false;
@@ -51,7 +47,7 @@ struct MaskParams {
 };
 
 // Post-scale bias and ALiBi: added to scale * q.k before the softmax.
-// ALiBi adds -slope * |j - i - diag| with the same diag as MaskParams.
+// ALiBi adds -slope * |j - i - diag| (visibility.h's alibi_distance).
 struct BiasParams {
   BiasType type = BiasType::kNoBias;
   PairTensor bias;  // q's dtype

@@ -79,7 +79,7 @@ struct AttnCtx {
       }
     }
     win.resize(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) win[b] = Window::make(params.mask, lay.seq[b].len_q, lay.seq[b].len_kv);
+    for (int64_t b = 0; b < B; ++b) win[b] = window_of(params.mask, lay.seq[b].len_q, lay.seq[b].len_kv);
     return Status::Ok();
   }
 
@@ -116,8 +116,7 @@ struct AttnCtx {
       s_scale = 1;
     }
     const A f = scale_and_bias_tile<T, A>(p->bias, w, b, h, i0, nr, j0, nj, ncols, s_scale, S, kBlockN);
-    const bool explicit_mask = p->mask.mask.data != nullptr;
-    if (!tile_all_visible(w, explicit_mask, i0, nr, j0, ncols)) {
+    if (p->mask.mask.data != nullptr || !w.tile_all_visible(i0, nr, j0, ncols)) {
       mask_tile<A>(w, p->mask.mask, b, h, i0, nr, j0, ncols, S, kBlockN);
     }
     return f;
