@@ -1,8 +1,8 @@
-// The Hopper path's entry points (hooks declared in fusedattn/cuda_api.h):
-// which calls it takes, which kernel runs them, and the launches. Built only for
-// sm_90a (cmake/cuda.cmake compiles this directory on its own, for that target
-// alone); without it the weak defaults in csrc/cuda/tc_default.cu take no call.
-// The kernels' host entries live in their own translation units (kernels.h).
+// The Hopper path's entry points (hopper.h): which calls it takes, which kernel
+// runs them, and the launches. Built only for sm_90a (cmake/cuda.cmake compiles
+// this directory on its own, for that target alone); without it the dispatch
+// never asks. The kernels' host entries live in their own translation units
+// (kernels.h).
 //
 // Forward, on by default: four kernel variants (v2, persistent, and at d = 64
 // three-consumer and persistent three-consumer), chosen per call by tuning.h;
@@ -25,12 +25,13 @@
 // as does everything else.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <string>
 
+#include "common/rows.h"
 #include "fusedattn/cat.h"
-#include "fusedattn/cuda_api.h"
 #include "fusedattn/overrides.h"
+#include "fusedattn/visibility.h"
+#include "hopper/hopper.h"
 #include "hopper/kernels.h"
 #include "hopper/tuning.h"
 
@@ -38,47 +39,51 @@ namespace fusedattn {
 namespace hopper {
 namespace {
 
-// Whether the current device has compute capability 9.0; asked on every call,
-// so the answer is kept per device index.
-bool device_is_sm90() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev >= 0 && dev < kMaxDevices && cached[dev].load(std::memory_order_relaxed) != 0) {
-    return cached[dev].load(std::memory_order_relaxed) == 1;
-  }
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                  major == 9 && minor == 0;
-  if (dev >= 0 && dev < kMaxDevices) cached[dev].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
-}
-
 // FUSEDATTN_HOPPER_FWD and FUSEDATTN_HOPPER_CAUSAL_CHUNK (fusedattn/overrides.h): a forced forward
 // variant and the causal tile order's chunk (0: tuning.h's choice), for A/B timing and the tests.
 const Overrides& overrides() { return process_overrides().values; }
-
-std::string check_rows(const SeqTensor& t, const char* name) {
-  if (t.data == nullptr) return cat(name, " is null");
-  if (t.stride_d != 1) return cat(name, " has head-dim stride ", t.stride_d);
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return cat(name, " is not 16-byte aligned");
-  if (t.stride_b % 8 != 0 || t.stride_s % 8 != 0 || t.stride_h % 8 != 0) {
-    return cat(name, " has strides that are not multiples of 16 bytes (the tensor-memory accelerator needs them)");
-  }
-  return "";
-}
 
 detail::MapDesc map_of(const SeqTensor& t, const Problem& pr, int64_t s, int64_t h, int64_t d) {
   return detail::MapDesc{t.data,     static_cast<int>(pr.b), static_cast<int>(s), static_cast<int>(h),
                          static_cast<int>(d), t.stride_b, t.stride_s, t.stride_h};
 }
 
-// sm_count: the device's multiprocessors (CudaLaunch::sm_count), the persistent kernel's grid.
+// The variant a forward call runs: tuning.h's choice or FUSEDATTN_HOPPER_FWD's, on the tiles it can
+// take. The persistent kernels need the SM count, and their tile indices (one round past the last)
+// must fit in int; a call without either takes the same tiles one per CTA (v2, three-consumer),
+// which covers every shape plan_fwd admits.
+FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
+  const int d = static_cast<int>(pr.d_qk);
+  FwdVariant variant = choose_fwd_variant(d, causal, pr.s_kv);
+  switch (overrides().hopper_fwd) {
+    case HopperFwdChoice::kAuto: break;
+    case HopperFwdChoice::kV2: variant = FwdVariant::kV2; break;
+    case HopperFwdChoice::kPersistent: variant = FwdVariant::kPersistent; break;
+    case HopperFwdChoice::kThreeConsumer: variant = FwdVariant::kThreeConsumer; break;
+    case HopperFwdChoice::kThreeConsumerPersistent: variant = FwdVariant::kThreeConsumerPersistent; break;
+  }
+  if ((variant == FwdVariant::kThreeConsumer || variant == FwdVariant::kThreeConsumerPersistent) && d != 64) {
+    variant = choose_fwd_variant(d, causal, pr.s_kv);
+  }
+  const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
+  if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
+    variant = FwdVariant::kV2;
+  }
+  const int64_t tiles192 = (pr.s_q + 191) / 192 * pr.h_q * pr.b;
+  if (variant == FwdVariant::kThreeConsumerPersistent &&
+      (sm_count <= 0 || tiles192 + 2 * int64_t{sm_count} > 0x7fffffff)) {
+    variant = FwdVariant::kThreeConsumer;
+  }
+  return variant;
+}
+
+bool is_causal(const MaskParams& m) { return m.window_left < 0 && m.window_right == 0; }
+
 template <typename T, int D>
-Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st) {
+Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   const Problem& pr = p.prob;
+  const bool causal = is_causal(p.mask);
+  const int sm_count = plan.sm_count;
   Sm90Args a{};
   a.q = map_of(p.q, pr, pr.s_q, pr.h_q, D);
   a.k = map_of(p.k, pr, pr.s_kv, pr.h_kv, D);
@@ -101,28 +106,7 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   a.causal = causal;
   a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
-  FwdVariant variant = choose_fwd_variant(D, causal, pr.s_kv);
-  switch (overrides().hopper_fwd) {
-    case HopperFwdChoice::kAuto: break;
-    case HopperFwdChoice::kV2: variant = FwdVariant::kV2; break;
-    case HopperFwdChoice::kPersistent: variant = FwdVariant::kPersistent; break;
-    case HopperFwdChoice::kThreeConsumer: variant = FwdVariant::kThreeConsumer; break;
-    case HopperFwdChoice::kThreeConsumerPersistent: variant = FwdVariant::kThreeConsumerPersistent; break;
-  }
-  if ((variant == FwdVariant::kThreeConsumer || variant == FwdVariant::kThreeConsumerPersistent) && D != 64)
-    variant = choose_fwd_variant(D, causal, pr.s_kv);
-  // The persistent kernels need the SM count, and their tile indices (one round past the last) must
-  // fit in int; a call without either takes the same tiles one per CTA (v2, three-consumer), which
-  // covers every shape fwd_support admits.
-  const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
-  if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
-    variant = FwdVariant::kV2;
-  }
-  const int64_t tiles192 = (pr.s_q + 191) / 192 * pr.h_q * pr.b;
-  if (variant == FwdVariant::kThreeConsumerPersistent &&
-      (sm_count <= 0 || tiles192 + 2 * int64_t{sm_count} > 0x7fffffff)) {
-    variant = FwdVariant::kThreeConsumer;
-  }
+  const FwdVariant variant = static_cast<FwdVariant>(plan.kernel);
   cudaError_t e;
   if (variant == FwdVariant::kPersistent) {
     e = run_fwd_persistent<T, D>(a, sm_count, st);
@@ -137,10 +121,10 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   return Status::Ok();
 }
 
-// Why a call is not taken ("" when it is), naming the setting.
-std::string fwd_support(const FwdParams& p) {
+// Why a call is not taken ("" when it is), naming the setting: the path's own limits (the core has
+// validated the call).
+std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
-  if (pr.device != DeviceType::kCUDA) return "not a CUDA tensor";
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
   if (pr.d_qk != pr.d_v || (pr.d_qk != 64 && pr.d_qk != 128 && pr.d_qk != 256)) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (the Hopper kernels take d_qk = d_v = 64, 128 or 256)");
@@ -156,22 +140,19 @@ std::string fwd_support(const FwdParams& p) {
   if (p.dropout.p > 0.f) return "dropout";
   if (p.max_logit != nullptr) return "max_logit";
   if (p.softcap > 0) return "softcap";
-  const bool causal = p.mask.window_left < 0 && p.mask.window_right == 0;
+  const bool causal = is_causal(p.mask);
   if (!(p.mask.window_left < 0 && p.mask.window_right < 0) && !causal) return "sliding window";
   if (causal && p.mask.bottom_right && pr.s_q != pr.s_kv) return "bottom-right causal with s_q != s_kv";
-  if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q >= (int64_t{1} << 30) || pr.s_kv >= (int64_t{1} << 30)) {
+  if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q + pr.s_kv >= kMaxPositionSum32) {
     return "batch, heads or sequence beyond the grid";
   }
-  if (pr.b <= 0 || pr.s_q <= 0 || pr.s_kv <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return "empty problem";
+  if (pr.s_q <= 0 || pr.s_kv <= 0) return "an empty sequence dim";
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
-    std::string r = check_rows(*t, name);
+    std::string r = gpu::rows16_problem(*t, name);  // the tensor-memory accelerator's layout
     if (!r.empty()) return r;
   }
-  if (p.out.data == nullptr || p.out.stride_d != 1 || reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0) {
-    return "out needs a unit head-dim stride";
-  }
-  if (p.lse == nullptr) return "softmax_lse is null";
-  if (!device_is_sm90()) return "not a compute-capability 9.0 device";
+  if (p.out.stride_d != 1 || reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0) return "out needs a unit head-dim stride";
+  if (!(dev.major == 9 && dev.minor == 0)) return "not a compute-capability 9.0 device";
   if (!kernels_loadable()) return "this build has no sm_90a code (build with TORCH_CUDA_ARCH_LIST=9.0a)";
   return "";
 }
@@ -180,10 +161,10 @@ bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
 
-std::string bwd_support(const BwdParams& p) {
+std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   if (!overrides().hopper_bwd) return "the Hopper backward is off (FUSEDATTN_HOPPER_BWD=off)";
   const FwdParams& f = p.fwd;
-  std::string r = fwd_support(f);
+  std::string r = fwd_support(f, dev);
   if (!r.empty()) return r;
   const Problem& pr = f.prob;
   if (pr.s_q != pr.s_kv) return "s_q != s_kv";
@@ -233,7 +214,7 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.h = static_cast<int>(pr.h_q);
   a.h_kv = static_cast<int>(pr.h_kv);
   a.scale = f.scale;
-  a.causal = f.mask.window_right == 0;
+  a.causal = is_causal(f.mask);
   a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
   cudaError_t e;
@@ -248,22 +229,34 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
 
 }  // namespace
 
-size_t bwd_workspace_bytes(const BwdParams& p) {
-  if (!bwd_support(p).empty()) return 0;
+std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  std::string why = fwd_support(p, dev);
+  if (!why.empty()) return why;
+  *plan = CudaPlan{};
+  plan->engine = CudaEngine::kHopper;
+  plan->sm_count = dev.sm_count;
+  plan->kernel = static_cast<int>(fwd_variant(p.prob, is_causal(p.mask), dev.sm_count));
+  return "";
+}
+
+std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  std::string why = bwd_support(p, dev);
+  if (!why.empty()) return why;
   const Problem& pr = p.fwd.prob;
   const int b = static_cast<int>(pr.b), s = static_cast<int>(pr.s_q), h = static_cast<int>(pr.h_q);
   const int d = static_cast<int>(pr.d_qk);
-  return p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
+  *plan = CudaPlan{};
+  plan->engine = CudaEngine::kHopper;
+  plan->sm_count = dev.sm_count;
+  plan->workspace_bytes = p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
+  plan->deterministic = p.deterministic;  // bwd_support declines deterministic calls it cannot order
+  return "";
 }
 
-Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) {
-  *handled = false;
-  const size_t need = hopper::bwd_workspace_bytes(p);  // qualified: ADL also finds fusedattn::bwd_workspace_bytes
-  if (need == 0 || launch.workspace == nullptr || launch.workspace_bytes < need) return Status::Ok();
-  *handled = true;
+Status run_bwd(const BwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
   auto st = static_cast<cudaStream_t>(launch.stream);
   const bool f16 = p.fwd.prob.dtype == DType::kFloat16;
-  const int sms = launch.sm_count;
+  const int sms = plan.sm_count;
   switch (p.fwd.prob.d_qk) {
     case 64:
       return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, sms, st)
@@ -277,21 +270,13 @@ Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) 
   }
 }
 
-Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
-  *handled = false;
-  if (!fwd_support(p).empty()) return Status::Ok();
-  *handled = true;
-  const bool causal = p.mask.window_right == 0;
+Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
   auto st = static_cast<cudaStream_t>(launch.stream);
   const bool f16 = p.prob.dtype == DType::kFloat16;
-  const int sms = launch.sm_count;
   switch (p.prob.d_qk) {
-    case 64:
-      return f16 ? run_kernel<__half, 64>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 64>(p, causal, sms, st);
-    case 128:
-      return f16 ? run_kernel<__half, 128>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 128>(p, causal, sms, st);
-    default:
-      return f16 ? run_kernel<__half, 256>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 256>(p, causal, sms, st);
+    case 64: return f16 ? run_kernel<__half, 64>(p, plan, st) : run_kernel<__nv_bfloat16, 64>(p, plan, st);
+    case 128: return f16 ? run_kernel<__half, 128>(p, plan, st) : run_kernel<__nv_bfloat16, 128>(p, plan, st);
+    default: return f16 ? run_kernel<__half, 256>(p, plan, st) : run_kernel<__nv_bfloat16, 256>(p, plan, st);
   }
 }
 

@@ -302,8 +302,8 @@ Status launch_bwd_tile(const BwdParams& bp, cudaStream_t stream, AccT<T>* dq_acc
   const auto kernel = bwd_kv_kernel<T, DPAD>;
   static std::atomic<uint64_t> smem_ready{0};
   FUSEDATTN_RETURN_IF_ERROR(prepare_smem(kernel, L::kSmemBytes, "backward", &smem_ready));
-  const BwdFlags fl{rows_vectorizable<T>(p.q), rows_vectorizable<T>(p.k), rows_vectorizable<T>(p.v),
-                    rows_vectorizable<T>(bp.dout)};
+  const BwdFlags fl{gpu::rows16(p.q), gpu::rows16(p.k), gpu::rows16(p.v),
+                    gpu::rows16(bp.dout)};
   const dim3 grid(static_cast<unsigned>(ceil_div(p.prob.s_kv, C::BK)), static_cast<unsigned>(p.prob.h_kv),
                   static_cast<unsigned>(p.prob.b));
   kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(bp, fl, dq_acc, dsum, dbias_acc);
@@ -316,12 +316,7 @@ Status launch_bwd(const BwdParams& bp, const CudaLaunch& launch) {
   const FwdParams& p = bp.fwd;
   const Problem& pr = p.prob;
   cudaStream_t stream = static_cast<cudaStream_t>(launch.stream);
-  FUSEDATTN_RETURN_IF_ERROR(check_grid(pr.h_q, pr.b, "backward"));
-  const BwdWorkspace w = bwd_workspace(bp, sizeof(A));
-  if (launch.workspace_bytes < w.bytes || (w.bytes > 0 && launch.workspace == nullptr)) {
-    return Status::Invalid("fusedattn CUDA backward: workspace of " + std::to_string(launch.workspace_bytes) +
-                           " bytes given, " + std::to_string(w.bytes) + " needed");
-  }
+  const BwdWorkspace w = bwd_workspace(bp, sizeof(A));  // plan_bwd's size; run_bwd_cuda checked the launch's
   char* ws = static_cast<char*>(launch.workspace);
   A* dq_acc = reinterpret_cast<A*>(ws + w.dq_off);
   A* dsum = reinterpret_cast<A*>(ws + w.dsum_off);

@@ -15,21 +15,6 @@
 namespace fusedattn {
 namespace simt {
 
-// lse[h, t] = value for every head and token of a thd lse ([h_q, t_q]).
-// (static: every forward translation unit has its own copy of these two.)
-static __global__ void fill_lse_kernel(float* lse, int64_t stride_h, int64_t stride_s, int h, int64_t ntok, float value) {
-  const int64_t n = ntok * h;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    lse[(e / ntok) * stride_h + (e % ntok) * stride_s] = value;
-  }
-}
-
-static __global__ void fill_float_kernel(float* p, int64_t n, float value) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    p[e] = value;
-  }
-}
-
 template <class T, int DPAD>
 struct FwdLayout {
   using A = AccT<T>;
@@ -289,7 +274,7 @@ Status launch_fwd_tile(const FwdParams& p, cudaStream_t stream) {
   const auto kernel = fwd_kernel<T, DPAD>;
   static std::atomic<uint64_t> smem_ready{0};
   FUSEDATTN_RETURN_IF_ERROR(prepare_smem(kernel, L::kSmemBytes, "forward", &smem_ready));
-  const FwdFlags fl{rows_vectorizable<T>(p.q), rows_vectorizable<T>(p.k), rows_vectorizable<T>(p.v)};
+  const FwdFlags fl{gpu::rows16(p.q), gpu::rows16(p.k), gpu::rows16(p.v)};
   const dim3 grid(static_cast<unsigned>(ceil_div(p.prob.s_q, C::BQ)), static_cast<unsigned>(p.prob.h_q),
                   static_cast<unsigned>(p.prob.b));
   kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(p, fl);
@@ -300,7 +285,6 @@ template <class T>
 Status launch_fwd(const FwdParams& p, const CudaLaunch& launch) {
   const Problem& pr = p.prob;
   cudaStream_t stream = static_cast<cudaStream_t>(launch.stream);
-  FUSEDATTN_RETURN_IF_ERROR(check_grid(pr.h_q, pr.b, "forward"));
   if (p.seqlens.q_is_thd && pr.t_q > 0) {
     // Tokens of no sequence: zero output, lse -inf (the CPU engine's rule).
     zero_rows_kernel<T><<<aux_blocks(pr.t_q * pr.h_q * pr.d_v), kAuxThreads, 0, stream>>>(
@@ -311,7 +295,7 @@ Status launch_fwd(const FwdParams& p, const CudaLaunch& launch) {
     FUSEDATTN_RETURN_IF_ERROR(check_launch("forward lse fill"));
   }
   if (p.max_logit != nullptr && pr.h_q > 0) {
-    fill_float_kernel<<<1, kAuxThreads, 0, stream>>>(p.max_logit, pr.h_q, -INFINITY);
+    fill_kernel<<<1, kAuxThreads, 0, stream>>>(p.max_logit, pr.h_q, -INFINITY);
     FUSEDATTN_RETURN_IF_ERROR(check_launch("forward max_logit fill"));
   }
   if (pr.s_q == 0 || pr.h_q == 0 || pr.b == 0) return Status::Ok();

@@ -11,12 +11,15 @@
 
 #include <cmath>
 
+#include "common/numeric.cuh"
+#include "common/ptx.cuh"
 #include "fusedattn/philox.h"
 #include "kargs.h"
-#include "ptx.h"
 
 namespace fusedattn {
 namespace tc {
+
+using namespace gpu;  // the shared sm_80 instruction wrappers (csrc/cuda/common)
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
