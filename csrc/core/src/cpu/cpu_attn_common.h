@@ -54,15 +54,7 @@ struct AttnCtx {
     }
     drop = Dropout<A>::make(params.dropout);
     has_sink = params.softmax.type != SoftmaxType::kVanilla;
-    if (params.softmax.type == SoftmaxType::kLearnable && params.softmax.offset == nullptr) {
-      return Status::Invalid("learnable softmax needs softmax_offset");
-    }
-    if (params.bias.type == BiasType::kPostScaleBias && params.bias.bias.data == nullptr) {
-      return Status::Invalid("post_scale_bias needs a bias tensor");
-    }
-    if (params.bias.type == BiasType::kAlibi && params.bias.alibi_slopes == nullptr) {
-      return Status::Invalid("alibi needs alibi_slopes");
-    }
+    // The page table's entries are device data the checks could not read: the engine checks them.
     const PagedKV& pk = params.paged;
     if (pk.page_table != nullptr) {
       if (pk.page_size <= 0) return Status::Invalid("paged KV: page_size must be positive");
