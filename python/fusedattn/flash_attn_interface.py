@@ -57,22 +57,25 @@ def softcap_fields(softcap: Optional[float]) -> dict:
     return {"softcap": float(softcap)}
 
 
-def flash_mask_fields(causal: bool, window_size, lengths: bool) -> dict:
-    """``_build_fwd_args``'s mask arguments for flash-attn's ``(causal, window_size)``.
-
-    ``lengths``: sequences have their own lengths (varlen, KV cache), so the mask type
-    carries padding. Both causal and the window are bottom-right aligned."""
+def flash_args(*, q_format: str, kv_format: str, causal: bool, window_size, lengths: bool, scale: float,
+               dropout_p: float = 0.0, max_seqlen_q=None, max_seqlen_k=None, softcap=None) -> FwdArgs:
+    """The FwdArgs of a flash-attn-style call: ``causal`` and ``window_size`` (flash-attn's, -1 =
+    unbounded) aligned to the bottom-right corner. ``lengths``: sequences have their own lengths
+    (varlen, KV cache), so the mask type carries padding."""
     left, right = (int(w) for w in window_size)
     pad = "padding_" if lengths else ""
     if causal:  # flash-attn: causal sets window_size[1] = 0
-        return dict(mask_type=pad + "causal_bottom_right", window_size=(left, 0), bottom_right_diagonal=True)
-    if left == -1 and right == -1:
-        return dict(mask_type="padding" if lengths else "no_mask", window_size=(-1, -1),
-                    bottom_right_diagonal=True)
-    left = _UNBOUNDED if left == -1 else left
-    right = _UNBOUNDED if right == -1 else right
-    return dict(mask_type="padding" if lengths else "no_mask", window_size=(left, right),
-                bottom_right_diagonal=True)
+        mask_type, window = pad + "causal_bottom_right", (left, 0)
+    elif left == -1 and right == -1:
+        mask_type, window = ("padding" if lengths else "no_mask"), (-1, -1)
+    else:
+        mask_type = "padding" if lengths else "no_mask"
+        window = (_UNBOUNDED if left == -1 else left, _UNBOUNDED if right == -1 else right)
+    args = _build_fwd_args(q_format=q_format, kv_format=kv_format, mask_type=mask_type, window_size=window,
+                           bottom_right_diagonal=True, softmax_type="vanilla", scale=float(scale),
+                           dropout_p=float(dropout_p), max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k,
+                           return_max_logit=False)
+    return args.replace(**softcap_fields(softcap))
 
 
 def _pad_head_dim(t: torch.Tensor) -> torch.Tensor:
@@ -100,12 +103,10 @@ def _attention(q, k, v, *, q_format: str, dropout_p: float, softmax_scale, causa
     _check_deterministic(deterministic, (q, k, v))
     d_v = v.shape[-1]
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** (-0.5)
-    lengths = cu_seqlens_q is not None or page_table is not None
-    args = _build_fwd_args(
-        q_format=q_format, kv_format="bshd" if page_table is not None else q_format,
-        **flash_mask_fields(causal, window_size, lengths), softmax_type="vanilla", scale=float(scale),
-        dropout_p=dropout_p, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_k, return_max_logit=False)
-    args = args.replace(**softcap_fields(softcap))
+    args = flash_args(q_format=q_format, kv_format="bshd" if page_table is not None else q_format, causal=causal,
+                      window_size=window_size, lengths=cu_seqlens_q is not None or page_table is not None,
+                      scale=scale, dropout_p=dropout_p, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      softcap=softcap)
     q, k, v = _pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v)
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.to(torch.float32)
