@@ -40,6 +40,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--profile", action="store_true",
+                    help="also print torch.profiler's per-op host time of 50 forward+backward calls of each")
     a = ap.parse_args()
     dev = a.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -58,6 +60,7 @@ def main():
     print(f"host cost per call, {dev}, {dtype}, b=1 h=16 s=128 d=64 causal, torch {torch.__version__}")
     print("| implementation | forward us | forward+backward us |")
     print("|---|---|---|")
+    profiles = {}
     for name, fn in peers.items():
         def fwd(fn=fn):
             with torch.no_grad():
@@ -68,6 +71,16 @@ def main():
 
         print(f"| {name} | {per_call_us(fwd, a.calls, a.repeats, sync):.1f} | "
               f"{per_call_us(fb, a.calls, a.repeats, sync):.1f} |", flush=True)
+        if a.profile:
+            profiles[name] = fb
+    for name, fb in profiles.items():
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev == "cuda" else [])
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(50):
+                fb()
+            sync()
+        print(f"\n== {name}: forward+backward, 50 calls")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
 
 
 if __name__ == "__main__":

@@ -9,14 +9,15 @@ Configurations (bf16, b * s = 16k tokens, s in {4k, 8k, 16k}, forward and forwar
     mla        h 32, d_qk 192, d_v 128, causal (DeepSeek-style prefill)
     phi2       h 32, d 80, causal
     packed     thd, h 32/8, d 128, causal documents of ~2k tokens (8 per 16k), packs of s tokens
-    *-plain    fusedattn's own plain causal call at a softcap configuration's b, h, s, d
+    *-plain    fusedattn's own plain causal call at the b, h, s, d of a configuration no peer runs
+               (softcap; learnable sinks in the backward, which the frontend's Python graph API lacks)
 
 Peers: cuDNN through torch SDPA (SDPBackend.CUDNN_ATTENTION) where it takes the call; the cuDNN frontend
 graph API (TransformerEngine's FusedAttention backend; `cudnn` from nvidia-cudnn-frontend) with GQA,
 windows, sinks and ragged thd; FlashAttention-2 through torch SDPA (SDPBackend.FLASH_ATTENTION) and
 torch.nn.attention.varlen.varlen_attn. A peer that refuses a call is left out of that row. The bar is
-fusedattn / best peer >= 1.0; where no peer runs a configuration (softcap) it is fusedattn /
-its own *-plain >= 0.9.
+fusedattn / best peer >= 1.0; where no peer runs a configuration it is fusedattn / its own
+*-plain >= 0.9.
 
 Method (as bench_gpu.py): every implementation in one process on the same tensors; --rounds rounds, the
 order rotated each round; each measurement after --idle seconds of an idle GPU (a common predecessor);
@@ -78,11 +79,12 @@ CONFIGS = [
     Config("gemma2-plain", 16, 8, 256, 256, peers=False),
     Config("gptoss", 64, 8, 64, 64, sinks=True),
     Config("gptoss-w128", 64, 8, 64, 64, window=128, sinks=True),
+    Config("gptoss-plain", 64, 8, 64, 64, peers=False),
     Config("mla", 32, 32, 192, 128),
     Config("phi2", 32, 32, 80, 80),
     Config("packed", 32, 8, 128, 128, packed=True),
 ]
-PLAIN_OF = {"gemma2": "gemma2-plain"}
+PLAIN_OF = {"gemma2": "gemma2-plain", "gptoss": "gptoss-plain", "gptoss-w128": "gptoss-plain"}
 
 
 def doc_lengths(s, gen):
@@ -208,7 +210,8 @@ class CudnnFrontend:
         self.grads = [torch.empty_like(t) for t in (p.q, p.k, p.v)]
         if c.packed:
             b, s = len(p.lengths), p.max_len
-            starts = torch.tensor([0] + p.lengths[:-1], dtype=torch.int64).cumsum(0).view(b, 1, 1, 1).cuda()
+            # Ragged offsets: b + 1 document starts (the last is the token count), in elements.
+            starts = torch.tensor([0] + p.lengths, dtype=torch.int64).cumsum(0).view(b + 1, 1, 1, 1).cuda()
             self.seq_len = torch.tensor(p.lengths, dtype=torch.int32, device="cuda").view(b, 1, 1, 1)
             self.max_t = (sum(p.lengths) + 63) // 64 * 64
 
