@@ -31,9 +31,9 @@ seconds (default 0.4): the GPU idle (default), the implementation's own calls ba
 limit and a measurement of about 50 ms is shorter than the power controller's reaction, so without a
 common predecessor each implementation starts from the clocks the one before left: in the fixed
 order fusedattn follows cuDNN's forward+backward at the limit and cuDNN follows FA2's, which draws
-less and leaves higher clocks (up to ~10% on a ratio; docs/perf-notes.md, Method). `idle` times every kernel from the same state, at the same clocks; `own`
-times each at the clocks its own power draw settles at, as in a long training run. --sustain S is
---precede own --precede-s S.
+less and leaves higher clocks (up to ~10% on a ratio; docs/perf-notes.md, Method). `idle` times
+every kernel from the same state, at the same clocks; `own` times each at the clocks its own power
+draw settles at, as in a long training run. --sustain S is --precede own --precede-s S.
 
 --energy SECONDS measures, instead of the grid, each implementation's energy per call: after
 SECONDS of back-to-back calls (to reach the power limit), NVML's board energy counter is read around
