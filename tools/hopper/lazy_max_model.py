@@ -11,7 +11,7 @@ its 2 x BN / 8 columns of a row (a quad of 4 threads per row, thread qd holding 
 when the tile's max exceeds it by more than 8 in log2, and O is rescaled then). P is rounded to the
 16-bit type before P V, as the kernels' A fragments are; the row sum l uses the fp32 P.
 
-    python tests/gpu/hopper/lazy_max_model.py [--d 128] [--bn 128] [--dtype bf16|fp16]
+    python tools/hopper/lazy_max_model.py [--d 128] [--bn 128] [--dtype bf16|fp16]
 
 Prints, per profile and causal flag, the largest error of O and of the LSE against float64, and the
 share of warpgroup-tiles that took the slow path. The rising-scores test's tolerances are

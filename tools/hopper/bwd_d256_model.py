@@ -25,7 +25,7 @@ Not modelled: 16-bit rounding (everything is float64, so the check is tight: any
 error shows up as O(1) relative error), timing / barriers / mbarrier phases (argued in
 the header comment), the watchdog.
 
-    python3 tests/gpu/hopper/bwd_d256_model.py        # runs a set of shapes, exit 1 on mismatch
+    python3 tools/hopper/bwd_d256_model.py        # runs a set of shapes, exit 1 on mismatch
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 # skip iteration that releases K_n without waiting for it, one that leaves out its turn; persistent:
 # Q released after S_0 whatever the tile's length, the rotation's pass skipped at every tile's end)
 # must be caught.
-# Not a pytest module (no test_ prefix). Run: python3 tests/gpu/hopper/w3_protocol_model.py
+# Not a pytest module (no test_ prefix). Run: python3 tools/hopper/w3_protocol_model.py
 # Keep it in step with the kernel when the pipeline changes.
 import random
 import sys

@@ -16,7 +16,7 @@
 # Also checks the static schedule (decode of work tiles): every (m, head,
 # batch) exactly once over the grid, causal tiles non-increasing in length
 # per CTA. Then seeds bugs and requires the model to catch each of them.
-# Not a pytest module. Run: python3 tests/gpu/hopper/v3_protocol_model.py [SEEDS_PER_POINT=80]
+# Not a pytest module. Run: python3 tools/hopper/v3_protocol_model.py [SEEDS_PER_POINT=80]
 # Keep it in step with the kernel when the pipeline changes.
 import random, sys
 

@@ -5,7 +5,7 @@
 # softmax's slow path (S_n issued again before K_n's release) taken at random.
 # Checks: no deadlock, every S / PV GEMM reads the right tile, no slot is
 # refilled while a GEMM still reads it, barriers balanced at the end.
-# Not a pytest module (no test_ prefix). Run: python3 tests/gpu/hopper/v2_protocol_model.py
+# Not a pytest module (no test_ prefix). Run: python3 tools/hopper/v2_protocol_model.py
 # Keep it in step with the kernel when the pipeline changes.
 # Protocol model of fwd_sm90_v2 (one CTA): producer, 2 consumer WGs (each a
 # single agent; its 4 warps' arrivals = 4 arrivals), async TMA, in-order wgmma
