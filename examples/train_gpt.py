@@ -290,18 +290,18 @@ TIMING_REPS, TIMING_WARMUP = 50, 10
 
 
 def median_event_us(fn) -> float:
-    """Median of TIMING_REPS CUDA-event timings of fn(), after TIMING_WARMUP calls, in microseconds."""
+    """Median over TIMING_REPS back-to-back calls of fn() (after TIMING_WARMUP calls) of the time CUDA
+    events measure around each call, in microseconds."""
     for _ in range(TIMING_WARMUP):
         fn()
-    times = []
-    for _ in range(TIMING_REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(TIMING_REPS)]
+    for start, end in events:
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
 def attention_speed(cfg: Config):
