@@ -49,7 +49,9 @@ build_progress() {
   done
 }
 if ! PYTHONUNBUFFERED=1 "$PY" -m pip install -v --no-build-isolation "$ROOT" 2>&1 | tee "$PIP_LOG" | build_progress; then
-  tail -n 40 "$PIP_LOG" >&2
+  # The first errors (CMake's, a failed compile step's, the compiler's), or the log's end.
+  PIP_ERRORS="$(grep -E -A 4 "CMake Error|^ *FAILED: | error: " "$PIP_LOG" | head -n 40 || true)"
+  if [ -n "$PIP_ERRORS" ]; then printf '%s\n' "$PIP_ERRORS" >&2; else tail -n 40 "$PIP_LOG" >&2; fi
   setup_step "building fusedattn failed; the full log is $PIP_LOG"
   exit 1
 fi
