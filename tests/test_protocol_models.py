@@ -86,8 +86,8 @@ def test_causal_backward_block_order_is_a_permutation(chunk):
         assert sorted(blocks) == [(n, g) for n in range(n_kt) for g in range(groups)], (n_kt, groups)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("profile,s", [("rise_fast", 1024), ("jump", 2048)])
+@pytest.mark.parametrize("profile,s,causal", [("rise_fast", 1024, False), ("rise_fast", 1024, True),
+                                               ("jump", 2048, True)])
 def test_lazy_max_softmax_error(profile, s, causal):
     o_err, lse_frac, slow, tiles = lazy.errors(profile, s, 128, torch.bfloat16, causal, bn=128)
     assert o_err <= 1e-2 and lse_frac <= 1.0
