@@ -8,7 +8,7 @@ the profiler shows fusedattn's operators, calls fusedattn does not take run torc
 leaving the context restores torch's kernels and the provider active before. The CUDA overrides
 cannot run here; their implementations are called directly on CPU tensors (same conversion code)
 and checked against fusedattn's flash-attn API and torch's meta functions (strides, dtypes).
-tests/gpu/test_sdpa_provider.py runs them through the dispatcher on a GPU.
+tests/gpu/test_sdpa_provider_gpu.py runs them through the dispatcher on a GPU.
 """
 
 from __future__ import annotations
