@@ -450,7 +450,9 @@ struct BwdRun {
         };
         FUSEDATTN_RETURN_IF_ERROR(parallel_items<LseScratch>(
             exec, static_cast<int64_t>(q_tiles.size()), [](LseScratch& w) { return w.s.alloc(kBlockM * kBlockN); },
-            [&](LseScratch& w, int64_t k) { refine_lse(w.s.get(), pan[q_tiles[k].entry], q_tiles[k].g, q_tiles[k].t); }));
+            [&](LseScratch& w, int64_t k) {
+              refine_lse(w.s.get(), pan[q_tiles[k].entry], q_tiles[k].g, q_tiles[k].t);
+            }));
       }
       if (c.has_sink) {  // d_softmax_offset[h] = -sum_rows exp(sink - lse) * D, in a fixed order
         for (const PairPanels& pp : pan)
