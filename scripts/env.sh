@@ -17,6 +17,6 @@ fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==${FUSEDATTN_TORCH_VERSION:-2.13.0}"
 fi
-"$PY" -m pip install -q numpy pytest expecttest "scikit-build-core>=0.10" ninja
+"$PY" -m pip install -q numpy pytest expecttest hypothesis "scikit-build-core>=0.10" ninja
 # Built against the installed torch: no build isolation.
 "$PY" -m pip install -q --no-build-isolation "$ROOT"
