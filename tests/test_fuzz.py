@@ -37,6 +37,7 @@ from fusedattn import FwdArgs  # noqa: E402
 from conftest import (ATTN_MASK_SHAPES, CAUSAL_MASKS, DTYPES, MASKS, PADDING_MASKS, Case, Side,  # noqa: E402
                       check_case, on_device, to_host, tol_check)
 import reference as R  # noqa: E402
+from test_kv_cache import D_K, D_V, H, H_KV, attention_ref, rows  # noqa: E402
 
 
 def fuzz_settings(max_examples: int):
@@ -243,9 +244,6 @@ def test_fuzz_paged_attention_matches_reference(p):
 # KV-cache call sequences
 
 
-H, H_KV, D = 4, 2, 16
-
-
 @st.composite
 def cache_scenarios(draw):
     max_batch, max_seq = 3, 24
@@ -273,26 +271,6 @@ def cache_scenarios(draw):
                 seed=draw(st.integers(0, 2**31 - 1)))
 
 
-def _rows(x, fmt, lens, i):
-    if fmt == "bshd":
-        return x[i, : lens[i]]
-    if fmt == "sbhd":
-        return x[: lens[i], i]
-    start = sum(lens[:i])
-    return x[start:start + lens[i]]
-
-
-def _prefix_attention(q, k, v, dtype):
-    """Bottom-right causal attention of q [n, H, D] over k, v [L, H_KV, D] in ``dtype``: [n, H * D]."""
-    n, L = q.shape[0], k.shape[0]
-    qq = q.to(dtype).transpose(0, 1)
-    kk = k.to(dtype).repeat_interleave(H // H_KV, 1).transpose(0, 1)
-    vv = v.to(dtype).repeat_interleave(H // H_KV, 1).transpose(0, 1)
-    s = (qq @ kk.transpose(1, 2)) / math.sqrt(D)
-    s = s.masked_fill(torch.arange(L)[None] > torch.arange(n)[:, None] + (L - n), float("-inf"))
-    return (s.softmax(-1) @ vv).transpose(0, 1).reshape(n, H * D)
-
-
 @fuzz_settings(max_examples=30)
 @given(cache_scenarios())
 def test_fuzz_kv_cache_sequences_match_reference(sc):
@@ -300,10 +278,11 @@ def test_fuzz_kv_cache_sequences_match_reference(sc):
     from fusedattn.inference import InferenceParams
 
     fmt, dev = sc["fmt"], on_device(torch.zeros(1)).device
-    params = InferenceParams(sc["max_batch"], sc["max_seq"], H_KV, D, torch.float32, is_paged=sc["paged"],
+    params = InferenceParams(sc["max_batch"], sc["max_seq"], H_KV, D_K, torch.float32, head_dim_v=D_V,
+                             is_paged=sc["paged"],
                              page_size=sc["page_size"] if sc["paged"] else None, qkv_format=fmt,
                              max_ctx_len=8 if fmt == "thd" else None, device=dev)
-    layer = DotProductAttention(H, D, num_gqa_groups=H_KV, qkv_format=fmt, attn_mask_type="padding_causal",
+    layer = DotProductAttention(H, (D_K, D_V), num_gqa_groups=H_KV, qkv_format=fmt, attn_mask_type="padding_causal",
                                 layer_number=1).to(dev)
     gen = torch.Generator().manual_seed(sc["seed"])
     prefix = {}
@@ -311,16 +290,16 @@ def test_fuzz_kv_cache_sequences_match_reference(sc):
         lens = list(step.values())
         b, s, t = len(lens), max(lens), sum(lens)
         shape = {"bshd": (b, s), "sbhd": (s, b), "thd": (t,)}[fmt]
-        q, k, v = (torch.randn(*shape, h, D, generator=gen) for h in (H, H_KV, H_KV))
+        q, k, v = (torch.randn(*shape, h, d, generator=gen) for h, d in ((H, D_K), (H_KV, D_K), (H_KV, D_V)))
         params.pre_step(step)
         out = to_host(layer(*on_device((q, k, v)), inference_params=params))
         msgs = []
         for i, sid in enumerate(step):
-            pk, pv = prefix.get(sid, (k.new_zeros(0, H_KV, D), v.new_zeros(0, H_KV, D)))
-            prefix[sid] = (torch.cat([pk, _rows(k, fmt, lens, i)]), torch.cat([pv, _rows(v, fmt, lens, i)]))
-            qi = _rows(q, fmt, lens, i)
-            msgs.append(tol_check(f"seq {sid}", _rows(out, fmt, lens, i), _prefix_attention(qi, *prefix[sid],
-                                  torch.float64), _prefix_attention(qi, *prefix[sid], torch.float32), torch.float32))
+            pk, pv = prefix.get(sid, (k.new_zeros(0, H_KV, D_K), v.new_zeros(0, H_KV, D_V)))
+            prefix[sid] = (torch.cat([pk, rows(k, fmt, lens, i)]), torch.cat([pv, rows(v, fmt, lens, i)]))
+            qi = rows(q, fmt, lens, i)
+            msgs.append(tol_check(f"seq {sid}", rows(out, fmt, lens, i), attention_ref(qi, *prefix[sid], torch.float64),
+                                  attention_ref(qi, *prefix[sid], torch.float32), torch.float32))
         prefix = {sid: kv for sid, kv in prefix.items() if sid in step}
         assert not [m for m in msgs if m], msgs
 

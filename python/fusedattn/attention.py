@@ -619,14 +619,12 @@ class DotProductAttention(torch.nn.Module):
         if not (hasattr(inference_params, "step") and hasattr(inference_params, "get_page_table")):
             raise TypeError(f"inference_params must be a fusedattn.inference.InferenceParams, got "
                             f"{type(inference_params).__name__}")
+        step = (query_layer, key_layer, value_layer, inference_params, qkv_format, attn_mask_type, window_size,
+                core_attention_bias_type, core_attention_bias, alibi_slopes)
         if torch.compiler.is_compiling():
-            return self._kv_cache_step(query_layer, key_layer, value_layer, inference_params, qkv_format,
-                                       attn_mask_type, window_size, core_attention_bias_type, core_attention_bias,
-                                       alibi_slopes)
+            return self._kv_cache_step(*step)
         try:
-            return self._kv_cache_step(query_layer, key_layer, value_layer, inference_params, qkv_format,
-                                       attn_mask_type, window_size, core_attention_bias_type, core_attention_bias,
-                                       alibi_slopes)
+            return self._kv_cache_step(*step)
         except BaseException:
             abort = getattr(inference_params, "abort_step", None)
             if abort is not None:
