@@ -4,13 +4,10 @@
 # completions and the ping-pong named barriers, under random interleavings; the
 # softmax's slow path (S_n issued again before K_n's release) taken at random.
 # Checks: no deadlock, every S / PV GEMM reads the right tile, no slot is
-# refilled while a GEMM still reads it, barriers balanced at the end.
-# Not a pytest module (no test_ prefix). Run: python3 tests/gpu/hopper/v2_protocol_model.py
+# refilled while a GEMM still reads it, barriers balanced at the end; a seeded
+# bug must be caught. tests/test_protocol_models.py runs it on fewer seeds.
+# Run: python3 tools/hopper/v2_protocol_model.py
 # Keep it in step with the kernel when the pipeline changes.
-# Protocol model of fwd_sm90_v2 (one CTA): producer, 2 consumer WGs (each a
-# single agent; its 4 warps' arrivals = 4 arrivals), async TMA, in-order wgmma
-# groups, named barriers. Random interleavings; checks deadlock-freedom,
-# data (tile ids) read, no slot overwritten while read, balanced barriers.
 import random, sys
 
 class MBar:
@@ -137,21 +134,40 @@ def run(n_blocks, ST, PP, seed, bug=None):
     assert all(b.pending==b.count and b.tx==0 for b in kf+vf+ke+ve+[q])
     return steps
 
-cnt=0
-for ST in (2,3,4):
-    for PP in (0,1):
-        for n_blocks in (1,2,3,4,5,7,9,13):
-            for seed in range(60):
-                run(n_blocks,ST,PP,seed*1000+n_blocks); cnt+=1
-print("ok", cnt, "runs")
-# Seeded bug: K released at the S wait, before the slow path reads it again; must be caught.
-caught=None
-for ST in (2,3):
-    for n_blocks in (3,5,9):
-        for seed in range(200):
-            try: run(n_blocks,ST,1,seed,bug='k_release_before_redo')
-            except AssertionError as e: caught=(ST,n_blocks,seed,str(e)[:80]); break
-        if caught: break
-    if caught: break
-print("seeded bug k_release_before_redo:", "CAUGHT ST=%d n_blocks=%d seed=%d: %s"%caught if caught else "NOT CAUGHT")
-if not caught: sys.exit(1)
+
+def randomised_runs(seeds=60):
+    """Every configuration (STAGES 2-4, ping-pong on/off, 1-13 key tiles) on `seeds` seeds; raises on a
+    violation. Returns the number of runs."""
+    cnt = 0
+    for ST in (2, 3, 4):
+        for PP in (0, 1):
+            for n_blocks in (1, 2, 3, 4, 5, 7, 9, 13):
+                for seed in range(seeds):
+                    run(n_blocks, ST, PP, seed * 1000 + n_blocks)
+                    cnt += 1
+    return cnt
+
+
+def seeded_bug_caught(seeds=200):
+    """K released at the S wait, before the slow path reads it again: (ST, n_blocks, seed, message) of
+    the first run that catches it, None if none does."""
+    for ST in (2, 3):
+        for n_blocks in (3, 5, 9):
+            for seed in range(seeds):
+                try:
+                    run(n_blocks, ST, 1, seed, bug='k_release_before_redo')
+                except AssertionError as e:
+                    return (ST, n_blocks, seed, str(e)[:80])
+    return None
+
+
+def main():
+    print("ok", randomised_runs(), "runs")
+    caught = seeded_bug_caught()
+    print("seeded bug k_release_before_redo:", "CAUGHT ST=%d n_blocks=%d seed=%d: %s" % caught if caught else "NOT CAUGHT")
+    if not caught:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

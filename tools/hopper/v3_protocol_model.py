@@ -16,7 +16,8 @@
 # Also checks the static schedule (decode of work tiles): every (m, head,
 # batch) exactly once over the grid, causal tiles non-increasing in length
 # per CTA. Then seeds bugs and requires the model to catch each of them.
-# Not a pytest module. Run: python3 tests/gpu/hopper/v3_protocol_model.py [SEEDS_PER_POINT=80]
+# tests/test_protocol_models.py runs it on fewer seeds.
+# Run: python3 tools/hopper/v3_protocol_model.py [SEEDS_PER_POINT=80]
 # Keep it in step with the kernel when the pipeline changes.
 import random, sys
 
@@ -369,6 +370,50 @@ def tile_sets():
     return sets
 
 
+def randomised_runs(seeds):
+    """Every configuration (STAGES 2-4, QBUF 1-2, ping-pong on/off, Q in shared memory / registers) on
+    every tile list, `seeds` seeds each; raises ModelError on a violation. Returns (runs, runs whose
+    next tile's Q load was issued before both consumers had finished the current tile, multi-tile runs)."""
+    cnt = ovl = multi = 0
+    for ST in (2, 3, 4):
+        for QBUF in (1, 2):
+            for PP in (0, 1):
+                for qreg in (False, True):
+                    for tiles in tile_sets():
+                        for seed in range(seeds):
+                            ovl += run(tiles, ST, QBUF, PP, seed * 7919 + 31 * len(tiles) + sum(tiles), qreg=qreg)
+                            cnt += 1
+                            multi += len(tiles) > 1
+    return cnt, ovl, multi
+
+
+# Seeded bugs: each must be caught on at least one of seeded_bug's configurations.
+SEEDED_BUGS = {
+    'no_q_empty_wait': "producer loads the next Q without waiting for the Q slot's empty barrier",
+    'q_release_at_issue': "consumer releases Q when it issues its last S GEMM, not after it completed",
+    'q_release_after_s0': "consumer releases Q after S_0 instead of after the tile's last S GEMM",
+    'pp_skip_every_tile': "consumer 1 skips its last ping-pong arrival in every tile (v2's rule per tile)",
+    'pp_never_skip': "consumer 1 also arrives after its very last turn (unbalanced at the end)",
+    'no_last_v_release': "last kv block's V slot not released (v2's 'no waiter' arrival dropped)",
+    'kv_reset_per_tile': "consumers restart the ring counter every tile, producer does not",
+    'k_release_before_redo': "K (and last Q) released after the S wait, before the softmax's slow path reads them",
+    'qreg_release_before_load': "Q in registers: the slot released before the fragments are read",
+}
+
+
+def seeded_bug(bug, seeds=25):
+    """(ST, QBUF, tiles, seed, message) of the first run that catches `bug`, None if none does."""
+    for ST in (2, 3):
+        for QBUF in (1, 2):
+            for tiles in ([3, 2, 1], [1, 1, 1], [2, 7, 1, 3], [4, 4, 4]):
+                for seed in range(seeds):
+                    try:
+                        run(tiles, ST, QBUF, 1, seed, bug=bug, qreg=bug.startswith('qreg'))
+                    except ModelError as e:
+                        return (ST, QBUF, tiles, seed, str(e)[:110])
+    return None
+
+
 def main():
     ns = check_schedule()
     print("schedule: %d (shape, grid, schedule) combinations: every tile once, at least one per CTA, causal"
@@ -380,54 +425,19 @@ def main():
             r = balance(s, 2048 // d, 16384 // s, BN, 132)
             print("balance d=%d s=%5d causal: busiest CTA / mean work (heads in round 0): " % (d, s) +
                   ", ".join("%s %.3f (%d)" % (k, v[0], v[1]) for k, v in r.items()))
-    sets = tile_sets()
-    cnt = 0; ovl = 0; multi = 0
-    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 80
-    for ST in (2, 3, 4):
-        for QBUF in (1, 2):
-            for PP in (0, 1):
-                for qreg in (False, True):
-                    for tiles in sets:
-                        for seed in range(seeds):
-                            ovl += run(tiles, ST, QBUF, PP, seed * 7919 + 31 * len(tiles) + sum(tiles), qreg=qreg)
-                            cnt += 1; multi += len(tiles) > 1
+    cnt, ovl, multi = randomised_runs(int(sys.argv[1]) if len(sys.argv) > 1 else 80)
     print("ok: %d randomised runs (STAGES 2-4, QBUF 1-2, ping-pong on/off, Q in shared memory / registers, %d tile"
           " lists); in %d of the %d multi-tile"
           " runs the next tile's Q load was issued before both consumers had finished the current tile"
-          % (cnt, len(sets), ovl, multi))
-
-    # Seeded bugs: each must be caught on at least one of these configurations.
-    bugs = {
-        'no_q_empty_wait': "producer loads the next Q without waiting for the Q slot's empty barrier",
-        'q_release_at_issue': "consumer releases Q when it issues its last S GEMM, not after it completed",
-        'q_release_after_s0': "consumer releases Q after S_0 instead of after the tile's last S GEMM",
-        'pp_skip_every_tile': "consumer 1 skips its last ping-pong arrival in every tile (v2's rule per tile)",
-        'pp_never_skip': "consumer 1 also arrives after its very last turn (unbalanced at the end)",
-        'no_last_v_release': "last kv block's V slot not released (v2's 'no waiter' arrival dropped)",
-        'kv_reset_per_tile': "consumers restart the ring counter every tile, producer does not",
-        'k_release_before_redo': "K (and last Q) released after the S wait, before the softmax's slow path reads them",
-        'qreg_release_before_load': "Q in registers: the slot released before the fragments are read",
-    }
+          % (cnt, len(tile_sets()), ovl, multi))
     caught = 0
-    for bug, what in bugs.items():
-        hit = None
-        for ST in (2, 3):
-            for QBUF in (1, 2):
-                for tiles in ([3, 2, 1], [1, 1, 1], [2, 7, 1, 3], [4, 4, 4]):
-                    for seed in range(25):
-                        try:
-                            run(tiles, ST, QBUF, 1, seed, bug=bug, qreg=bug.startswith('qreg'))
-                        except ModelError as e:
-                            hit = (ST, QBUF, tiles, seed, str(e)[:110])
-                            break
-                    if hit: break
-                if hit: break
-            if hit: break
+    for bug, what in SEEDED_BUGS.items():
+        hit = seeded_bug(bug)
         caught += hit is not None
         print("seeded bug %-20s %s  (%s)" % (bug, ("CAUGHT ST=%d QBUF=%d tiles=%s seed=%d: %s" % hit) if hit else "NOT CAUGHT",
                                              what))
-    print("seeded bugs caught: %d/%d" % (caught, len(bugs)))
-    if caught != len(bugs):
+    print("seeded bugs caught: %d/%d" % (caught, len(SEEDED_BUGS)))
+    if caught != len(SEEDED_BUGS):
         sys.exit(1)
 
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "../../../csrc/cuda/hopper/fwd_sm90.cuh"
+#include "../../csrc/cuda/hopper/fwd_sm90.cuh"
 
 #define CK(...)                                                                              \
   do {                                                                                       \

@@ -5,7 +5,7 @@
 // of [1, 8192, 8, 128] each, 33.6 MB together; 128 threads a block; 64-key tiles of K + V =
 // 32 KB) with one thing changed at a time, so the differences between the lines name the cost.
 //
-// Build (sm_90a, no torch):  tests/gpu/decode_probe/build.sh [OUT]    (default /tmp/decode_probe)
+// Build (sm_90a, no torch):  tools/decode_probe/build.sh [OUT]    (default /tmp/decode_probe)
 // Run (needs an sm_90 GPU and 4.7 GB of its memory; a few seconds in all, most of it setup): OUT
 //
 // Output, one line per measurement (30 launches; median and min of the single-launch times, each

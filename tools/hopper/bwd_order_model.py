@@ -16,7 +16,7 @@ over the ideal (total work / SMs) for:
 on the benchmark's shapes (bf16, b*s = 16k tokens, h*d = 2048: d = 64 h 32, d = 128 h 16, d = 256
 h 8; tiles BM x BN = 128 x 128, 64 x 128, 64 x 64) and the H200's 132 SMs.
 
-    python tests/gpu/hopper/bwd_order_model.py [--sms 132] [--overhead 2]
+    python tools/hopper/bwd_order_model.py [--sms 132] [--overhead 2]
 
 It models dispatch and work only: not the L2 reuse a chunk keeps (its C groups' Q, dO and dQ rows),
 which is why C is kept as small as the balance allows.

@@ -25,7 +25,7 @@ Not modelled: 16-bit rounding (everything is float64, so the check is tight: any
 error shows up as O(1) relative error), timing / barriers / mbarrier phases (argued in
 the header comment), the watchdog.
 
-    python3 tests/gpu/hopper/bwd_d256_model.py        # runs a set of shapes, exit 1 on mismatch
+    python3 tools/hopper/bwd_d256_model.py        # runs a set of shapes, exit 1 on mismatch
 """
 
 from __future__ import annotations
@@ -433,27 +433,38 @@ def check(b, s, h, h_kv, causal, seed, tma=True):
     return ok
 
 
-def main():
+# (b, s, h, h_kv, causal): one key tile and less, tile edges, GQA, several tiles, causal or not.
+CASES = [
+    (1, 1, 2, 1, False), (1, 1, 1, 1, True),
+    (1, 63, 2, 2, True), (1, 64, 2, 2, False), (1, 65, 2, 1, False),
+    (1, 65, 2, 1, True), (2, 130, 2, 1, True), (1, 128, 4, 1, True),
+    (1, 200, 4, 2, False), (1, 200, 2, 1, True),
+]
+# Self-tests: deliberately wrong indices the check must catch.
+MUTATIONS = {"swz_pair": "P/dS stores without the swizzle",
+             "stage_perm": "dQ staging values permuted, addresses not"}
+
+
+def mutation_caught(mutation):
+    """Whether the check fails with `mutation` applied."""
     global MUTATION
-    cases = [
-        (1, 1, 2, 1, False), (1, 1, 1, 1, True),
-        (1, 63, 2, 2, True), (1, 64, 2, 2, False), (1, 65, 2, 1, False),
-        (1, 65, 2, 1, True), (2, 130, 2, 1, True), (1, 128, 4, 1, True),
-        (1, 200, 4, 2, False), (1, 200, 2, 1, True),
-    ]
+    MUTATION = mutation
+    try:
+        return not check(1, 65, 2, 1, True, seed=7)
+    finally:
+        MUTATION = None
+
+
+def main():
     ok = True
     for tma in (True, False):
-        for i, c in enumerate(cases):
+        for i, c in enumerate(CASES):
             ok = check(*c, seed=100 + i, tma=tma) and ok
     print("model:", "all passed" if ok else "MISMATCH")
-    # Self-tests: the model must notice a broken smem index.
     caught = True
-    for mutation, what in (("swz_pair", "P/dS stores without the swizzle"),
-                           ("stage_perm", "dQ staging values permuted, addresses not")):
-        MUTATION = mutation
+    for mutation, what in MUTATIONS.items():
         print(f"self-test ({what}; must FAIL):")
-        c = not check(1, 65, 2, 1, True, seed=7)
-        MUTATION = None
+        c = mutation_caught(mutation)
         print("self-test:", "caught" if c else "NOT CAUGHT")
         caught = caught and c
     return 0 if ok and caught else 1

@@ -50,7 +50,7 @@
 //                              per FLOP and sustained TF/s over that many seconds of launches (NVML)
 //   harness stamps D S CAUSAL [v2|v3]  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS) one
 //                              v2 or persistent launch's per-tile phase times: where fixed cost goes
-// Build: tests/gpu/hopper/build.sh [OUT_BINARY]
+// Build: tools/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -64,11 +64,11 @@
 #include <string>
 #include <vector>
 
-#include "../../../csrc/cuda/hopper/fwd_sm90.cuh"
-#include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
-#include "../../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
-#include "../../../csrc/cuda/hopper/fwd_sm90_v2w3.cuh"
-#include "../../../csrc/cuda/hopper/fwd_sm90_w3p.cuh"
+#include "../../csrc/cuda/hopper/fwd_sm90.cuh"
+#include "../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
+#include "../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
+#include "../../csrc/cuda/hopper/fwd_sm90_v2w3.cuh"
+#include "../../csrc/cuda/hopper/fwd_sm90_w3p.cuh"
 #include "harness_common.h"
 
 using fusedattn::hopper::FwdLaunch;

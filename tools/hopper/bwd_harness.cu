@@ -24,7 +24,7 @@
 //                                one launch of the library's main kernel with per-CTA phase times
 //                                (K/V landed, first query tile done, loop done, reduces done, dK/dV
 //                                stored): where a CTA's fixed cost goes
-// Build: tests/gpu/hopper/build_bwd.sh [OUT_BINARY]
+// Build: tools/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
-#include "../../../csrc/cuda/hopper/bwd_sm90.cuh"
-#include "../../../csrc/cuda/hopper/fwd_sm90_v2.cuh"  // fwd_sm90<T, D> (bench: out / lse)
+#include "../../csrc/cuda/hopper/bwd_sm90.cuh"
+#include "../../csrc/cuda/hopper/fwd_sm90_v2.cuh"  // fwd_sm90<T, D> (bench: out / lse)
 #include "harness_common.h"
 
 namespace hp = fusedattn::hopper;

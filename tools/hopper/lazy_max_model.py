@@ -11,7 +11,7 @@ its 2 x BN / 8 columns of a row (a quad of 4 threads per row, thread qd holding 
 when the tile's max exceeds it by more than 8 in log2, and O is rescaled then). P is rounded to the
 16-bit type before P V, as the kernels' A fragments are; the row sum l uses the fp32 P.
 
-    python tests/gpu/hopper/lazy_max_model.py [--d 128] [--bn 128] [--dtype bf16|fp16]
+    python tools/hopper/lazy_max_model.py [--d 128] [--bn 128] [--dtype bf16|fp16]
 
 Prints, per profile and causal flag, the largest error of O and of the LSE against float64, and the
 share of warpgroup-tiles that took the slow path. The rising-scores test's tolerances are
@@ -108,6 +108,22 @@ def reference(q, k, v, scale, causal):
     return torch.softmax(st, dim=1) @ v.double(), torch.logsumexp(st, dim=1)
 
 
+PROFILES = (("rise_fast", 1024), ("rise_slow", 4096), ("fall", 2048), ("jump", 2048))  # (profile, s)
+
+
+def errors(profile: str, s: int, d: int, dtype: torch.dtype, causal: bool, bn: int):
+    """(O error, LSE error, slow-path tiles, tiles) of the model against float64 on one profile, both
+    errors as the test's assert_close reads them: O within tol * (1 + |ref|), the LSE within
+    1e-3 + 1e-5 |ref| (the LSE error as a fraction of that allowance)."""
+    q, k, v, scale = inputs(profile, s, d, dtype, seed=s + d + causal)
+    out, lse, slow, tiles = model(q, k, v, scale, causal, bn, dtype)
+    ref, ref_lse = reference(q, k, v, scale, causal)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    o_err = ((out - ref).abs() / (1 + ref.abs())).max().item()
+    lse_frac = ((lse - ref_lse).abs() / (1e-3 + 1e-5 * ref_lse.abs())).max().item()
+    return o_err, lse_frac, slow, tiles
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", type=int, default=128)
@@ -116,16 +132,9 @@ def main() -> None:
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     tol = 1e-2 if a.dtype == "bf16" else 2e-3
-    for profile, s in (("rise_fast", 1024), ("rise_slow", 4096), ("fall", 2048), ("jump", 2048)):
+    for profile, s in PROFILES:
         for causal in (False, True):
-            q, k, v, scale = inputs(profile, s, a.d, dtype, seed=s + a.d + causal)
-            out, lse, slow, tiles = model(q, k, v, scale, causal, a.bn, dtype)
-            ref, ref_lse = reference(q, k, v, scale, causal)
-            assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-            # Both as the test's assert_close reads them: O within tol * (1 + |ref|), the LSE within
-            # 1e-3 + 1e-5 |ref| (printed as a fraction of that allowance).
-            o_err = ((out - ref).abs() / (1 + ref.abs())).max().item()
-            lse_frac = ((lse - ref_lse).abs() / (1e-3 + 1e-5 * ref_lse.abs())).max().item()
+            o_err, lse_frac, slow, tiles = errors(profile, s, a.d, dtype, causal, a.bn)
             print(f"{profile:9s} s={s:5d} causal={int(causal)}  O err {o_err:.2e} (tol {tol:g})  "
                   f"LSE err {lse_frac:.2f} of the allowance  slow path {slow}/{tiles} warpgroup-tiles")
 

@@ -27,7 +27,7 @@
 # one), then DQ_TMA time / DET time (the harness's "x DQ_TMA") and DET's mean wait per tile at
 # three handoff latencies (done + lat = 1.5, 2.3, 3.7 us; the middle one is the estimate), and
 # for causal the same ratio for the increasing order at the estimate.
-# Not a pytest module. Run: python3 tests/gpu/hopper/bwd_det_model.py [NOISE=0.03] [SEEDS=2]
+# Not a pytest module. Run: python3 tools/hopper/bwd_det_model.py [NOISE=0.03] [SEEDS=2]
 import heapq
 import random
 import sys

@@ -2,7 +2,7 @@
 # Harness A/B of several builds at a list of points, the builds alternated per point (so a drift of
 # the GPU's clocks weighs on all of them alike), several rounds; checks first.
 #
-#   tests/gpu/hopper/ab_points.sh [-r ROUNDS] [-c "CHECK ..."] -p "MODE ARGS" [-p ...] BIN [BIN ...]
+#   tools/hopper/ab_points.sh [-r ROUNDS] [-c "CHECK ..."] -p "MODE ARGS" [-p ...] BIN [BIN ...]
 #
 # -c: harness check modes each binary runs first (e.g. "check2 check3"; a mode a binary lacks prints
 # its usage line); -p: a timing point, a harness mode and its arguments (e.g. "one3 64 2048 0",

@@ -2,7 +2,7 @@
 # One device call: run the prebuilt harness (carried in .tcbuild/), rebuilding
 # it on the device if it does not start there, then the correctness cases, a
 # memcheck pass on a few small cases, and the timing table. Logs go to $OUT.
-#   tests/gpu/device_run.sh [check|bench|checkalt|benchalt|peer|table|sanitize|ncu ...]
+#   tools/tc/device_run.sh [check|bench|checkalt|benchalt|peer|table|sanitize|ncu ...]
 # (checkalt/benchalt: other builds linked as .tcbuild/tc_harness_alt*, for A/B timings)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -14,7 +14,7 @@ H=.tcbuild/tc_harness
 if [ $? -ne 2 ]; then
   echo "prebuilt harness does not run here; rebuilding"
   cp -r .tcbuild /tmp/tcb 2>/dev/null || true
-  tests/gpu/build_harness.sh /tmp/tcb > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  tools/tc/build.sh /tmp/tcb > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   H=/tmp/tcb/tc_harness
 fi
 for step in "${@:-check bench}"; do
@@ -33,7 +33,7 @@ for step in "${@:-check bench}"; do
              --section WarpStateStats --section ComputeWorkloadAnalysis "$H" one $cfg > "$OUT/ncu_${cfg// /_}.txt" 2>&1
            grep -E "Duration|Throughput|Issue Slots|Warp Cycles Per Issued|Stall|Executed Ipc" "$OUT/ncu_${cfg// /_}.txt" | head -30
          done ;;
-    peer) PYTHONUNBUFFERED=1 timeout 200 python3 tests/gpu/sdpa_peer.py 2>&1 | tee "$OUT/peer.log" ;;
+    peer) PYTHONUNBUFFERED=1 timeout 200 python3 tools/tc/sdpa_peer.py 2>&1 | tee "$OUT/peer.log" ;;
     # Short table from the logs above: fusedattn (and the alternative build)
     # against the peer, TF/s and ratios, forward and forward+backward.
     table) python3 - "$OUT" <<'PY'

@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "../../../csrc/cuda/hopper/ptx_sm90.cuh"
+#include "../../csrc/cuda/hopper/ptx_sm90.cuh"
 
 namespace hp = fusedattn::hopper;
 

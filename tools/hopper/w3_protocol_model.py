@@ -9,8 +9,8 @@
 # tile, no slot refilled while a GEMM still reads it, barriers balanced at the end. Seeded bugs (a
 # skip iteration that releases K_n without waiting for it, one that leaves out its turn; persistent:
 # Q released after S_0 whatever the tile's length, the rotation's pass skipped at every tile's end)
-# must be caught.
-# Not a pytest module (no test_ prefix). Run: python3 tests/gpu/hopper/w3_protocol_model.py
+# must be caught. tests/test_protocol_models.py runs it on fewer seeds.
+# Run: python3 tools/hopper/w3_protocol_model.py
 # Keep it in step with the kernel when the pipeline changes.
 import random
 import sys
@@ -308,67 +308,73 @@ def tile_cases(rnd, n_tiles):
     return out
 
 
-def main():
+def one_tile_runs(seeds=12):
+    """The one-tile-per-CTA kernel: STAGES 2-4, rotation on/off, 1-9 key tiles, every n_eff pattern, `seeds`
+    seeds each; raises on a violation. Returns the number of runs."""
     cnt = 0
     for ST in (2, 3, 4):
         for PP in (0, 1):
             for n_blocks in (1, 2, 3, 4, 5, 7, 9):
                 for n_eff in n_eff_cases(n_blocks):
-                    for seed in range(12):
+                    for seed in range(seeds):
                         run([(n_blocks, n_eff)], ST, PP, seed * 1000 + n_blocks)
                         cnt += 1
-    print("ok", cnt, "one-tile runs")
-    pcnt = 0
+    return cnt
+
+
+def persistent_runs(seeds=60):
+    """The persistent kernel: 2-5 tiles per CTA, STAGES 2-4, rotation on/off, `seeds` tile lists each."""
+    cnt = 0
     for ST in (2, 3, 4):
         for PP in (0, 1):
             for n_tiles in (2, 3, 5):
-                for seed in range(60):
+                for seed in range(seeds):
                     rnd = random.Random(seed * 7 + n_tiles + 100 * ST + 1000 * PP)
                     run(tile_cases(rnd, n_tiles), ST, PP, seed)
-                    pcnt += 1
-    print("ok", pcnt, "persistent runs (2-5 tiles per CTA)")
-    missed = []
-    # The rotation keeps the consumers within a turn of each other, so the missing K wait only bites
-    # without it (PP = 0: each consumer free to run ahead and release a slot's next tile early).
-    for bug, pp in (('skip_no_k_wait', 0), ('skip_no_turn', 1)):
-        caught = None
+                    cnt += 1
+    return cnt
+
+
+# Seeded bugs and the rotation setting (PP) each is looked for with. The rotation keeps the consumers
+# within a turn of each other, so the missing K wait only bites without it (PP = 0: each consumer free
+# to run ahead and release a slot's next tile early). Persistent-only bugs: Q released after S_0
+# whatever n_eff (later S GEMMs of the tile then read a slot the producer may refill), and the
+# rotation's pass skipped at the end of every tile. (An early Q release bites only when the producer
+# can run two tiles ahead: a deep ring and short tiles after a long one.)
+SEEDED_BUGS = (('skip_no_k_wait', 0), ('skip_no_turn', 1), ('q_early', 1), ('q_early', 0), ('rot_per_tile', 1))
+
+
+def seeded_bug(bug, pp):
+    """A description of the first run that catches `bug`, None if none does."""
+    if bug.startswith('skip_'):
         for ST in (2, 3):
             for n_blocks in (3, 5, 9):
                 for n_eff in ((1, 1, 1), (n_blocks, 1, 2), (2, n_blocks, 1)):
                     for seed in range(100):
                         try:
                             run([(n_blocks, n_eff)], ST, pp, seed, bug=bug)
-                        except (AssertionError, Exception) as e:  # noqa: B014 (deadlock raises Exception)
-                            caught = (ST, n_blocks, n_eff, seed, str(e)[:70])
-                            break
-                    if caught:
-                        break
-                if caught:
-                    break
-            if caught:
-                break
-        print("seeded bug %s:" % bug, "CAUGHT ST=%d n_blocks=%d n_eff=%s seed=%d: %s" % caught if caught else "NOT CAUGHT")
-        if not caught:
-            missed.append(bug)
-    # Persistent-only bugs: Q released after S_0 whatever n_eff (later S GEMMs of the tile then read
-    # a slot the producer may refill), and the rotation's pass skipped at the end of every tile.
-    # (An early Q release bites only when the producer can run two tiles ahead: a deep ring and short
-    # tiles after a long one.)
-    for bug, pp in (('q_early', 1), ('q_early', 0), ('rot_per_tile', 1)):
-        caught = None
-        for ST in (2, 4):
-            for seed in range(200):
-                rnd = random.Random(seed)
-                tiles = [(nb, (nb,) * NC) for nb in [rnd.choice((3, 4, 5))] + [rnd.choice((1, 1, 2)) for _ in range(3)]]
-                try:
-                    run(tiles, ST, pp, seed, bug=bug)
-                except (AssertionError, Exception) as e:  # noqa: B014 (deadlock raises Exception)
-                    caught = (ST, str(tiles), seed, str(e)[:70])
-                    break
-            if caught:
-                break
-        print("seeded bug %s (PP=%d):" % (bug, pp), "CAUGHT ST=%d tiles=%s seed=%d: %s" % caught if caught else "NOT CAUGHT")
-        if not caught:
+                        except Exception as e:  # an AssertionError, or the deadlock's Exception
+                            return "ST=%d n_blocks=%d n_eff=%s seed=%d: %s" % (ST, n_blocks, n_eff, seed, str(e)[:70])
+        return None
+    for ST in (2, 4):
+        for seed in range(200):
+            rnd = random.Random(seed)
+            tiles = [(nb, (nb,) * NC) for nb in [rnd.choice((3, 4, 5))] + [rnd.choice((1, 1, 2)) for _ in range(3)]]
+            try:
+                run(tiles, ST, pp, seed, bug=bug)
+            except Exception as e:
+                return "ST=%d tiles=%s seed=%d: %s" % (ST, tiles, seed, str(e)[:70])
+    return None
+
+
+def main():
+    print("ok", one_tile_runs(), "one-tile runs")
+    print("ok", persistent_runs(), "persistent runs (2-5 tiles per CTA)")
+    missed = []
+    for bug, pp in SEEDED_BUGS:
+        hit = seeded_bug(bug, pp)
+        print("seeded bug %s (PP=%d):" % (bug, pp), "CAUGHT " + hit if hit else "NOT CAUGHT")
+        if not hit:
             missed.append(bug)
     if missed:
         sys.exit(1)

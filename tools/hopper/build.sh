@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the standalone Hopper (sm_90a) forward-kernel harness (v1, v2, v3, w3).
-#   tests/gpu/hopper/build.sh [OUT_BINARY]   (default /tmp/hopper_harness)
+#   tools/hopper/build.sh [OUT_BINARY]   (default /tmp/hopper_harness)
 # Then: OUT check | OUT bench | OUT one D S CAUSAL            (v1, fwd_sm90.cuh)
 #       OUT check2 | OUT bench2 | OUT sweep2 | OUT one2 D S CAUSAL
 #                                          (v2, fwd_sm90_v2.cuh; bench2/sweep2 time v1 too)
@@ -11,14 +11,14 @@
 # HARNESS_NVCC_FLAGS adds nvcc flags, e.g. -DFUSEDATTN_HOPPER_STAMPS for the `stamps` mode (a binary
 # of its own: the stamps instrument v2 in every mode).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-/tmp/hopper_harness}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 # shellcheck disable=SC2086
 "$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo ${HARNESS_NVCC_FLAGS:-} \
-  -o "$OUT" "$ROOT/tests/gpu/hopper/harness.cu" -ldl 2>&1 | tee "$LOG"
+  -o "$OUT" "$ROOT/tools/hopper/harness.cu" -ldl 2>&1 | tee "$LOG"
 echo "built $OUT"
 # Summary: kernels that spill, and ptxas wgmma diagnostics (C75xx: a
 # warpgroup.wait injected / wgmma serialised) -- both should be empty.

@@ -1,15 +1,17 @@
-"""End-to-end demo: a small byte-level GPT whose attention is fusedattn's.
+"""End-to-end example: a small byte-level GPT whose attention is fusedattn's.
 
-    python -m fusedattn.demo [--device auto|cpu|cuda] [--steps 40] [--gen-tokens 32]
+    python examples/train_gpt.py [--device auto|cpu|cuda] [--steps 40] [--gen-tokens 32]
 
-It (a) trains a few steps under ``torch.compile(fullgraph=True)`` and counts
-graph breaks (must be 0), (b) checks logits and gradients against the same
-model with torch's ``F.scaled_dot_product_attention``, (c) generates greedily
-with a ``dynamic=True`` compile (full recompute per token) and counts
-compilations, (c') generates the same tokens through the KV cache
+(./scripts/run_demo.sh sets up the environment and runs it.) It (a) trains a few
+steps under ``torch.compile(fullgraph=True)`` and counts graph breaks (must be
+0), (b) checks logits and gradients against the same model with torch's
+``F.scaled_dot_product_attention``, (c) generates greedily with a
+``dynamic=True`` compile (full recompute per token) and counts compilations,
+(c') generates the same tokens through the KV cache
 (``fusedattn.inference.InferenceParams``: prefill, then one compiled decode
-step per token; CUDA graphs on CUDA) and checks they equal (c)'s, and (d)
-prints eager and compiled timings. Exits non-zero on a graph break, a
+step per token; CUDA graphs on CUDA) and checks they equal (c)'s, (d) prints
+eager and compiled timings and, on a GPU, (e) times its attention call against
+torch SDPA on cuDNN at the model's shapes. Exits non-zero on a graph break, a
 recompile while decoding or a failed agreement.
 """
 
@@ -20,6 +22,7 @@ import copy
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -283,6 +286,72 @@ def generate_with_kv_cache(model, cfg: Config, prompt, n_tokens, device, backend
     return ids, times, n_graphs, recompiles
 
 
+TIMING_REPS, TIMING_WARMUP = 50, 10
+
+
+def median_event_us(fn) -> float:
+    """Median over TIMING_REPS back-to-back calls of fn() (after TIMING_WARMUP calls) of the time CUDA
+    events measure around each call, in microseconds."""
+    for _ in range(TIMING_WARMUP):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(TIMING_REPS)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
+
+
+def attention_speed(cfg: Config):
+    """(e) The model's attention call, fusedattn's against torch SDPA on cuDNN, forward and
+    forward+backward, at the model's shapes (q, k, v strided views of one projection) in bf16:
+    cuDNN's attention takes 16-bit types only."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    h, hkv = cfg.n_head, cfg.n_kv_head
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(cfg.batch, cfg.seq_len, h + 2 * hkv, cfg.head_dim, device="cuda", dtype=torch.bfloat16,
+                      generator=gen, requires_grad=True)
+    dout = torch.randn(cfg.batch, cfg.seq_len, h * cfg.head_dim, device="cuda", dtype=torch.bfloat16,
+                       generator=gen)
+    fused, sdpa = fused_attention(cfg).cuda(), TorchSDPAAttention()
+
+    def cudnn(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(q, k, v)
+
+    def call(attn):
+        return attn(qkv[:, :, :h], qkv[:, :, h:h + hkv], qkv[:, :, h + hkv:])
+
+    def forward(attn):
+        with torch.no_grad():
+            call(attn)
+
+    def forward_backward(attn):
+        torch.autograd.grad(call(attn), qkv, dout)
+
+    print(f"\n(e) the attention call on {torch.cuda.get_device_name()}: batch {cfg.batch} x {cfg.seq_len} tokens, "
+          f"{h} heads / {hkv} kv heads, head dim {cfg.head_dim}, causal, bf16;\n"
+          f"    median of {TIMING_REPS} CUDA-event timings after {TIMING_WARMUP} warm-up calls")
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's reasons why a backend is skipped; the error says enough
+            diff = max_abs_diff(call(fused), call(cudnn))
+    except RuntimeError as e:  # no cuDNN kernel for this GPU, build or shape
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"  cuDNN attention not available here ({first}); fusedattn alone:")
+        for name, run in (("forward", forward), ("forward+backward", forward_backward)):
+            print(f"  {name:17s} fusedattn {median_event_us(lambda: run(fused)):8.1f} us")
+        return
+    print(f"  {'':17s} {'fusedattn':>10s} {'cuDNN':>10s}   cuDNN time / fusedattn time")
+    for name, run in (("forward", forward), ("forward+backward", forward_backward)):
+        ours, theirs = median_event_us(lambda: run(fused)), median_event_us(lambda: run(cudnn))
+        print(f"  {name:17s} {ours:7.1f} us {theirs:7.1f} us   {theirs / ours:.2f}x")
+    print(f"  max |fusedattn - cuDNN| of the output: {diff:.2e}")
+
+
 def printable(ids) -> str:
     return "".join(chr(c) if 32 <= c < 127 else ("\\n" if c == 10 else "?") for c in ids.tolist())
 
@@ -367,6 +436,10 @@ def main(argv=None) -> int:
     eager_out, eager_gen_times = generate(model, prompt, args.gen_tokens, device)
     print(f"  prompt:    {printable(prompt[0])!r}")
     print(f"  generated: {printable(out[0, prompt.shape[1]:])!r}")
+    print(f"  (babble, as expected: a model this small ({cfg.n_layer} layers of width {cfg.d_model}), trained "
+          f"{args.steps} steps on {len(data)} bytes of text\n"
+          "   and predicting one character (byte) at a time, has learned which characters are frequent, not words;\n"
+          "   (c) and (c') check that every way of generating gives the same tokens, not the text's quality.)")
     print(f"  compilations during generation: {n_graphs} (recompiles: {max(0, n_graphs - 1)}); "
           f"graphs compiled in this run: {unique_graphs()}")
     print(f"  compiled tokens == eager tokens: {bool(torch.equal(out, eager_out))}")
@@ -413,6 +486,11 @@ def main(argv=None) -> int:
     print(f"  generation KV cache: {prompt.shape[0] / statistics.median(kv_decode):8.1f} tokens/s (median per "
           f"decode step; prefill + compile: {kv_times[0]:.1f} s, first decode step: "
           f"{kv_times[1] if len(kv_times) > 1 else float('nan'):.1f} s)")
+
+    if device.type == "cuda":
+        attention_speed(cfg)
+    else:
+        print("\n(e) fusedattn vs cuDNN attention timings: skipped (they run on a GPU)")
 
     if failures:
         print("\nFAILED: " + "; ".join(failures))
