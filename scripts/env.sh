@@ -25,8 +25,8 @@ if [ -z "$TORCH_INFO" ]; then
   TORCH_INFO="$(torch_info)"
 fi
 read -r TORCH_VERSION TORCH_CUDA <<< "$TORCH_INFO "
-setup_step "torch $TORCH_VERSION (${TORCH_CUDA:+CUDA }${TORCH_CUDA:-CPU build}); build tools: numpy, pytest, scikit-build-core, ninja"
-"$PY" -m pip install -q numpy pytest expecttest "scikit-build-core>=0.10" ninja "transformers==5.17.0"
+setup_step "torch $TORCH_VERSION (${TORCH_CUDA:+CUDA }${TORCH_CUDA:-CPU build}); build and test tools: numpy, pytest, hypothesis, transformers, scikit-build-core, ninja"
+"$PY" -m pip install -q numpy pytest expecttest hypothesis "transformers==5.17.0" "scikit-build-core>=0.10" ninja
 if [ -n "$TORCH_CUDA" ]; then
   setup_step "building fusedattn (C++ and CUDA engines: the CUDA kernels take several minutes the first time)"
 else
