@@ -319,6 +319,43 @@ def test_hopper_backward_matches_reference(s, d, causal, dtype, h_kv):
         assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), f"{name}: relative error {err:.2e}"
 
 
+def _strided_leaf(layout, b, s, h, d, gen):
+    """A bshd-shaped leaf whose storage is bhsd (what Hugging Face passes after rotary) or bshd."""
+    if layout == "bhsd":
+        t = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+    else:
+        t = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return t.requires_grad_()
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("s_q,s_kv", [(200, 200), (130, 300), (300, 130), (17, 1)])
+@pytest.mark.parametrize("layout", ["bhsd", "bs2hd"])
+def test_hopper_backward_strided_inputs_and_unequal_lengths(layout, s_q, s_kv, d, causal):
+    """q/k/v stored [b, h, s, d] (views), k/v packed in one tensor, and s_q != s_kv (top-left causal) run on
+    the Hopper backward, whose tensor maps take the inputs' strides, and match the float64 reference."""
+    gen = torch.Generator(device="cuda").manual_seed(s_q * 3 + s_kv + d)
+    q = _strided_leaf("bhsd" if layout == "bhsd" else "bshd", 2, s_q, 4, d, gen)
+    if layout == "bhsd":
+        k, v = (_strided_leaf("bhsd", 2, s_kv, 2, d, gen) for _ in range(2))
+    else:
+        kv = torch.randn(2, s_kv, 2, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+        k, v = kv[:, :, 0], kv[:, :, 1]
+    dout = torch.randn(2, s_q, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = 1 / math.sqrt(d)
+    got, names = _grads_with_kernels(q, k, v, dout, causal, scale)
+    assert "bwd_sm90" in names, names[:500]
+    want = _reference_grads(q, k, v, dout, causal, scale)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert torch.isfinite(g).all(), f"{name} has non-finite values"
+        floor = 1e-3 * math.sqrt(w.numel())
+        err = ((g.double() - w).norm() / w.norm().clamp_min(floor)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
+
+
 @needs_hopper_bwd
 def test_hopper_backward_misaligned_dout_falls_back():
     """A contiguous dout view 2 bytes off a 16-byte boundary cannot feed the Hopper backward's TMA and

@@ -892,11 +892,19 @@ namespace hopper {
 
 // =================================================================== host
 
-// Contiguous bshd tensors; lse fp32 [b, h, s_q]. ws: workspace of
-// bwd_sm90_workspace_bytes() bytes (bwd_sm90_det_workspace_bytes() for the
-// DET variant), 16-byte aligned.
+// Element strides of a [b, s, h, d] tensor with a unit head-dim stride; all zero means
+// contiguous bshd (what the harnesses pass).
+struct BshdStrides {
+  int64_t b = 0, s = 0, h = 0;
+};
+
+// q, k, v: any BshdStrides whose byte strides are multiples of 16 (the tensor maps take
+// them); o, dout, dq, dk, dv contiguous bshd; lse fp32 [b, h, s_q]. ws: workspace of
+// bwd_sm90_workspace_bytes() bytes (bwd_sm90_det_workspace_bytes() for the DET variant),
+// 16-byte aligned.
 struct Sm90BwdArgs {
   const void *q, *k, *v, *o, *dout;
+  BshdStrides q_strides, k_strides, v_strides;
   const float* lse;
   void *dq, *dk, *dv;
   void* ws;
@@ -990,10 +998,14 @@ inline cudaError_t bwd_sm90_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
     return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.dk) | reinterpret_cast<uintptr_t>(a.dv)) & 3) return cudaErrorInvalidValue;
   const int s_pad = bwd_sm90_s_pad(a.s_q);
-  detail::MapDesc mq{a.q, a.b, a.s_q, a.h, D, int64_t{a.s_q} * a.h * D, int64_t{a.h} * D, D};
-  detail::MapDesc mdo{a.dout, a.b, a.s_q, a.h, D, int64_t{a.s_q} * a.h * D, int64_t{a.h} * D, D};
-  detail::MapDesc mk{a.k, a.b, a.s_kv, a.h_kv, D, int64_t{a.s_kv} * a.h_kv * D, int64_t{a.h_kv} * D, D};
-  detail::MapDesc mv{a.v, a.b, a.s_kv, a.h_kv, D, int64_t{a.s_kv} * a.h_kv * D, int64_t{a.h_kv} * D, D};
+  auto desc = [](const void* ptr, BshdStrides st, int b, int s, int h) {
+    if (st.b == 0 && st.s == 0 && st.h == 0) st = BshdStrides{int64_t{s} * h * D, int64_t{h} * D, D};
+    return detail::MapDesc{ptr, b, s, h, D, st.b, st.s, st.h};
+  };
+  const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h);
+  const detail::MapDesc mdo = desc(a.dout, BshdStrides{}, a.b, a.s_q, a.h);
+  const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv);
+  const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv);
   if (!detail::make_map<T>(&L->tq, mq, Tile::BM) || !detail::make_map<T>(&L->tdo, mdo, Tile::BM) ||
       !detail::make_map<T>(&L->tk, mk, Tile::BN) || !detail::make_map<T>(&L->tv, mv, Tile::BN))
     return cudaErrorInvalidValue;

@@ -95,7 +95,8 @@ struct FwdParams {
   BiasParams bias;
   SoftmaxParams softmax;
   DropoutParams dropout;
-  float scale = 1.f;
+  // Kept in double: the fp64 engines compute in double, the others convert once.
+  double scale = 1.0;
   // Logit soft-capping (Gemma 2, flash-attn's softcap), 0: off. As in flash-attn, the cap applies
   // to the scaled scores and comes before the bias, ALiBi and the masks:
   //   s = softcap * tanh(scale * q.k / softcap) + bias,  ds/d(scale q.k) = 1 - tanh^2(.)
