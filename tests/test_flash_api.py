@@ -309,7 +309,7 @@ KV_CASES = [
          window=(-1, -1), mha="gqa", dtype="fp16", alibi=False),
     dict(d=128, sq=1, s_cache=339, new=True, paged=True, batch_idx=False, leftpad=False, rotary="interleaved",
          causal=True, window=(-1, -1), mha="mqa", dtype="bf16", alibi=False),
-    dict(d=59, sq=4, s_cache=96, new=True, paged=False, batch_idx=True, leftpad=True, rotary="neox", causal=False,
+    dict(d=56, sq=4, s_cache=96, new=True, paged=False, batch_idx=True, leftpad=True, rotary="neox", causal=False,
          window=(-1, -1), mha="mha", dtype="fp32", alibi=False),
     dict(d=32, sq=3, s_cache=200, new=True, paged=True, batch_idx=False, leftpad=False, rotary="neox_half",
          causal=True, window=(23, 0), mha="gqa", dtype="fp16", alibi=True),
@@ -332,6 +332,20 @@ def _kv_id(c):
     if c["window"] != (-1, -1):
         parts.append("w%d_%d" % c["window"])
     return "-".join(parts)
+
+
+def test_flash_attn_kvcache_head_dim_not_multiple_of_8_raises_before_writing():
+    """A cache whose head dim the operator cannot attend in place is refused before the append."""
+    gen = torch.Generator().manual_seed(59)
+    q = _randn(2, 1, 4, 59, dtype=torch.float32, gen=gen)
+    k_cache = _randn(2, 32, 4, 59, dtype=torch.float32, gen=gen)
+    v_cache = _randn(2, 32, 4, 59, dtype=torch.float32, gen=gen)
+    before = k_cache.clone()
+    new = _randn(2, 1, 4, 59, dtype=torch.float32, gen=gen)
+    with pytest.raises(NotImplementedError, match="k_cache has head dim 59"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, new, new.clone(),
+                                          cache_seqlens=torch.tensor([3, 5], dtype=torch.int32, device=DEVICE))
+    assert torch.equal(k_cache, before)
 
 
 @pytest.mark.parametrize("c", KV_CASES, ids=_kv_id)

@@ -264,6 +264,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     b, s_q = q.shape[0], q.shape[1]
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache must have a contiguous last dimension (stride 1)")
+    # The caches are attended in place: their head dims follow the operator's rule (no padded copy).
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        d = cache.shape[-1]
+        if d % 8 != 0 or not 8 <= d <= 256:
+            raise NotImplementedError(f"flash_attn_with_kvcache: {name} has head dim {d}; fusedattn attends over "
+                                      f"caches whose head dims are multiples of 8 in [8, 256]")
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new keys and values to append)")
     if k is not None and cache_seqlens is None:
