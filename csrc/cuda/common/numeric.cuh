@@ -23,6 +23,16 @@ struct AccOf<double> {
 template <class T>
 using AccT = typename AccOf<T>::type;
 
+// max(a, b), NaN if either is (fmax drops a NaN): a NaN logit makes its row's maximum NaN, which
+// the online softmax carries into the sum, lse and output (the rule of docs/robustness.md). For
+// float, one sm_80 instruction (max.NaN), so finite rows pay nothing for it.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ double max_nan(double a, double b) { return (a != a || b != b) ? a + b : fmax(a, b); }
+
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
 __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }

@@ -83,8 +83,8 @@ __device__ __forceinline__ void zero_tile(Elem* g, int64_t row_stride, int rows,
 }
 
 __device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
       for (int r = 0; r < 2; ++r) {
         float mx = row_max[mi][r];
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
+        for (int nt = 0; nt < kNT; ++nt) mx = max_nan(mx, max_nan(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
         mx = quad_max(mx);
         const float m_use = mx == -INFINITY ? 0.f : mx;
         const float alpha = fast_exp2(row_max[mi][r] - m_use);
