@@ -5,12 +5,14 @@
 #
 # Options:
 #   FUSEDATTN_CUDA=AUTO|ON|OFF   AUTO (default): build the CUDA engine into the
-#       extension when the torch built against has CUDA (torch.version.cuda)
-#       and nvcc is found; ON: the same, but fail when either is missing.
+#       extension when nvcc is found (torch need not have CUDA: the binary is
+#       the same for every torch, see CMakeLists.txt); ON: the same, but fail
+#       without nvcc; OFF: the CPU engine only.
 #   FUSEDATTN_CUDA_COMPILE_ONLY=ON   compile the torch-free kernels
-#       (target fusedattn_cuda_kernels) with nvcc alone, also with a CPU-only
-#       torch or without the extension: CI's guard against the CUDA sources
-#       rotting on machines without a GPU.
+#       (target fusedattn_cuda_kernels) with nvcc alone, also without the
+#       extension.
+#   FUSEDATTN_CUDA_WERROR=ON   fail the CUDA compile on any warning (CI's builds;
+#       on with FUSEDATTN_CUDA_COMPILE_ONLY).
 #   FUSEDATTN_CUDA_TC=ON|OFF   whether the tensor-core kernels (csrc/cuda/tc) are
 #       built; OFF: the dispatch (FUSEDATTN_HAS_TC=0) never asks them.
 #   FUSEDATTN_CUDA_JOBS=N   at most N nvcc processes at once under Ninja
@@ -18,33 +20,22 @@
 # Architectures: CMAKE_CUDA_ARCHITECTURES when given (-D...), else
 # TORCH_CUDA_ARCH_LIST (CMake variable or environment, torch's syntax: "8.0;9.0",
 # "9.0+PTX"), else "80;90" (sm_80 and sm_90 machine code, PTX for newer GPUs).
+# The CUDA runtime is linked statically: the library does not depend on the
+# libcudart that torch ships.
 
 set(FUSEDATTN_CUDA "AUTO" CACHE STRING "Build the CUDA engine: AUTO, ON or OFF")
 set_property(CACHE FUSEDATTN_CUDA PROPERTY STRINGS AUTO ON OFF)
 option(FUSEDATTN_CUDA_COMPILE_ONLY "Compile the torch-free CUDA kernels (fusedattn_cuda_kernels) without linking them" OFF)
+option(FUSEDATTN_CUDA_WERROR "Fail the CUDA compile on any warning" ${FUSEDATTN_CUDA_COMPILE_ONLY})
 option(FUSEDATTN_CUDA_TC "Build the tensor-core kernels (csrc/cuda/tc); OFF: the SIMT engine runs every call" ON)
 set(FUSEDATTN_CUDA_JOBS "" CACHE STRING "Most nvcc processes at once (Ninja); empty: from cores and memory")
 
 # ---- should the engine be built? ------------------------------------------------
 set(_fa_cuda_reason "")
-set(_fa_torch_cuda FALSE)
-if(FUSEDATTN_BUILD_EXTENSION AND NOT FUSEDATTN_CUDA STREQUAL "OFF")
-  execute_process(
-    COMMAND "${Python3_EXECUTABLE}" -c "import torch; print(torch.version.cuda or '')"
-    OUTPUT_VARIABLE _fa_torch_cuda_version OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _fa_rc)
-  if(_fa_rc EQUAL 0 AND NOT _fa_torch_cuda_version STREQUAL "")
-    set(_fa_torch_cuda TRUE)
-  else()
-    set(_fa_cuda_reason "torch has no CUDA")
-  endif()
-elseif(NOT FUSEDATTN_BUILD_EXTENSION)
-  set(_fa_cuda_reason "the extension is not built")
-else()
-  set(_fa_cuda_reason "FUSEDATTN_CUDA=OFF")
-endif()
-
 set(_fa_want_cuda FALSE)
-if(_fa_torch_cuda OR FUSEDATTN_CUDA_COMPILE_ONLY)
+if(FUSEDATTN_CUDA STREQUAL "OFF" AND NOT FUSEDATTN_CUDA_COMPILE_ONLY)
+  set(_fa_cuda_reason "FUSEDATTN_CUDA=OFF")
+else()
   if(NOT CMAKE_CUDA_COMPILER)
     include(CheckLanguage)
     check_language(CUDA)
@@ -53,10 +44,9 @@ if(_fa_torch_cuda OR FUSEDATTN_CUDA_COMPILE_ONLY)
     set(_fa_want_cuda TRUE)
   else()
     set(_fa_cuda_reason "nvcc was not found (put it on PATH or set CUDACXX)")
-    set(_fa_torch_cuda FALSE)
   endif()
 endif()
-if(FUSEDATTN_CUDA STREQUAL "ON" AND NOT _fa_torch_cuda)
+if(FUSEDATTN_CUDA STREQUAL "ON" AND NOT _fa_want_cuda)
   message(FATAL_ERROR "fusedattn: FUSEDATTN_CUDA=ON but the CUDA engine cannot be built: ${_fa_cuda_reason}")
 endif()
 
@@ -64,8 +54,7 @@ if(_fa_want_cuda)
   # ---- architectures ------------------------------------------------------------
   # A CMAKE_CUDA_ARCHITECTURES given on the command line wins. It is told from
   # the value CMake itself caches when CUDA is enabled without one (the
-  # compiler's default, e.g. 75) by its help string; torch's CMake config also
-  # shadows the variable with OFF, hence the cache reads.
+  # compiler's default, e.g. 75) by its help string, hence the cache reads.
   set(_fa_user_archs "")
   if(DEFINED CACHE{CMAKE_CUDA_ARCHITECTURES})
     get_property(_fa_help CACHE CMAKE_CUDA_ARCHITECTURES PROPERTY HELPSTRING)
@@ -111,11 +100,6 @@ if(_fa_want_cuda)
     endif()
     enable_language(CUDA)
   endif()
-  # torch's config adds its own -gencode flags (from TORCH_CUDA_ARCH_LIST or the
-  # GPU it detects) to CMAKE_CUDA_FLAGS; the kernels use CUDA_ARCHITECTURES
-  # alone, so each architecture is compiled once.
-  string(REGEX REPLACE "-gencode[ =]arch=[^ ]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
-
   # ---- the kernels: object files, torch-free --------------------------------------
   file(GLOB_RECURSE FUSEDATTN_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/*.cu)
   if(NOT FUSEDATTN_CUDA_TC)
@@ -134,13 +118,9 @@ if(_fa_want_cuda)
     CUDA_STANDARD_REQUIRED ON
     POSITION_INDEPENDENT_CODE ON)
   target_compile_options(fusedattn_cuda_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
-  if(FUSEDATTN_CUDA_COMPILE_ONLY)
-    # CI's compile check fails on any warning; a user's build never does.
+  if(FUSEDATTN_CUDA_WERROR)
+    # CI's builds fail on any warning; a user's build never does.
     target_compile_options(fusedattn_cuda_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Werror>)
-  endif()
-  # The core's Status strings cross into the binding: same C++ ABI as torch.
-  if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
-    target_compile_definitions(fusedattn_cuda_objects PRIVATE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
   endif()
   # Hopper forward path: built when the architectures include 9.0 (as 90 or
   # 90a) and the tensor-core engine is on; compiled for sm_90a alone. At run
@@ -164,12 +144,9 @@ if(_fa_want_cuda)
       POSITION_INDEPENDENT_CODE ON
       JOB_POOL_COMPILE fusedattn_nvcc)
     target_compile_options(fusedattn_cuda_hopper PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
-    if(FUSEDATTN_CUDA_COMPILE_ONLY)
+    if(FUSEDATTN_CUDA_WERROR)
       target_compile_options(fusedattn_cuda_hopper PRIVATE
         $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Werror>)
-    endif()
-    if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
-      target_compile_definitions(fusedattn_cuda_hopper PRIVATE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
     endif()
     list(APPEND _fa_kernel_objects $<TARGET_OBJECTS:fusedattn_cuda_hopper>)
   endif()
@@ -212,17 +189,17 @@ if(_fa_want_cuda)
 endif()
 
 # ---- the extension's CUDA operators ------------------------------------------------
-if(_fa_want_cuda AND _fa_torch_cuda AND TARGET _C)
+if(_fa_want_cuda AND TARGET _C AND NOT FUSEDATTN_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit REQUIRED)
-  target_link_libraries(_C PRIVATE fusedattn_cuda_objects CUDA::cudart)
+  target_link_libraries(_C PRIVATE fusedattn_cuda_objects CUDA::cudart_static)
   if(TARGET fusedattn_cuda_hopper)
     target_link_libraries(_C PRIVATE fusedattn_cuda_hopper)
   endif()
   target_compile_definitions(_C PRIVATE FUSEDATTN_WITH_CUDA=1)
-  message(STATUS "fusedattn: CUDA engine: on (torch CUDA ${_fa_torch_cuda_version})")
+  message(STATUS "fusedattn: CUDA engine: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, CUDA runtime linked statically)")
 else()
   if(_fa_cuda_reason STREQUAL "")
-    set(_fa_cuda_reason "torch has no CUDA")
+    set(_fa_cuda_reason "the extension is not built")
   endif()
   message(STATUS "fusedattn: CUDA engine: off (${_fa_cuda_reason})")
 endif()

@@ -15,6 +15,7 @@ BAD_VALUES = {
     "FUSEDATTN_HOPPER_CAUSAL_CHUNK": ("two", "an integer 0-65535"),
     "FUSEDATTN_DECODE_SPLITS": ("129", "an integer 0-128"),
     "FUSEDATTN_DECODE_PDL": ("on", "2, 1, 0"),
+    "FUSEDATTN_CPU_ISA": ("sse", "auto, avx2, base"),
 }
 
 _CHILD = """

@@ -1,24 +1,15 @@
-// Operator arguments -> the core's FwdArgs / inputs. Shared by every backend's
-// implementation so that all of them read a call the same way.
+// Operator arguments -> the core's FwdArgs / inputs. Shared by every backend's implementation so
+// that all of them read a call the same way. `Call` is an attention operator's call struct
+// (op_impl.h): it has the FUSEDATTN_SETTINGS and FUSEDATTN_OPTIONAL_INPUTS members by name.
 #pragma once
-
-#include <string>
 
 #include "bridge.h"
 #include "op_spec.h"
 
 namespace fusedattn::binding {
 
-// The optional tensor inputs and the settings of one call, by name (op_spec.h's lists).
-struct OpTensors {
-  FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_FIELD_OPTIONAL)
-};
-
-struct OpSettings {
-  FUSEDATTN_SETTINGS(FUSEDATTN_FIELD_SETTING)
-};
-
-inline FwdArgs make_args(const OpSettings& s, bool return_max_logit) {
+template <class Call>
+FwdArgs make_args(const Call& s, bool return_max_logit) {
   FwdArgs a;
   raise_if_error(parse_format(s.q_format, &a.q_format));
   raise_if_error(parse_format(s.kv_format, &a.kv_format));
@@ -36,13 +27,12 @@ inline FwdArgs make_args(const OpSettings& s, bool return_max_logit) {
   return a;
 }
 
-inline FwdInputs make_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OpTensors& t,
-                             const std::optional<at::Tensor>& rng_state,
-                             const std::optional<at::Tensor>& page_table = std::nullopt) {
+template <class Call>
+FwdInputs make_inputs(const Call& t, const OptTensor& rng_state, const OptTensor& page_table) {
   FwdInputs in;
-  in.q = to_ref(q, "q");
-  in.k = to_ref(k, "k");
-  in.v = to_ref(v, "v");
+  in.q = to_ref(t.q, "q");
+  in.k = to_ref(t.k, "k");
+  in.v = to_ref(t.v, "v");
   in.bias = to_ref(t.bias, "core_attention_bias");
   in.softmax_offset = to_ref(t.softmax_offset, "softmax_offset");
   in.attn_mask = to_ref(t.attn_mask, "attention_mask");

@@ -1,7 +1,5 @@
-// CPU implementation of fusedattn::copy_to_kv_cache (kv_cache_impl.h's flow
-// with the CPU append, which checks the device-side data before writing).
-#include <torch/library.h>
-
+// CPU implementation of fusedattn::copy_to_kv_cache (kv_cache_impl.h's flow with the CPU append,
+// which checks the device-side data before writing).
 #include "kv_cache_impl.h"
 
 namespace fusedattn::binding {
@@ -9,13 +7,13 @@ namespace {
 
 struct CpuKvEngine {
   struct Scope {
-    explicit Scope(const at::Tensor&) {}
+    explicit Scope(const Placement&) {}
   };
-  static Status run_kv_append(const KvAppendParams& params, const at::Tensor&) { return run_kv_append_cpu(params); }
+  static Status run_kv_append(const KvAppendParams& params, const Placement&) { return run_kv_append_cpu(params); }
 };
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusedattn, CPU, m) { m.impl("copy_to_kv_cache", &kv_append_impl<CpuKvEngine>); }
+STABLE_TORCH_LIBRARY_IMPL(fusedattn, CPU, m) { m.impl("copy_to_kv_cache", &boxed_kv_append<CpuKvEngine>); }
 
 }  // namespace fusedattn::binding

@@ -1,106 +1,105 @@
-// The operators' implementation, shared by every backend: convert the call,
-// let the core validate and fill params, allocate outputs with the core's
-// shape rules, run the backend's engine. A backend is a small policy:
+// The operators' implementation, shared by every backend: convert the call, let the core validate
+// and fill params, allocate outputs with the core's shape rules, run the backend's engine. A
+// backend is a small policy:
 //
 //   struct Engine {
-//     struct Scope { explicit Scope(const at::Tensor& q); };  // held for the whole call
+//     struct Scope { explicit Scope(const Placement& q); };  // held for the whole call
 //     static constexpr bool kWritesRngZeros;  // fills FwdParams::rng_out_zero itself
-//     static Status run_fwd(const FwdParams&, const at::Tensor& q);
-//     static Status run_bwd(const BwdParams&, const at::Tensor& q);
+//     static Status run_fwd(const FwdParams&, const Placement& q);
+//     static Status run_bwd(const BwdParams&, const Placement& q, int64_t deterministic);
 //   };
 //
-// attn_cpu.cpp and attn_cuda.cpp register fwd_impl<Engine> / bwd_impl<Engine>.
+// attn_cpu.cpp and attn_cuda.cpp register boxed_fwd<Engine> / boxed_bwd<Engine>.
 #pragma once
 
 #include <limits>
-#include <optional>
-#include <string>
-#include <tuple>
 
 #include "call_args.h"
 
 namespace fusedattn::binding {
 
-using OptT = std::optional<at::Tensor>;
+FUSEDATTN_CALL_STRUCT(FwdCall, FUSEDATTN_FWD_ARGS);
+FUSEDATTN_CALL_STRUCT(BwdCall, FUSEDATTN_BWD_ARGS);
 
 template <class Engine>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_PARAM_OPTIONAL) const OptT& rng_state,
-    FUSEDATTN_SETTINGS(FUSEDATTN_PARAM_SETTING) bool return_max_logit, const OptT& page_table) {
+std::array<Tensor, 4> fwd_impl(const FwdCall& c) {
   checked_overrides();
-  const typename Engine::Scope scope(q);
-  const OpSettings settings{FUSEDATTN_SETTINGS(FUSEDATTN_NAME_SETTING)};
-  const FwdArgs args = make_args(settings, return_max_logit);
-  const OpTensors opt{FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_NAME_OPTIONAL)};
-  const FwdInputs in = make_inputs(q, k, v, opt, rng_state, page_table);
+  const Placement where = placement_of(c.q);
+  const typename Engine::Scope scope(where);
+  const FwdArgs args = make_args(c, c.return_max_logit);
+  const FwdInputs in = make_inputs(c, c.rng_state, c.page_table);
 
   CheckedProblem prob;
   raise_if_error(check_fwd(args, in, &prob));
   const FwdOutputShapes shapes = fwd_output_shapes(args, prob.get());
-  const auto opts = q.options();
-  at::Tensor out = empty_like_shape(shapes.out, opts);
-  at::Tensor lse = empty_like_shape(shapes.lse, opts);
-  at::Tensor max_logit = empty_like_shape(shapes.max_logit, opts);
+  Tensor out = empty(shapes.out, where);
+  Tensor lse = empty(shapes.lse, where);
+  Tensor max_logit = empty(shapes.max_logit, where);
   // The op returns its own copy of rng_state: outputs never alias inputs. Without dropout it is
   // {0, 0}, written by the engine where it can (FwdParams::rng_out_zero).
-  const bool engine_zeroes = dropout_p <= 0 && Engine::kWritesRngZeros;
-  at::Tensor rng_out = dropout_p > 0 ? rng_state->clone()
-                       : engine_zeroes ? at::empty({2}, opts.dtype(at::kLong))
-                                       : at::zeros({2}, opts.dtype(at::kLong));
+  const bool dropout = c.dropout_p > 0;
+  const bool engine_zeroes = !dropout && Engine::kWritesRngZeros;
+  Tensor rng_out = dropout ? cloned(*c.rng_state) : empty(OutputShape{1, {2}, DType::kInt64}, where);
+  if (!dropout && !engine_zeroes) fill_zeros(rng_out);
 
   if (lse.numel() == 0) {  // no query rows (b, s_q, t_q or h_q is 0): nothing to compute
-    max_logit.fill_(-std::numeric_limits<float>::infinity());
-    if (engine_zeroes) rng_out.zero_();
+    fill_value(max_logit, -std::numeric_limits<float>::infinity());
+    if (engine_zeroes) fill_zeros(rng_out);
     return {out, lse, rng_out, max_logit};
   }
   FwdOutputs outs{to_ref(out, "out"), to_ref(lse, "softmax_lse"), to_ref(max_logit, "max_logit")};
   FwdParams params;
   raise_if_error(make_fwd_params(args, in, prob, outs, &params));
-  if (engine_zeroes) params.rng_out_zero = rng_out.data_ptr<int64_t>();
-  raise_if_error(Engine::run_fwd(params, q));
+  if (engine_zeroes) params.rng_out_zero = static_cast<int64_t*>(rng_out.data_ptr());
+  raise_if_error(Engine::run_fwd(params, where));
   return {out, lse, rng_out, max_logit};
 }
 
 template <class Engine>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_impl(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& softmax_lse, const at::Tensor& rng_state, FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_PARAM_OPTIONAL)
-        FUSEDATTN_SETTINGS(FUSEDATTN_PARAM_SETTING) bool need_dbias) {
+std::array<Tensor, 5> bwd_impl(const BwdCall& c) {
   checked_overrides();
-  const typename Engine::Scope scope(q);
-  const OpSettings settings{FUSEDATTN_SETTINGS(FUSEDATTN_NAME_SETTING)};
+  if (c.deterministic < 0 || c.deterministic > 2) {
+    raise_status(Status::Invalid(cat("deterministic must be 0 (off), 1 (on) or 2 (warn only); got ", c.deterministic)));
+  }
+  const Placement where = placement_of(c.q);
+  const typename Engine::Scope scope(where);
   BwdArgs args;
-  args.fwd = make_args(settings, false);
-  args.need_dbias = need_dbias;
-  args.deterministic = at::globalContext().deterministicAlgorithms();
-  const OpTensors opt{FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_NAME_OPTIONAL)};
+  args.fwd = make_args(c, false);
+  args.need_dbias = c.need_dbias;
+  args.deterministic = c.deterministic != 0;
   BwdInputs in;
-  in.fwd = make_inputs(q, k, v, opt, rng_state);
-  in.dout = to_ref(dout, "dout");
-  in.out = to_ref(out, "out");
-  in.lse = to_ref(softmax_lse, "softmax_lse");
+  in.fwd = make_inputs(c, c.rng_state, std::nullopt);
+  in.dout = to_ref(c.dout, "dout");
+  in.out = to_ref(c.out, "out");
+  in.lse = to_ref(c.softmax_lse, "softmax_lse");
 
   CheckedProblem prob;
   raise_if_error(check_bwd(args, in, &prob));
   const BwdOutputShapes shapes = bwd_output_shapes(args, in, prob.get());
-  const auto opts = q.options();
-  at::Tensor dq = empty_like_shape(shapes.dq, opts);
-  at::Tensor dk = empty_like_shape(shapes.dk, opts);
-  at::Tensor dv = empty_like_shape(shapes.dv, opts);
-  at::Tensor dbias = empty_like_shape(shapes.dbias, opts);
-  at::Tensor d_off = empty_like_shape(shapes.d_softmax_offset, opts);
+  std::array<Tensor, 5> grads{empty(shapes.dq, where), empty(shapes.dk, where), empty(shapes.dv, where),
+                              empty(shapes.dbias, where), empty(shapes.d_softmax_offset, where)};
 
-  if (softmax_lse.numel() == 0) {  // no query rows: no key, bias or offset takes part in an output
-    for (at::Tensor* t : {&dk, &dv, &dbias, &d_off}) t->zero_();
-    return {dq, dk, dv, dbias, d_off};
+  if (in.lse.numel() == 0) {  // no query rows: no key, bias or offset takes part in an output
+    for (size_t i = 1; i < grads.size(); ++i) fill_zeros(grads[i]);
+    return grads;
   }
-  BwdOutputs outs{to_ref(dq, "dq"), to_ref(dk, "dk"), to_ref(dv, "dv"), to_ref(dbias, "dbias"),
-                  to_ref(d_off, "d_softmax_offset")};
+  BwdOutputs outs{to_ref(grads[0], "dq"), to_ref(grads[1], "dk"), to_ref(grads[2], "dv"), to_ref(grads[3], "dbias"),
+                  to_ref(grads[4], "d_softmax_offset")};
   BwdParams params;
   raise_if_error(make_bwd_params(args, in, prob, outs, &params));
-  raise_if_error(Engine::run_bwd(params, q));
-  return {dq, dk, dv, dbias, d_off};
+  raise_if_error(Engine::run_bwd(params, where, c.deterministic));
+  return grads;
+}
+
+// The boxed kernels a backend registers (STABLE_TORCH_LIBRARY_IMPL).
+template <class Engine>
+void boxed_fwd(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  run_boxed<FwdCall>(stack, num_args, num_outputs, &fwd_impl<Engine>);
+}
+
+template <class Engine>
+void boxed_bwd(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  run_boxed<BwdCall>(stack, num_args, num_outputs, &bwd_impl<Engine>);
 }
 
 }  // namespace fusedattn::binding

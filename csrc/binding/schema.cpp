@@ -1,17 +1,30 @@
-// The operator schemas: the one block that declares fusedattn's ops (the attention ops' argument
-// lists come from op_spec.h). Fake implementations and autograd are registered from
-// python/fusedattn/_ops.py.
-#include <torch/library.h>
+// The operator schemas: the one block that declares fusedattn's ops, built from op_spec.h's
+// argument lists. Fake implementations and autograd are registered from python/fusedattn/_ops.py.
+#include <torch/csrc/stable/library.h>
+
+#include <initializer_list>
+#include <string>
 
 #include "op_spec.h"
 
-TORCH_LIBRARY(fusedattn, m) {
-  m.def(FUSEDATTN_FWD_SCHEMA);
-  m.def(FUSEDATTN_BWD_SCHEMA);
-  // KV-cache append (fusedattn/kv_cache.h): writes the step's new keys/values
-  // into the caches in place. The caches are marked mutated so the op stays
-  // inside a compiled graph (functionalised) and CUDA graphs replay it.
-  m.def(
-      "copy_to_kv_cache(Tensor new_k, Tensor new_v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor page_table, "
-      "Tensor cu_new_lens, Tensor cache_seqlens, str qkv_format) -> ()");
+namespace {
+
+std::string schema(const char* name, std::initializer_list<const char*> args, const char* returns) {
+  std::string s = std::string(name) + "(";
+  const char* sep = "";
+  for (const char* a : args) {
+    s += sep;
+    s += a;
+    sep = ", ";
+  }
+  return s + ") -> " + returns;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(fusedattn, m) {
+  m.def(schema("fwd", {FUSEDATTN_FWD_ARGS(FUSEDATTN_SCHEMA_ENTRY)}, FUSEDATTN_FWD_RETURNS).c_str());
+  m.def(schema("bwd", {FUSEDATTN_BWD_ARGS(FUSEDATTN_SCHEMA_ENTRY)}, FUSEDATTN_BWD_RETURNS).c_str());
+  m.def(schema("copy_to_kv_cache", {FUSEDATTN_KV_APPEND_ARGS(FUSEDATTN_SCHEMA_ENTRY)}, FUSEDATTN_KV_APPEND_RETURNS)
+            .c_str());
 }

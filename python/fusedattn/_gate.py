@@ -7,10 +7,11 @@ Only while torch.compile traces, and only for a reason, the call goes through a
 ``fullgraph=True`` compilation fails and the error names the reason) and the
 runner warns and runs the function eagerly.
 
-Every reason a predicate can return is declared up front, so that each has its
-own disabled runner created at import time: creating one while Dynamo traces
-would itself be untraceable, and a per-reason runner is what lets the
-``fullgraph=True`` error carry the reason.
+Every reason a predicate can return is declared up front and gets its own
+disabled runner, which is what lets the ``fullgraph=True`` error carry the
+reason. The runners are made on the first call that needs one, not at import:
+``torch.compiler.disable`` imports torch._dynamo, which would add seconds to
+``import fusedattn``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def _disable(fn, reason: str):
         return torch.compiler.disable(fn)
 
 
+def _graph_break(msg: str) -> None:
+    import torch._dynamo  # loaded already: only called while Dynamo traces
+
+    try:
+        torch._dynamo.graph_break(msg=msg)
+    except TypeError:  # torch without graph_break(msg=...)
+        torch._dynamo.graph_break()
+
+
 def eager_fallback_gate(when: Callable[[Dict[str, Any]], Optional[str]],
                         reasons: Iterable[str] = GATED_REASONS):
     """Decorate ``fn`` so that calls for which ``when`` gives a reason run eagerly.
@@ -80,13 +90,25 @@ def eager_fallback_gate(when: Callable[[Dict[str, Any]], Optional[str]],
             report_and_run.__qualname__ = f"{fn.__qualname__}_eager_fallback"
             return _disable(report_and_run, WARNING_PREFIX + reason)
 
-        runners = {reason: make_runner(reason) for reason in reasons}
+        declared = frozenset(reasons)
+        runners: Dict[Optional[str], Callable] = {}  # reason (None: undeclared) -> disabled runner
 
         def report_unknown_and_run(reason, *args, **kwargs):
             warnings.warn(WARNING_PREFIX + reason, stacklevel=3)
             return fn(*args, **kwargs)
 
-        unknown_runner = _disable(report_unknown_and_run, WARNING_PREFIX + "(undeclared reason)")
+        def runner_for(reason):
+            key = reason if reason in declared else None
+            runner = runners.get(key)
+            if runner is None:
+                if torch.compiler.is_compiling():
+                    # Dynamo cannot trace torch.compiler.disable itself: break the graph here, naming
+                    # the reason (with fullgraph=True compilation fails with it); the runner is then
+                    # made outside the graph.
+                    _graph_break(WARNING_PREFIX + reason)
+                runner = runners[key] = (make_runner(reason) if key is not None else
+                                         _disable(report_unknown_and_run, WARNING_PREFIX + "(undeclared reason)"))
+            return runner
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -97,10 +119,9 @@ def eager_fallback_gate(when: Callable[[Dict[str, Any]], Optional[str]],
             reason = when(call)
             if reason is None:
                 return fn(*args, **kwargs)
-            runner = runners.get(reason)
-            if runner is None:
-                return unknown_runner(reason, *args, **kwargs)
-            return runner(*args, **kwargs)
+            if reason not in declared:
+                return runner_for(reason)(reason, *args, **kwargs)
+            return runner_for(reason)(*args, **kwargs)
 
         return wrapper
 

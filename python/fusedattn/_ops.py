@@ -1,7 +1,7 @@
 """The operators' Python side: args objects, fake implementations and autograd.
 
-The C++ extension registers ``torch.ops.fusedattn.fwd``, ``torch.ops.fusedattn.bwd`` and
-``torch.ops.fusedattn.copy_to_kv_cache`` (schemas in csrc/binding/schema.cpp). Every
+The operator library registers ``torch.ops.fusedattn.fwd``, ``torch.ops.fusedattn.bwd`` and
+``torch.ops.fusedattn.copy_to_kv_cache`` (argument lists in csrc/binding/op_spec.h). Every
 non-tensor setting of a call lives in one frozen ``FwdArgs``; the op call, its fake
 implementation and its backward are all built from that one object, so they cannot
 disagree about a call.
@@ -17,19 +17,55 @@ from typing import Optional
 import torch
 
 _LIB_DIR = Path(__file__).resolve().parent
+# The operator library uses torch's stable ABI as of this version (CMakeLists.txt: TORCH_TARGET_VERSION).
+_MIN_TORCH = (2, 10)
 
 
 def _load_library() -> None:
-    candidates = sorted(_LIB_DIR.glob("_C*.so")) + sorted(_LIB_DIR.glob("_C*.pyd"))
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version < _MIN_TORCH:
+        raise ImportError(f"fusedattn needs torch >= {_MIN_TORCH[0]}.{_MIN_TORCH[1]} (its operators use torch's "
+                          f"stable ABI of that version); this is torch {torch.__version__}")
+    candidates = sorted(_LIB_DIR.glob("_C*.so"))
     if not candidates:
         raise ImportError(
-            f"fusedattn's compiled extension (_C) was not found in {_LIB_DIR}; "
-            "install the package with `pip install --no-build-isolation .`"
+            f"fusedattn's operator library (_C.so) was not found in {_LIB_DIR}; "
+            "install a fusedattn wheel, or build one with `pip install --no-build-isolation .`"
         )
     torch.ops.load_library(str(candidates[0]))
 
 
 _load_library()
+
+
+# ---------------------------------------------------------------------------
+# Errors. An operator's C++ exception reaches Python as RuntimeError; the core's two kinds carry
+# their kind as the message's prefix (csrc/binding/bridge.h). The op-call wrappers below raise them
+# as ValueError / NotImplementedError with the same message, so every Python entry point does;
+# direct torch.ops.fusedattn.* calls (and compiled graphs, which call the operators directly) see
+# the RuntimeError.
+_ERROR_KINDS = (("fusedattn: invalid argument: ", ValueError),
+                ("fusedattn: unsupported configuration: ", NotImplementedError))
+
+
+def _call(op, *args):
+    """op(*args), its error raised with the Python kind its message names."""
+    try:
+        return op(*args)
+    except RuntimeError as e:
+        msg = str(e)
+        for prefix, kind in _ERROR_KINDS:
+            if msg.startswith(prefix):
+                raise kind(msg) from None
+        raise
+
+
+def deterministic_mode() -> int:
+    """torch.use_deterministic_algorithms as the bwd operator takes it: 0 off, 1 on, 2 on with
+    warn_only (the stable ABI cannot read torch's global; torch.compile guards on it)."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return 0
+    return 2 if torch.is_deterministic_algorithms_warn_only_enabled() else 1
 
 
 @dataclass(frozen=True)
@@ -184,7 +220,7 @@ def _fwd_fake(q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens
 def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, bias, softmax_offset, attn_mask,
               alibi_slopes, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
               q_format, kv_format, mask_type, window_left, window_right, bottom_right_diagonal,
-              softmax_type, scale, softcap, dropout_p, max_seqlen_q, max_seqlen_kv, need_dbias):
+              softmax_type, scale, softcap, dropout_p, max_seqlen_q, max_seqlen_kv, need_dbias, deterministic):
     _check_devices(q, "the same device as q", zip(("dout", "out", "softmax_lse") + _FWD_TENSOR_NAMES,
                                (dout, out, softmax_lse, k, v, bias, softmax_offset, attn_mask, alibi_slopes,
                                 cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state)))
@@ -236,9 +272,7 @@ def _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs_grad):
         dout = dout.contiguous()
     create_graph = torch.is_grad_enabled()
     with torch.no_grad():
-        dq, dk, dv, dbias, d_off = torch.ops.fusedattn.bwd(
-            dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(), need_dbias
-        )
+        dq, dk, dv, dbias, d_off = _bwd_op(args, dout, q, k, v, out, lse, rng_state, optionals, need_dbias)
     d_off = d_off.to(softmax_offset.dtype) if softmax_offset is not None and needs_grad[4] else None
     grads = (dq, dk, dv, (dbias if need_dbias else None), d_off)
     if create_graph:  # the gradients must not pass for constants of q, k, v, dout
@@ -300,7 +334,15 @@ def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_ma
 def _fwd_op(args: FwdArgs, page_table, rng_state, q, k, v, optionals):
     """torch.ops.fusedattn.fwd in schema order: (out, lse, rng_state_out, max_logit)."""
     extra = () if page_table is None else (page_table,)
-    return torch.ops.fusedattn.fwd(q, k, v, *optionals, rng_state, *args.op_args(), args.return_max_logit, *extra)
+    return _call(torch.ops.fusedattn.fwd, q, k, v, *optionals, rng_state, *args.op_args(), args.return_max_logit,
+                 *extra)
+
+
+def _bwd_op(args: FwdArgs, dout, q, k, v, out, lse, rng_state, optionals, need_dbias: bool):
+    """torch.ops.fusedattn.bwd in schema order, in this thread's deterministic mode:
+    (dq, dk, dv, dbias, d_softmax_offset)."""
+    return _call(torch.ops.fusedattn.bwd, dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(),
+                 need_dbias, deterministic_mode())
 
 
 class _Attention(torch.autograd.Function):
@@ -351,5 +393,5 @@ def copy_to_kv_cache(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens, ca
     rows from ``cu_new_lens[b]``) goes to cache position ``cache_seqlens[b] + i``,
     i.e. page ``page_table[b, pos // page_size]``, slot ``pos % page_size``.
     """
-    torch.ops.fusedattn.copy_to_kv_cache(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens,
-                                         cache_seqlens, qkv_format)
+    _call(torch.ops.fusedattn.copy_to_kv_cache, new_k, new_v, k_cache, v_cache, page_table, cu_new_lens,
+          cache_seqlens, qkv_format)

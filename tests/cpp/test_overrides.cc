@@ -32,7 +32,7 @@ void test_defaults() {
   o.hopper_bwd = false;
   CHECK(parse_overrides(&lookup, &o).ok());
   CHECK(o.cuda_engine == CudaEngineChoice::kAuto && o.hopper_fwd == HopperFwdChoice::kAuto && o.hopper_bwd);
-  CHECK(o.hopper_causal_chunk == 0 && o.decode_splits == 0 && o.decode_pdl == 2);
+  CHECK(o.hopper_causal_chunk == 0 && o.decode_splits == 0 && o.decode_pdl == 2 && o.cpu_isa == CpuIsaChoice::kAuto);
   // An empty value is the default too.
   CHECK(parse_with("FUSEDATTN_HOPPER_BWD", "", &o).ok() && o.hopper_bwd);
 }
@@ -53,6 +53,9 @@ void test_accepted_values() {
   CHECK(parse_with("FUSEDATTN_DECODE_SPLITS", "128", &o).ok() && o.decode_splits == 128);
   CHECK(parse_with("FUSEDATTN_DECODE_SPLITS", "3", &o).ok() && o.decode_splits == 3);
   CHECK(parse_with("FUSEDATTN_DECODE_PDL", "0", &o).ok() && o.decode_pdl == 0);
+  CHECK(parse_with("FUSEDATTN_CPU_ISA", "avx2", &o).ok() && o.cpu_isa == CpuIsaChoice::kAvx2);
+  CHECK(parse_with("FUSEDATTN_CPU_ISA", "base", &o).ok() && o.cpu_isa == CpuIsaChoice::kBase);
+  CHECK(parse_with("FUSEDATTN_CPU_ISA", "auto", &o).ok() && o.cpu_isa == CpuIsaChoice::kAuto);
 }
 
 void test_bad_values() {
@@ -63,7 +66,7 @@ void test_bad_values() {
       {"FUSEDATTN_HOPPER_CAUSAL_CHUNK", "-1"}, {"FUSEDATTN_HOPPER_CAUSAL_CHUNK", "65536"},
       {"FUSEDATTN_DECODE_SPLITS", "129"},      {"FUSEDATTN_DECODE_SPLITS", "3x"},
       {"FUSEDATTN_DECODE_SPLITS", " 3"},       {"FUSEDATTN_DECODE_PDL", "3"},
-      {"FUSEDATTN_DECODE_PDL", "on"},
+      {"FUSEDATTN_DECODE_PDL", "on"},          {"FUSEDATTN_CPU_ISA", "avx512f"},
   };
   for (const auto& [var, value] : bad) {
     Overrides o;

@@ -66,6 +66,8 @@ constexpr Choice<HopperFwdChoice> kHopperFwd[] = {
     {"three_consumer_persistent", HopperFwdChoice::kThreeConsumerPersistent}};
 constexpr Choice<bool> kOnOff[] = {{"on", true}, {"off", false}, {"1", true}, {"0", false}};
 constexpr Choice<int> kPdl[] = {{"2", 2}, {"1", 1}, {"0", 0}};
+constexpr Choice<CpuIsaChoice> kCpuIsa[] = {
+    {"auto", CpuIsaChoice::kAuto}, {"avx2", CpuIsaChoice::kAvx2}, {"base", CpuIsaChoice::kBase}};
 
 const char* system_lookup(const char* name) { return std::getenv(name); }
 
@@ -80,6 +82,7 @@ Status parse_overrides(EnvLookup lookup, Overrides* out) {
   FUSEDATTN_RETURN_IF_ERROR(
       parse_count(lookup, "FUSEDATTN_DECODE_SPLITS", Overrides::kMaxDecodeSplits, &o.decode_splits));
   FUSEDATTN_RETURN_IF_ERROR(parse_choice(lookup, "FUSEDATTN_DECODE_PDL", kPdl, &o.decode_pdl));
+  FUSEDATTN_RETURN_IF_ERROR(parse_choice(lookup, "FUSEDATTN_CPU_ISA", kCpuIsa, &o.cpu_isa));
   *out = o;
   return Status::Ok();
 }

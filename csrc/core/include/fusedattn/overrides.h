@@ -12,6 +12,7 @@
 // | FUSEDATTN_HOPPER_CAUSAL_CHUNK | auto, 0 (= auto) or 1..65535 groups per causal chunk  |
 // | FUSEDATTN_DECODE_SPLITS       | auto, 0 (= auto) or 1..128 split-KV blocks            |
 // | FUSEDATTN_DECODE_PDL          | 2, 1 (combine only), 0 (plain launches) on sm_90      |
+// | FUSEDATTN_CPU_ISA             | auto, avx2, base: caps the CPU engine's instructions  |
 #pragma once
 
 #include "fusedattn/types.h"
@@ -20,6 +21,7 @@ namespace fusedattn {
 
 enum class CudaEngineChoice : int8_t { kAuto, kSimt, kSm80 };
 enum class HopperFwdChoice : int8_t { kAuto, kV2, kPersistent, kThreeConsumer, kThreeConsumerPersistent };
+enum class CpuIsaChoice : int8_t { kAuto, kAvx2, kBase };
 
 struct Overrides {
   static constexpr int kMaxDecodeSplits = 128;  // the decode engine's bound (decode/tile.h asserts it)
@@ -29,6 +31,7 @@ struct Overrides {
   int hopper_causal_chunk = 0;  // 0: hopper/tuning.h's choice
   int decode_splits = 0;        // 0: decode/run.cu's cost model
   int decode_pdl = 2;
+  CpuIsaChoice cpu_isa = CpuIsaChoice::kAuto;  // auto: the widest copy the CPU runs (src/cpu_dispatch.cc)
 };
 
 // Parses the variables through `lookup` (nullptr: unset); the first bad value is an Invalid status.

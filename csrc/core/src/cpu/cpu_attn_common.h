@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "cpu_bias.h"
 #include "cpu_convert.h"
 #include "cpu_dropout.h"
@@ -19,6 +20,7 @@
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 template <class T>
 struct AttnCtx {
@@ -193,5 +195,6 @@ void zero_uncovered(const SeqTensor& t, const std::vector<TokenRange>& ranges, i
       for (int64_t h = 0; h < heads; ++h) zero_row(row_ptr<T>(t, r.b, tok, h), t.stride_d, d);
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

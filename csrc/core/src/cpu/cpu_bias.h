@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "cpu_isa.h"
 #include "cpu_convert.h"
 #include "cpu_mask.h"
 #include "cpu_simd.h"
@@ -13,6 +14,7 @@
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 // S holds q.k for rows i0.. and keys j0.. (ncols columns, nj <= ncols of
 // them real keys); on return the logits are pending * S with S = scale * q.k
@@ -47,5 +49,6 @@ A scale_and_bias_tile(const BiasParams& bp, const Window& w, int64_t b, int64_t 
   return 1;
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

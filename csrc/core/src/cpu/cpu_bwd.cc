@@ -34,6 +34,7 @@
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 namespace {
 
 inline int64_t ntiles(int64_t len, int64_t blk) { return (len + blk - 1) / blk; }
@@ -629,12 +630,14 @@ Status bwd_typed(const BwdParams& bp, const Executor& exec) {
 }
 
 }  // namespace
-}  // namespace cpu
 
-Status run_bwd_cpu(const BwdParams& params, const Executor& exec) {
+// This copy's entry point (cpu_isa.h); run_bwd_cpu (src/cpu_dispatch.cc) picks the copy.
+Status run_bwd(const BwdParams& params, const Executor& exec) {
   Status st = Status::Unsupported(std::string("CPU backward: unsupported dtype ") + dtype_name(params.fwd.prob.dtype));
-  cpu::dispatch_float_dtype(params.fwd.prob.dtype, [&](auto tag) { st = cpu::bwd_typed<decltype(tag)>(params, exec); });
+  dispatch_float_dtype(params.fwd.prob.dtype, [&](auto tag) { st = bwd_typed<decltype(tag)>(params, exec); });
   return st;
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
+}  // namespace cpu
 }  // namespace fusedattn

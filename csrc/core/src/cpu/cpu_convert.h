@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_isa.h"
 #include "fusedattn/types.h"
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 // Storage types of the 16-bit dtypes: raw bits, no arithmetic.
 struct Half {
@@ -115,5 +117,6 @@ bool dispatch_float_dtype(DType dt, Fn&& fn) {
   }
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

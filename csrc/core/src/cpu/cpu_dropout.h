@@ -7,12 +7,14 @@
 
 #include <cstdint>
 
+#include "cpu_isa.h"
 #include "cpu_simd.h"
 #include "fusedattn/params.h"
 #include "fusedattn/philox.h"
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 template <class A>
 struct Dropout {
@@ -95,5 +97,6 @@ struct Dropout {
   static constexpr int kMaxCols = 256;
 };
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

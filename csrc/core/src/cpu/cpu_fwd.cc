@@ -26,6 +26,7 @@
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 namespace {
 
 // Float panels of one chunk of (batch, kv head) pairs.
@@ -297,12 +298,14 @@ Status fwd_typed(const FwdParams& p, const Executor& exec) {
 }
 
 }  // namespace
-}  // namespace cpu
 
-Status run_fwd_cpu(const FwdParams& params, const Executor& exec) {
+// This copy's entry point (cpu_isa.h); run_fwd_cpu (src/cpu_dispatch.cc) picks the copy.
+Status run_fwd(const FwdParams& params, const Executor& exec) {
   Status st = Status::Unsupported(std::string("CPU forward: unsupported dtype ") + dtype_name(params.prob.dtype));
-  cpu::dispatch_float_dtype(params.prob.dtype, [&](auto tag) { st = cpu::fwd_typed<decltype(tag)>(params, exec); });
+  dispatch_float_dtype(params.prob.dtype, [&](auto tag) { st = fwd_typed<decltype(tag)>(params, exec); });
   return st;
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
+}  // namespace cpu
 }  // namespace fusedattn

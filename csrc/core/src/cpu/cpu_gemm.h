@@ -9,10 +9,12 @@
 
 #include <cstdint>
 
+#include "cpu_isa.h"
 #include "cpu_simd.h"
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 // MR x NV accumulators plus NV B vectors and one broadcast must fit the
 // register file: 16 + 4 + 1 of 32 zmm (AVX-512); 12 + 2 + 1 of 16 ymm (AVX2);
@@ -110,5 +112,6 @@ inline void gemm(int M, int N, int K, const A* a, int64_t ars, int64_t acs, cons
   if (j < N) gemm_column_tail<A, NV - 1, kAccumulate>((N - j) / W, M, K, a, ars, acs, b + j, ldb, c + j, ldc);
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

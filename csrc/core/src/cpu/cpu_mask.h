@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu_isa.h"
 #include "cpu_simd.h"
 #include "fusedattn/params.h"
 #include "fusedattn/visibility.h"
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 using Window = Visibility<int64_t>;
 
@@ -55,5 +57,6 @@ void mask_tile(const Window& w, const PairTensor& mask, int64_t b, int64_t h, in
   }
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

@@ -13,10 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "fusedattn/api.h"
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 // Minimal 64-byte aligned buffer; allocation failure is reported, not thrown.
 template <class A>
@@ -84,5 +86,6 @@ void order_by_cost(int64_t n, CostFn&& cost, std::vector<int64_t>* order) {
   for (int64_t k = 0; k < n; ++k) (*order)[k] = keyed[k].second;
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

@@ -5,6 +5,7 @@
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -117,5 +118,6 @@ std::vector<TokenRange> uncovered_tokens(const SeqLayout& lay, bool q_side) {
   return r;
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

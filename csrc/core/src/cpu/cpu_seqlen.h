@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 struct SeqExtent {
   int64_t len_q = 0, len_kv = 0;
@@ -38,5 +40,6 @@ struct TokenRange {
 // sequences (and the tail) for thd.
 std::vector<TokenRange> uncovered_tokens(const SeqLayout& lay, bool q_side);
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

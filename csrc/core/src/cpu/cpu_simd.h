@@ -1,6 +1,6 @@
 // Portable SIMD for the CPU engine: GCC/Clang vector extensions sized to the
-// widest vector unit the compiler targets (-march=native picks AVX-512 or
-// AVX2; without it the code is still vectorised, on SSE2/NEON width). No
+// widest vector unit the translation unit is compiled for (each copy of the
+// engine, cpu_isa.h: AVX-512, AVX2, or the baseline's SSE2/NEON width). No
 // intrinsics, so the same source builds on any architecture.
 #pragma once
 
@@ -10,8 +10,11 @@
 #include <limits>
 #include <utility>
 
+#include "cpu_isa.h"
+
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 #if defined(__AVX512F__)
 constexpr int kVecBytes = 64;
@@ -235,5 +238,6 @@ inline void row_fill(A* __restrict s, int n, A v) {
   for (int j = 0; j < n; ++j) s[j] = v;
 }
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn

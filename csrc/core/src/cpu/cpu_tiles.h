@@ -3,8 +3,11 @@
 
 #include <cstdint>
 
+#include "cpu_isa.h"
+
 namespace fusedattn {
 namespace cpu {
+inline namespace FUSEDATTN_CPU_ISA {
 
 // Query rows per work item. The Q tile and the O accumulator (64 x d floats,
 // 16-64 KiB at d = 64-256) stay in L2 while every key tile streams past, and
@@ -26,5 +29,6 @@ constexpr int64_t kStageBudgetBytes = int64_t{64} << 20;
 
 static_assert(kBlockN % 4 == 0, "dropout draws come in groups of 4 keys");
 
+}  // namespace FUSEDATTN_CPU_ISA
 }  // namespace cpu
 }  // namespace fusedattn
