@@ -30,7 +30,7 @@ def test_argument_lists():
     assert FWD_ARGUMENTS == ("q", "k", "v", *OPTIONAL_INPUTS, "rng_state", *SETTINGS, "return_max_logit",
                              "page_table")
     assert BWD_ARGUMENTS == ("dout", "q", "k", "v", "out", "softmax_lse", "rng_state", *OPTIONAL_INPUTS, *SETTINGS,
-                             "need_dbias")
+                             "need_dbias", "deterministic")
     # Every FwdArgs field is a setting of the schema (return_max_logit is the forward's own flag).
     fields = [f.name for f in FwdArgs.__dataclass_fields__.values()]
     assert sorted(fields) == sorted((*SETTINGS, "return_max_logit"))
@@ -81,11 +81,13 @@ def test_cpp_reads_each_setting_by_its_schema_name(name, value, message):
     q = torch.randn(1, 4, 2, 8)
     values = dict(zip(SETTINGS, FwdArgs(scale=0.5).op_args()))
     values[name] = value
-    with pytest.raises(ValueError) as e:
+    # The raw operators raise RuntimeError (a stable-ABI kernel's exception); the message's prefix is
+    # the kind the Python wrappers raise (test_errors.py checks the translation).
+    with pytest.raises(RuntimeError) as e:
         torch.ops.fusedattn.fwd(q, q, q, *([None] * len(OPTIONAL_INPUTS)), None, *values.values(), False)
-    assert message in str(e.value)
+    assert str(e.value).startswith("fusedattn: invalid argument: ") and message in str(e.value)
     rng = torch.zeros(2, dtype=torch.int64)
     lse = torch.zeros(1, 2, 4)
-    with pytest.raises(ValueError) as e:
-        torch.ops.fusedattn.bwd(q, q, q, q, q, lse, rng, *([None] * len(OPTIONAL_INPUTS)), *values.values(), False)
-    assert message in str(e.value)
+    with pytest.raises(RuntimeError) as e:
+        torch.ops.fusedattn.bwd(q, q, q, q, q, lse, rng, *([None] * len(OPTIONAL_INPUTS)), *values.values(), False, 0)
+    assert str(e.value).startswith("fusedattn: invalid argument: ") and message in str(e.value)

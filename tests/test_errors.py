@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fusedattn
-from fusedattn import DotProductAttention, FwdArgs
+from fusedattn import DotProductAttention, FwdArgs, _ops
 from conftest import ON_CUDA, on_device
 
 I32 = torch.int32
@@ -28,12 +28,13 @@ cpu_engine_check = pytest.mark.skipif(
 
 
 def op_fwd(q, k, v, args=None, **kw):
-    """torch.ops.fusedattn.fwd with the tensors where they are."""
+    """torch.ops.fusedattn.fwd with the tensors where they are, its errors as the Python API raises them
+    (test_raw_ops_raise_runtime_error_with_the_same_message checks the raw op's)."""
     args = args or FwdArgs(scale=0.25)
     t = dict(bias=None, softmax_offset=None, attn_mask=None, alibi_slopes=None, cu_seqlens_q=None,
              cu_seqlens_kv=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, rng_state=None)
     t.update(kw)
-    return torch.ops.fusedattn.fwd(q, k, v, *t.values(), *args.op_args(), args.return_max_logit)
+    return _ops._call(torch.ops.fusedattn.fwd, q, k, v, *t.values(), *args.op_args(), args.return_max_logit)
 
 
 def fwd(q, k, v, args=None, **kw):
@@ -377,17 +378,61 @@ def test_bad_max_seqlen():
         fwd(q, k, v, THD.replace(max_seqlen_q=0, max_seqlen_kv=6), cu_seqlens_q=cu, cu_seqlens_kv=cu)
 
 
+def test_raw_ops_raise_runtime_error_with_the_same_message():
+    """A stable-ABI kernel's exception reaches Python as RuntimeError: direct torch.ops.fusedattn.* calls
+    see that, with the message the Python API raises as ValueError (invalid argument) or
+    NotImplementedError (unsupported configuration); other errors stay RuntimeError."""
+    q = on_device(torch.randn(1, 4, 2, 8))
+    cases = [(FwdArgs(scale=0.25, q_format="bshdx"), ValueError, "fusedattn: invalid argument: qkv_format"),
+             (FwdArgs(scale=0.25, window_left=3, window_right=-1), ValueError,
+              "fusedattn: invalid argument: "),
+             (FwdArgs(scale=0.25, dropout_p=0.5), ValueError, "fusedattn: invalid argument: rng_state")]
+    for args, kind, prefix in cases:
+        call = (q, q, q, *[None] * 8, None, *args.op_args(), False)
+        with pytest.raises(RuntimeError) as raw:
+            torch.ops.fusedattn.fwd(*call)
+        with pytest.raises(kind) as api:
+            _ops._call(torch.ops.fusedattn.fwd, *call)
+        assert type(raw.value) is RuntimeError and type(api.value) is kind
+        assert str(raw.value) == str(api.value) and str(api.value).startswith(prefix), (str(raw.value), str(api.value))
+    # Any other RuntimeError passes through as it is.
+    other = RuntimeError("fusedattn::bwd on CUDA does not have a deterministic implementation")
+
+    def raise_other():
+        raise other
+
+    with pytest.raises(RuntimeError) as e:
+        _ops._call(raise_other)
+    assert e.value is other
+
+
+def test_raw_unsupported_configuration_is_runtime_error_with_the_same_message():
+    q = torch.randn(1, 1, 2, 16)
+    k = v = torch.randn(4, 4, 2, 16)  # 4 pages of 4 slots
+    bias = torch.zeros(1, 2, 1, 8)
+    args = FwdArgs(scale=0.25, mask_type="padding")
+    call = (*on_device((q, k, v, bias)), *[None] * 3, *on_device((torch.tensor([0, 1], dtype=I32),
+            torch.tensor([0, 5], dtype=I32))), None, None, None, *args.op_args(), False,
+            on_device(torch.tensor([[0, 1]], dtype=I32)))
+    with pytest.raises(RuntimeError) as raw:
+        torch.ops.fusedattn.fwd(*call)
+    with pytest.raises(NotImplementedError) as api:
+        _ops._call(torch.ops.fusedattn.fwd, *call)
+    assert type(raw.value) is RuntimeError and str(raw.value) == str(api.value)
+    assert str(api.value).startswith("fusedattn: unsupported configuration: core_attention_bias"), str(api.value)
+
+
 def test_bwd_dout_shape_and_need_dbias():
     q, k, v = on_device(qkv())
     args = FwdArgs(scale=0.25)
     out, lse, rng, _ = fwd(q, k, v, args)
     opt = [None] * 8
     with pytest.raises(ValueError, match=r"\bdout\b"):
-        torch.ops.fusedattn.bwd(out[:, :5], q, k, v, out, lse, rng, *opt, *args.op_args(), False)
+        _ops._call(torch.ops.fusedattn.bwd, out[:, :5], q, k, v, out, lse, rng, *opt, *args.op_args(), False, 0)
     with pytest.raises(ValueError, match=r"softmax_lse"):
-        torch.ops.fusedattn.bwd(out, q, k, v, out, lse[:, :3], rng, *opt, *args.op_args(), False)
+        _ops._call(torch.ops.fusedattn.bwd, out, q, k, v, out, lse[:, :3], rng, *opt, *args.op_args(), False, 0)
     with pytest.raises(ValueError, match=r"need_dbias"):
-        torch.ops.fusedattn.bwd(out, q, k, v, out, lse, rng, *opt, *args.op_args(), True)
+        _ops._call(torch.ops.fusedattn.bwd, out, q, k, v, out, lse, rng, *opt, *args.op_args(), True, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -590,7 +635,7 @@ def test_meta_tensor_in_backward():
     args = FwdArgs(scale=0.25)
     out, lse, rng, _ = op_fwd(q, k, v, args)
     with pytest.raises(ValueError, match=r"\bdout must be on the same device as q"):
-        torch.ops.fusedattn.bwd(out.to("meta"), q, k, v, out, lse, rng, *[None] * 8, *args.op_args(), False)
+        torch.ops.fusedattn.bwd(out.to("meta"), q, k, v, out, lse, rng, *[None] * 8, *args.op_args(), False, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -727,7 +772,7 @@ def test_paged_kv_overflow_names_the_page_table():
     k = v = torch.randn(4, 4, 2, 16)  # 4 pages of 4 slots
     args = FwdArgs(scale=0.25, mask_type="padding")
     with pytest.raises(ValueError, match=r"cu_seqlens_kv.*9.*page_table.*2 pages of 4") as e:
-        torch.ops.fusedattn.fwd(*on_device((q, k, v)), *[None] * 4, *on_device((torch.tensor([0, 1], dtype=I32),
-                                torch.tensor([0, 9], dtype=I32))), None, None, None, *args.op_args(), False,
-                                on_device(torch.tensor([[0, 1]], dtype=I32)))
+        _ops._call(torch.ops.fusedattn.fwd, *on_device((q, k, v)), *[None] * 4,
+                   *on_device((torch.tensor([0, 1], dtype=I32), torch.tensor([0, 9], dtype=I32))), None, None, None,
+                   *args.op_args(), False, on_device(torch.tensor([[0, 1]], dtype=I32)))
     assert "sequence dim" not in str(e.value)

@@ -360,5 +360,5 @@ def test_fuzz_strided_1d_arguments_raise(name, step):
     q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
     args = FwdArgs(scale=0.25, q_format="thd", kv_format="thd", mask_type="padding")
     with pytest.raises(ValueError, match=rf"\b{name} must be contiguous"):
-        torch.ops.fusedattn.fwd(*on_device((q, k, v)), None, None, None, None, *on_device(tuple(cu.values())), None,
-                                *args.op_args(), False)
+        fusedattn._ops._call(torch.ops.fusedattn.fwd, *on_device((q, k, v)), None, None, None, None,
+                             *on_device(tuple(cu.values())), None, *args.op_args(), False)

@@ -500,7 +500,7 @@ def test_append_op_rejects_bad_data_before_writing(what, match, device):
         args[5] = torch.tensor([0, 3, 3, 9], dtype=torch.int32)  # 6 tokens, new_k holds 5
     k0, v0 = args[2].clone(), args[3].clone()
     with pytest.raises(ValueError, match=match):
-        torch.ops.fusedattn.copy_to_kv_cache(*args)
+        fusedattn._ops.copy_to_kv_cache(*args)
     assert torch.equal(args[2], k0) and torch.equal(args[3], v0)
 
 
@@ -527,7 +527,7 @@ def test_append_op_argument_errors(what, match):
     else:
         args[7] = "bhsd"
     with pytest.raises(ValueError, match=match):
-        torch.ops.fusedattn.copy_to_kv_cache(*args)
+        fusedattn._ops.copy_to_kv_cache(*args)
 
 
 def test_inference_rejects_arbitrary_mask():
@@ -671,6 +671,6 @@ def test_append_op_rejects_strided_and_expanded(what, match):
         args[6] = args[6].to("meta")
     snap = [a.clone() for a in args[2:4]]
     with pytest.raises(ValueError, match=match):
-        torch.ops.fusedattn.copy_to_kv_cache(*args)
+        fusedattn._ops.copy_to_kv_cache(*args)
     if what not in ("k_cache", "v_cache"):
         assert all(torch.equal(a, b) for a, b in zip(args[2:4], snap))

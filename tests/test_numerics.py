@@ -158,7 +158,7 @@ def test_dropout_bwd_op_reads_the_given_rng_state():
 
     def bwd(rng):
         return torch.ops.fusedattn.bwd(case.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, rng, *opt,
-                                       *a.op_args(), False)
+                                       *a.op_args(), False, 0)
 
     g_same = bwd(rng_out)
     g_again = bwd(rng_out.clone())
@@ -302,7 +302,7 @@ def test_outputs_are_fresh_and_contiguous():
     out.backward(case.dout)
     dq, dk, dv, *_ = torch.ops.fusedattn.bwd(
         case.dout, *[t.detach() for t in case.make_qkv(case.leaves)], out.detach(), lse, rng_out,
-        *case.op_tensors()[3:11], *case.args.op_args(), False)
+        *case.op_tensors()[3:11], *case.args.op_args(), False, 0)
     for g in (dq, dk, dv):
         assert g.is_contiguous()
     assert dq.untyped_storage().data_ptr() != dk.untyped_storage().data_ptr()

@@ -43,7 +43,7 @@ def _bwd_args(case, need_dbias):
     out, lse, rng_out, _ = run_op(case)
     q, k, v = (t.detach() for t in case.make_qkv(case.leaves))
     opt = [t.detach() if t is not None else None for t in case.op_tensors()[3:11]]
-    return (case.dout, q, k, v, out.detach(), lse, rng_out, *opt, *case.args.op_args(), need_dbias)
+    return (case.dout, q, k, v, out.detach(), lse, rng_out, *opt, *case.args.op_args(), need_dbias, 0)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)

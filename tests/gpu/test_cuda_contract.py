@@ -43,7 +43,7 @@ def test_opcheck_bwd_cuda(cfg):
     q, k, v = (t.detach() for t in case.make_qkv(case.leaves))
     opt = [t.detach() if t is not None else None for t in case.op_tensors()[3:11]]
     need_dbias = "bias" in case.leaves
-    args = (case.dout, q, k, v, out.detach(), lse, rng_out, *opt, *case.args.op_args(), need_dbias)
+    args = (case.dout, q, k, v, out.detach(), lse, rng_out, *opt, *case.args.op_args(), need_dbias, 0)
     torch.library.opcheck(torch.ops.fusedattn.bwd.default, args)
 
 

@@ -120,7 +120,7 @@ def _sdpa_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_ca
     args, optionals = _sdpa_call(query, key, value, dropout_p, is_causal, attn_mask, scale)
     q, k, v, o, do = (t.transpose(1, 2) for t in (query, key, value, out, grad_out))
     lse = logsumexp.to(torch.float32).contiguous()
-    dq, dk, dv, _, _ = torch.ops.fusedattn.bwd(do, q, k, v, o, lse, rng, *optionals, *args.op_args(), False)
+    dq, dk, dv, _, _ = _ops._bwd_op(args, do, q, k, v, o, lse, rng, optionals, False)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
@@ -259,8 +259,8 @@ def _flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq
     # As torch's own kernel, the backward does not see alibi_slopes, seqused_k or block_table.
     args, optionals = _flash_call(query, key, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, scale,
                                   window_size_left, window_size_right)
-    dq, dk, dv, _, _ = torch.ops.fusedattn.bwd(grad_out, query, key, value, out, logsumexp.contiguous(),
-                                               rng_state.view(torch.int64), *optionals, *args.op_args(), False)
+    dq, dk, dv, _, _ = _ops._bwd_op(args, grad_out, query, key, value, out, logsumexp.contiguous(),
+                                    rng_state.view(torch.int64), optionals, False)
     return tuple(_like(g, t) for g, t in zip((dq, dk, dv), (query, key, value)))
 
 
