@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: the torch-free check, the CUDA sources compile check (where nvcc
-# exists), the core's C++ unit tests (ctest) and the Python suite (numerics,
-# operator contract, compile, errors, API; GPU tests run where a GPU is).
+# Every test: the torch-free check, the core's C++ unit tests (ctest), the portable wheel (built
+# once, CUDA engine included where nvcc exists, with -Werror on the CUDA sources) installed into a
+# fresh environment and its operator tests run there, and the Python suite (numerics, operator
+# contract, compile, errors, API; GPU tests run where a GPU is).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,17 +21,34 @@ cmake -S . -B build/cpp -G Ninja -DFUSEDATTN_BUILD_EXTENSION=OFF -DFUSEDATTN_BUI
 cmake --build build/cpp
 (cd build/cpp && ctest --output-on-failure)
 
-echo "== CUDA sources: the generated files are current; everything compiles for sm_90 (and the Hopper path for sm_90a)"
+echo "== CUDA sources: the generated files are current"
 "$PY" csrc/cuda/tc/gen_kernels.py --check
 "$PY" csrc/cuda/hopper/gen_wgmma.py --check
-if command -v nvcc >/dev/null 2>&1; then
-  # No GPU is needed to compile: this keeps the CUDA engine from rotting on CPU-only CI.
-  cmake -S . -B build/cuda-compile -G Ninja -DFUSEDATTN_BUILD_EXTENSION=OFF -DFUSEDATTN_CUDA_COMPILE_ONLY=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-  cmake --build build/cuda-compile --target fusedattn_cuda_kernels
+
+echo "== the portable wheel: built once (CUDA engine for sm_80 / sm_90 / sm_90a where nvcc exists)"
+WHEELHOUSE="$ROOT/build/wheelhouse"
+rm -rf "$WHEELHOUSE"
+t0=$SECONDS
+"$ROOT/scripts/build_wheel.sh" "$WHEELHOUSE" -C cmake.define.FUSEDATTN_CUDA_WERROR=ON
+WHEEL="$(ls "$WHEELHOUSE"/fusedattn-*.whl)"
+echo "built $(basename "$WHEEL") ($(du -h "$WHEEL" | cut -f1)) in $((SECONDS - t0)) s"
+
+echo "== the wheel in a fresh environment (binary packages only: nothing is compiled)"
+WHEEL_VENV="$ROOT/build/wheel-venv"
+rm -rf "$WHEEL_VENV"
+if python3 -c "import torch" 2>/dev/null; then
+  python3 -m venv --system-site-packages "$WHEEL_VENV"  # the machine's torch (a CUDA build on a GPU machine)
+  WHEEL_TORCH=()
 else
-  echo "nvcc not found: CUDA compile check skipped"
+  python3 -m venv "$WHEEL_VENV"
+  WHEEL_TORCH=("torch==$TORCH_VERSION")
 fi
+"$WHEEL_VENV/bin/python" -m pip install -q --only-binary=:all: "${WHEEL_TORCH[@]}" numpy pytest expecttest hypothesis \
+  "$WHEEL"
+expect_cuda=0
+if command -v nvcc >/dev/null 2>&1; then expect_cuda=1; fi
+(cd "$ROOT/tests" && FUSEDATTN_EXPECT_CUDA_KERNELS=$expect_cuda "$WHEEL_VENV/bin/python" -m pytest -q \
+  -p no:cacheprovider test_wheel.py test_opcheck.py test_contract.py test_api.py test_errors.py test_numerics.py)
 
 echo "== Python tests"
 cd "$ROOT/tests"
