@@ -313,15 +313,10 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // at most the time a predecessor needs to reach this query tile) it gives up
 // and returns false; the caller reports NaN dK and stops taking turns.
 __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
-#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
   uint32_t polls = 0;
   while (ld_acquire_gpu(cnt) != turn) {
     if (++polls == (1u << 26)) return false;
   }
-#else
-  while (ld_acquire_gpu(cnt) != turn) {
-  }
-#endif
   fence_proxy_async_global();
   return true;
 }
@@ -528,8 +523,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  phase_stamp_sm();
-  phase_stamp(0, 0);
   // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.
   const BwdTileIdx tile = bwd_tile_idx<CAUSAL, DET>(p);
   const int n_blk = tile.n_blk;
@@ -587,7 +580,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
 
   // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
   bool timed_out = !mbar_wait<false>(bar_kv, 0);
-  phase_stamp(0, 1);
   __syncwarp();
 
   // DET, thread ltid 0: the turn counter of the last reduces issued and the value that releases it
@@ -818,11 +810,8 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
       // All wgmma reading stage s (Q, dO) have completed in this warp.
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty(s));
-      if (it == 0) phase_stamp(0, 2);
     }
   }
-  phase_stamp(0, 3);
-  phase_stamp_count(it);
 
   // The reduces read this CTA's shared memory: complete them before exit. With DET first, since
   // the next CTA's turn waits on the release; otherwise after the dK / dV stores, which they overlap.
@@ -830,7 +819,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
     if (ltid == 0) bulk_wait_group<0>();
     if (ltid == 0 && rel_cnt != nullptr) st_release_gpu(rel_cnt, rel_val);  // the last tile's turn
   }
-  phase_stamp(0, 4);
 
   // ---------------------------------------------------------------- epilogue
   T* dkp = reinterpret_cast<T*>(p.dk);
@@ -849,7 +837,6 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   if constexpr (DQ_TMA && !DET) {
     if (ltid == 0) bulk_wait_group<0>();
   }
-  phase_stamp(0, 5);
 #endif
 }
 

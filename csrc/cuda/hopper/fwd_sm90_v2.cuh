@@ -134,13 +134,9 @@ __device__ __forceinline__ void v2_issue_s(float (&sacc)[BN / 2], uint32_t sQ, u
 // lazy row max): operator grid +2-4% on the persistent kernel's d = 128 points, harness -1 to +2%;
 // v2 gained nothing there (operator -4 to +1%, harness -1.3%), so v2 keeps Q in shared memory.
 // d = 256 has no room for 64 more registers beside O's 128; the K-major RS wrapper exists for
-// N = 128 (gen_wgmma.py's RSK_N). FUSEDATTN_HOPPER_QREG_DIMS (a bit per head dim: 1 = 64, 2 = 128,
-// 4 = 256) lets harness builds choose other head dims.
-#ifndef FUSEDATTN_HOPPER_QREG_DIMS
-#define FUSEDATTN_HOPPER_QREG_DIMS 2
-#endif
+// N = 128 (gen_wgmma.py's RSK_N).
 template <int D, int BN>
-constexpr bool kFwdQInRegs = (FUSEDATTN_HOPPER_QREG_DIMS & (D / 64)) != 0 && BN == 128;
+constexpr bool kFwdQInRegs = D == 128 && BN == 128;
 
 // This warpgroup's Q rows as A fragments, k-step k in qa[k], from the 128-byte-swizzled Q tile
 // ([D / 64] chunks of [128 rows][64], 16-byte unit u of row r at unit u ^ (r % 8)). Lane l reads
@@ -461,12 +457,12 @@ __device__ __forceinline__ void v2_steady_step(const V2Step<Pos>& st, const Bars
 
 // The first iteration of the v2 / v3 consumer loop: S_0 alone in this warpgroup's turn, K_0
 // released once it completed, then its softmax (no max to keep yet) and P_0 packed. Hooks as in
-// v2_steady_step; stamp() marks S_0's completion (phase stamps; empty in the library).
+// v2_steady_step.
 template <int D, int BN, int STAGES, bool F16, bool PP, typename Pos, class Bars, class WaitFull, class IssueS,
-          class Mask, class KReleased, class Stamp>
+          class Mask, class KReleased>
 __device__ __forceinline__ void v2_first_step(const V2Step<Pos>& st, const Bars& bars, const V2Regs<D, BN>& r,
                                               WaitFull&& wait_full, IssueS&& issue_s, Mask&& mask,
-                                              KReleased&& k_released, Stamp&& stamp) {
+                                              KReleased&& k_released) {
   const Pos s = st.it % STAGES;
   wait_full(bars.kf(s), (st.it / STAGES) & 1u);
   __syncwarp();  // reconverge after the spins before the .aligned ops
@@ -478,7 +474,6 @@ __device__ __forceinline__ void v2_first_step(const V2Step<Pos>& st, const Bars&
   if (PP) v2_pp_pass_turn(st.cw);
   wgmma_wait<0>();
   v2_fence_f(r.sacc);
-  stamp();
   __syncwarp();
   if (st.lane == 0) {
     mbar_arrive(bars.ke(s));
@@ -641,8 +636,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  phase_stamp_sm();
-  phase_stamp(0, 0);
   const FwdOneTile tile = fwd_one_tile<CAUSAL, BM, BN>(p);
   const int m_blk = tile.m_blk, head = tile.head, batch = tile.batch;
   const int head_kv = tile.head_kv, n_blocks = tile.n_blocks;
@@ -690,7 +683,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // After the first give-up a warp skips every later wait (garbage, but the
   // CTA ends in ~1 watchdog period instead of one per tile).
   bool timed_out = !mbar_wait<false>(bars.q(), 0);
-  phase_stamp(0, 1);
   auto wait_full = [&](uint32_t bar, uint32_t parity) {
     if (!timed_out) timed_out = !mbar_wait<false>(bar, parity);
   };
@@ -700,7 +692,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const auto issue_s = [&](uint32_t sK) { v2_issue_s<D, BN, F16>(sacc, sQ, sK, cw); };
   v2_first_step<D, BN, STAGES, F16, PP>(
       V2Step<int>{0, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full, issue_s,
-      [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd); }, [] {}, [] { phase_stamp(0, 2); });
+      [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd); }, [] {});
 
   // ------------------------------------------------ steady state
   for (int n = 1; n < n_blocks; ++n)
@@ -708,17 +700,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         V2Step<int>{n, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full, issue_s,
         [&] { v2_mask<BN, CAUSAL>(sacc, n, p.s_kv, row_base, wg_row0, qd); }, [] {});
 
-  phase_stamp(0, 3);
   // ------------------------------------------------ epilogue: PV_{last} alone
   // (V_last's release has no waiter here; kept for symmetry.) Consumer 1's last turn passes
   // nothing: consumer 0 has no turn left.
   v2_last_step<D, BN, STAGES, F16, PP>(V2Step<int>{n_blocks - 1, sK0, sV0, cw, lane, sl2}, bars, regs, wait_full,
                                        cw == 0);
-  phase_stamp(0, 4);
 
   // ---------------------------------------------------------------- epilogue
   fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, batch, head, qd, timed_out);
-  phase_stamp(0, 5);
 #endif
 }
 

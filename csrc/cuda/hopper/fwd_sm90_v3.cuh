@@ -350,9 +350,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 
   uint32_t kv = 0;  // kv blocks of this CTA's earlier tiles
   uint32_t j = 0;   // local tile index (Q ring)
-  phase_stamp_sm();
   for (int t = blockIdx.x; t < n_tiles; t = v3_next<kSnake>(t, j), ++j) {
-    phase_stamp(j, 0);
     const V3Tile ti = v3_decode<CAUSAL, BM, BN, kHeadMajor>(t, n_m, n_hb, p);
     const int n_blocks = ti.n_blocks;
     const bool last_tile = v3_next<kSnake>(t, j) >= n_tiles;  // same in both consumers
@@ -369,7 +367,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
 
     wait_full(bars.qf(qs), (j / QBUF) & 1u);
-    phase_stamp(j, 1);
     if constexpr (QREG) {
       // Q lives in registers from here, so its slot is free at once: the producer can issue the
       // next tile's Q a whole tile earlier than after this tile's last S GEMM.
@@ -387,8 +384,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         [&] { v2_mask<BN, CAUSAL>(sacc, 0, p.s_kv, row_base, wg_row0, qd); },
         [&] {
           if (!QREG && n_blocks == 1) mbar_arrive(bars.qe(qs));  // S_0 was this tile's last read of Q
-        },
-        [&] { phase_stamp(j, 2); });
+        });
 
     // ---------------------------------------------- steady state
     for (int n = 1; n < n_blocks; ++n)
@@ -399,23 +395,19 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
             if (!QREG && n == n_blocks - 1) mbar_arrive(bars.qe(qs));  // last S GEMM of the tile: Q slot free
           });
 
-    phase_stamp(j, 3);
     // ---------------------------------------------- PV_{last} alone
     // V_last's release: the producer's later loads wait on it. Only consumer 1's last turn of the
     // whole loop passes nothing.
     v2_last_step<D, BN, STAGES, F16, PP>(V2Step<uint32_t>{kv + n_blocks - 1, sKt, sVt, cw, lane, sl2}, bars, regs,
                                          wait_full, !(cw == 1 && last_tile));
-    phase_stamp(j, 4);
     kv += n_blocks;
 
     // ---------------------------------------------------------- epilogue
     // Runs while the producer's next Q / K_0 loads are in flight and the
     // other consumer issues its GEMMs.
     fwd_store_rows<T, D>(p, o, row_m, row_l, row_base, ti.batch, ti.head, qd, timed_out);
-    phase_stamp(j, 5);
     __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
   }
-  phase_stamp_count(j);
 #endif
 }
 

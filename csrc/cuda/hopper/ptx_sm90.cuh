@@ -47,7 +47,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
 
 // Block until the phase with the given parity has completed. On a freshly
 // initialised barrier (current phase 0) waiting for parity 1 returns at once.
-// Watchdog (on unless FUSEDATTN_HOPPER_NO_WATCHDOG), so that a pipeline bug
+// Watchdog, so that a pipeline bug
 // (phase / expect_tx mismatch) cannot hang the one GPU run: after 2^26 failed
 // polls (each a try_wait, which may itself suspend briefly: >= ~1 s in all;
 // legitimate waits here are microseconds)
@@ -58,7 +58,6 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
 //                 a __trap path made ptxas spill and serialise wgmma (d=256).
 template <bool TRAP>
 __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
-#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
   uint32_t polls = 0;
   while (!mbar_try_wait(bar, parity)) {
     if (++polls == (1u << 26)) {
@@ -66,10 +65,6 @@ __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
       return false;
     }
   }
-#else
-  while (!mbar_try_wait(bar, parity)) {
-  }
-#endif
   return true;
 }
 
