@@ -127,25 +127,16 @@
 #include <cstring>
 #include <type_traits>
 
-#include "fwd_sm90.cuh"  // detail::make_map, pack2 (and ptx_sm90.cuh, wgmma.cuh)
+#include "epilogue.cuh"
+#include "params.h"
+#include "ptx_sm90.cuh"
+#include "tile_scheduler.cuh"
+#include "tma_host.h"
+#include "tuning.h"
+#include "wgmma.cuh"
 
 namespace fusedattn {
 namespace hopper {
-
-template <int D>
-struct BwdTile;
-template <>
-struct BwdTile<64> {
-  static constexpr int BM = 128, BN = 128, STAGES = 2;
-};
-template <>
-struct BwdTile<128> {
-  static constexpr int BM = 64, BN = 128, STAGES = 2;
-};
-template <>
-struct BwdTile<256> {  // bwd_sm90_d256.cuh
-  static constexpr int BM = 64, BN = 64, STAGES = 2;
-};
 
 constexpr int kBwdRowPad = 128;  // s_pad = roundup(s_q, kBwdRowPad) for lse2/Dsum rows (>= every BM)
 
@@ -175,18 +166,6 @@ struct BwdSmem {
   static_assert(kQ % 1024 == 0 && kdO % 1024 == 0 && kdS % 1024 == 0 && kL % 16 == 0, "swizzle atoms 1024-aligned");
   static_assert(kTotal <= 227 * 1024, "shared memory");
   static_assert(kStg % 1024 == 0, "staging tiles 1024-aligned (128B swizzle)");
-};
-
-struct BwdKParams {
-  float* dq_acc;       // [b, s_q, h, D] fp32, zeroed by the preprocess kernel
-  const float* lse2;   // [b, h, s_pad] (log2 domain, +inf padding)
-  const float* dsum;   // [b, h, s_pad] (0 padding)
-  void* dk;            // [b, s_kv, h_kv, D]
-  void* dv;            // [b, s_kv, h_kv, D]
-  int b, s_q, s_kv, h, h_kv, s_pad;
-  float scale_log2;  // softmax scale * log2(e)
-  float scale;       // softmax scale
-  int causal_chunk;  // causal, not DET: (kv head, batch) groups per chunk of the key-tile order (<= 1: none)
 };
 
 constexpr int kBwdThreads = 384;
@@ -319,27 +298,6 @@ __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
   }
   fence_proxy_async_global();
   return true;
-}
-
-// The CTA's key tile, KV head and batch. Non-causal tiles all do the same work: group by group, so
-// that a group's CTAs run side by side and share its Q, dO and dQ rows in L2. Causally key tile n
-// sees the query tiles from n BN / BM on, so tile 0 does the most work and leads each group, the
-// groups dealt in chunks of p.causal_chunk (fwd_sm90.cuh's chunked_tile). DET keeps its own order
-// (decreasing key tiles within a group, which its turn-taking relies on) and is not chunked.
-struct BwdTileIdx {
-  int n_blk, hk, batch;
-};
-template <bool CAUSAL, bool DET>
-__device__ __forceinline__ BwdTileIdx bwd_tile_idx(const BwdKParams& p) {
-  const int n_kt = static_cast<int>(gridDim.x);
-  if constexpr (DET) {
-    return {n_kt - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-  }
-  if (!CAUSAL || p.causal_chunk <= 1) {
-    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-  }
-  const ChunkedTile t = chunked_tile(n_kt, static_cast<int>(gridDim.y * gridDim.z), p.causal_chunk);
-  return {t.rank, t.group % static_cast<int>(gridDim.y), t.group / static_cast<int>(gridDim.y)};
 }
 
 // ------------------------------------------------------------- preprocess
@@ -524,7 +482,7 @@ __device__ __forceinline__ void bwd_sm90_main(const CUtensorMap& tmQ, const CUte
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
   // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.
-  const BwdTileIdx tile = bwd_tile_idx<CAUSAL, DET>(p);
+  const BwdWork tile = bwd_work<CAUSAL, DET>(p);
   const int n_blk = tile.n_blk;
   const int hk = tile.hk;
   const int batch = tile.batch;
@@ -879,31 +837,6 @@ namespace hopper {
 
 // =================================================================== host
 
-// Element strides of a [b, s, h, d] tensor with a unit head-dim stride; all zero means
-// contiguous bshd (what the harnesses pass).
-struct BshdStrides {
-  int64_t b = 0, s = 0, h = 0;
-};
-
-// q, k, v: any BshdStrides whose byte strides are multiples of 16 (the tensor maps take
-// them); o, dout, dq, dk, dv contiguous bshd; lse fp32 [b, h, s_q]. ws: workspace of
-// bwd_sm90_workspace_bytes() bytes (bwd_sm90_det_workspace_bytes() for the DET variant),
-// 16-byte aligned.
-struct Sm90BwdArgs {
-  const void *q, *k, *v, *o, *dout;
-  BshdStrides q_strides, k_strides, v_strides;
-  const float* lse;
-  void *dq, *dk, *dv;
-  void* ws;
-  int b, s_q, s_kv, h, h_kv;
-  float scale;
-  bool causal;
-  // The causal key-tile order (bwd_tile_idx): groups per chunk, 0 for choose_causal_chunk's
-  // choice, which needs the device's SM count (0, unknown: group by group).
-  int causal_chunk = 0;
-  int sm_count = 0;
-};
-
 inline int bwd_sm90_s_pad(int s_q) { return (s_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
 
 inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
@@ -946,27 +879,6 @@ struct BwdLaunch {
   int* dq_cnt = nullptr;
   long long n_cnt = 0;
 };
-
-namespace detail {
-// fp32 map over the dQ accumulator [b, s, h, d] for the DQ_TMA reduce-adds:
-// box (32 columns = 128 B, 1 head, 64 rows, 1), 128B swizzle (matches the
-// staging tile's layout). Rows >= s are out of bounds: a reduce skips them.
-inline bool make_dq_acc_map(CUtensorMap* map, float* acc, int b, int s, int h, int d) {
-  EncodeTiledFn enc = get_encode_fn();
-  if (!enc) return false;
-  const cuuint64_t es = 4;
-  cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(h), static_cast<cuuint64_t>(s),
-                        static_cast<cuuint64_t>(b)};
-  cuuint64_t strides[3] = {static_cast<cuuint64_t>(d) * es, static_cast<cuuint64_t>(h) * d * es,
-                           static_cast<cuuint64_t>(s) * h * d * es};
-  cuuint32_t box[4] = {32, 1, 64, 1};
-  cuuint32_t estr[4] = {1, 1, 1, 1};
-  CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, acc, dims, strides, box, estr,
-                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
-}  // namespace detail
 
 // DQ_TMA = true: the dQ-by-TMA-reduce main kernel; DET = true (with DQ_TMA, d = 64 / 128): its
 // deterministic variant, a.ws of bwd_sm90_det_workspace_bytes().

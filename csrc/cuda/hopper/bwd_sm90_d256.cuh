@@ -176,7 +176,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const BwdTileIdx tile = bwd_tile_idx<CAUSAL, false>(p);
+  const BwdWork tile = bwd_work<CAUSAL, false>(p);
   const int n_blk = tile.n_blk;
   const int hk = tile.hk;
   const int batch = tile.batch;

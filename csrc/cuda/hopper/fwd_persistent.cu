@@ -1,5 +1,5 @@
-// Host entry of the persistent forward (fwd_sm90_v3.cuh) and its instantiations; see kernels.h.
-#include "fwd_sm90_v3.cuh"
+// Host entry of the persistent two-consumer forward and its instantiations; see kernels.h.
+#include "fwd_kernel.cuh"
 #include "kernels.h"
 
 namespace fusedattn {
@@ -7,10 +7,9 @@ namespace hopper {
 
 template <typename T, int D>
 cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
-  FwdLaunch L;
-  const cudaError_t e = fwd_sm90_v3_prepare<T, D>(&L, a, num_sms);
-  if (e != cudaSuccess) return e;
-  return fwd_sm90_launch(L, stream);
+  Sm90Args b = a;
+  b.sm_count = num_sms;
+  return fwd_run_persistent<T, D, 2>(b, stream);
 }
 
 template cudaError_t run_fwd_persistent<__half, 64>(const Sm90Args&, int, cudaStream_t);

@@ -1,7 +1,6 @@
-// Host entries of the d = 64 three-consumer forwards (fwd_sm90_v2w3.cuh, and its persistent
-// form fwd_sm90_w3p.cuh) and their instantiations; see kernels.h.
-#include "fwd_sm90_v2w3.cuh"
-#include "fwd_sm90_w3p.cuh"
+// Host entries of the d = 64 three-consumer forwards (one tile per CTA and persistent) and their
+// instantiations; see kernels.h.
+#include "fwd_kernel.cuh"
 #include "kernels.h"
 
 namespace fusedattn {
@@ -9,18 +8,14 @@ namespace hopper {
 
 template <typename T>
 cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream) {
-  FwdLaunch L;
-  const cudaError_t e = fwd_sm90_v2w3_prepare<T>(&L, a);
-  if (e != cudaSuccess) return e;
-  return fwd_sm90_v2w3_launch(L, stream);
+  return fwd_run_one_tile<T, 64, 3>(a, stream);
 }
 
 template <typename T>
 cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
-  FwdLaunch L;
-  const cudaError_t e = fwd_sm90_w3p_prepare<T>(&L, a, num_sms);
-  if (e != cudaSuccess) return e;
-  return fwd_sm90_v2w3_launch(L, stream);
+  Sm90Args b = a;
+  b.sm_count = num_sms;
+  return fwd_run_persistent<T, 64, 3>(b, stream);
 }
 
 template cudaError_t run_fwd_three_consumer<__half>(const Sm90Args&, cudaStream_t);

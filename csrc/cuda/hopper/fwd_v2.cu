@@ -1,5 +1,5 @@
-// Host entry of the v2 forward (fwd_sm90_v2.cuh) and its instantiations; see kernels.h.
-#include "fwd_sm90_v2.cuh"
+// Host entry of the one-tile two-consumer forward and its instantiations; see kernels.h.
+#include "fwd_kernel.cuh"
 #include "kernels.h"
 
 namespace fusedattn {
@@ -7,16 +7,15 @@ namespace hopper {
 
 template <typename T, int D>
 cudaError_t run_fwd_v2(const Sm90Args& a, cudaStream_t stream) {
-  return fwd_sm90<T, D>(a, stream);
+  return fwd_run_one_tile<T, D, 2>(a, stream);
 }
 
 // An image the device cannot run makes the attribute query fail.
 bool kernels_loadable() {
   static const bool ok = [] {
     cudaFuncAttributes attr{};
-    using C = FwdV2Default<128>;
-    return cudaFuncGetAttributes(&attr, fwd_sm90_v2_kernel<__nv_bfloat16, 128, false, C::BN, C::STAGES, C::PP>) ==
-           cudaSuccess;
+    return cudaFuncGetAttributes(&attr, fwd_sm90_kernel<FwdConfigFor<__nv_bfloat16, 128, 2, false>,
+                                                         OneTileScheduler<false>>) == cudaSuccess;
   }();
   return ok;
 }

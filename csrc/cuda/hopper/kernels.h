@@ -6,8 +6,8 @@
 
 #include <cuda_runtime.h>
 
-#include "bwd_sm90.cuh"  // Sm90BwdArgs, bwd_sm90_workspace_bytes
-#include "fwd_sm90.cuh"  // Sm90Args, KParams
+#include "bwd_sm90.cuh"  // bwd_sm90_workspace_bytes
+#include "params.h"     // Sm90Args, KParams
 
 namespace fusedattn {
 namespace hopper {

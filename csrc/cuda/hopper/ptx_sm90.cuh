@@ -1,7 +1,10 @@
-// Thin PTX wrappers for the Hopper (sm_90a) forward kernel: mbarrier, TMA
-// (cp.async.bulk.tensor), wgmma fences, setmaxnreg and the shared-memory
-// matrix descriptor. Written against the PTX ISA 8.x text; no CUTLASS/CuTe.
+// Thin PTX wrappers for the Hopper (sm_90a) kernels: mbarrier, TMA (cp.async.bulk.tensor), wgmma
+// fences, setmaxnreg, named barriers, the shared-memory matrix descriptor and 16-bit packing.
+// Written against the PTX ISA 8.x text; no CUTLASS/CuTe.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 namespace fusedattn {
@@ -143,6 +146,17 @@ __device__ __forceinline__ uint64_t make_smem_desc(uint32_t saddr, uint32_t lbo_
 }
 
 // ------------------------------------------------------------------- math
+template <bool F16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (F16) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -1,0 +1,74 @@
+// Which scores a query sees: the one place the kernels ask, for a whole tile (which key tiles a
+// query tile runs, which query tiles a key tile meets) and for one score. Today: keys past s_kv
+// never, and with CAUSAL the top-left diagonal (key j visible to query i iff j <= i). A sliding
+// window, per-sequence bounds (varlen) and a softcap belong here too.
+#pragma once
+
+#include <cmath>
+
+namespace fusedattn {
+namespace hopper {
+
+template <bool CAUSAL_>
+struct TileMask {
+  static constexpr bool CAUSAL = CAUSAL_;
+  int s_q, s_kv;
+
+  // ---- whole tiles
+  // Forward: the key tiles [0, n) of BN keys that query tile m_blk (BM rows) sees; n >= 1.
+  template <int BM, int BN>
+  __device__ __forceinline__ int n_key_tiles(int m_blk) const {
+    int nb = (s_kv + BN - 1) / BN;
+    if (CAUSAL) nb = min(nb, ((m_blk + 1) * BM + BN - 1) / BN);
+    return nb;
+  }
+  // Forward: of a query tile's n_blocks key tiles, how many the `rows` rows from row0 see (at
+  // least 1): causally up to the last of them below s_q; 1 for rows wholly past s_q.
+  template <int BN>
+  __device__ __forceinline__ int n_key_tiles_of_rows(int row0, int rows, int n_blocks) const {
+    if (row0 >= s_q) return 1;
+    if (CAUSAL) return min(n_blocks, min(row0 + rows - 1, s_q - 1) / BN + 1);
+    return n_blocks;
+  }
+  // Backward: the first query tile (BM rows) that key tile n_blk (BN keys) meets; n_m if none.
+  template <int BM, int BN>
+  __device__ __forceinline__ int first_query_tile(int n_blk, int n_m) const {
+    return CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
+  }
+  // Backward: the last of the n_kt key tiles that query tile m meets.
+  template <int BM, int BN>
+  __device__ __forceinline__ int last_key_tile(int m, int n_kt) const {
+    return CAUSAL ? min(n_kt - 1, m * BM / BN) : n_kt - 1;
+  }
+
+  // ---- inside a tile. The comparisons are written out where they are used (not through small
+  // helpers): the compiler canonicalises a helper's comparison against its parameter before
+  // inlining, which changes the generated code of the callers.
+  // Forward: key tile n (BN keys) of S in a consumer thread's accumulator fragment (rows row_base
+  // and row_base + 8 of a warpgroup whose first row is wg_row0; columns 8j + 2qd + e): scores the
+  // query does not see become -inf. Tiles without a key tail or a diagonal are left alone.
+  template <int BN>
+  __device__ __forceinline__ void apply(float (&sacc)[BN / 2], int n, int row_base, int wg_row0, int qd) const {
+    const bool tail = (n + 1) * BN > s_kv;
+    const bool diag = CAUSAL && ((n + 1) * BN - 1 > wg_row0);
+    if (tail || diag) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = n * BN + 8 * j + 2 * qd + e;
+            const int row = row_base + 8 * hf;
+            bool masked = col >= s_kv;
+            if (CAUSAL) masked = masked || (col > row);
+            if (masked) sacc[4 * j + 2 * hf + e] = -INFINITY;
+          }
+        }
+      }
+    }
+  }
+};
+
+}  // namespace hopper
+}  // namespace fusedattn
