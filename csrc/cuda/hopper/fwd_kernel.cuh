@@ -47,7 +47,7 @@ struct FwdTraits : Cfg {
   using T = typename Cfg::T;
   using Pos = typename Sched::Pos;
   static constexpr int D = Cfg::D, NCONS = Cfg::NCONS, BN = Cfg::BN, STAGES = Cfg::STAGES;
-  static constexpr bool CAUSAL = Sched::CAUSAL;
+  static constexpr bool CAUSAL = Sched::CAUSAL, kPersistent = Sched::kPersistent;
   static constexpr bool F16 = std::is_same<T, __half>::value;
   static constexpr int BM = 64 * NCONS;
   static constexpr int kThreads = 128 * (NCONS + 1), kConsumerWarps = 4 * NCONS;
