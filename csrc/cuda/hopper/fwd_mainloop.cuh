@@ -389,14 +389,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K:
   const int n_blocks = w.n_blocks;
   const float sl2 = p.scale_log2;
   // The key tiles this warpgroup's rows see (SKIP), at least 1: S_0 is always computed.
-  int n_eff = n_blocks;
-  if constexpr (K::SKIP) {
-    if (wg_row0 >= p.s_q) {
-      n_eff = 1;
-    } else if (K::CAUSAL) {
-      n_eff = min(n_blocks, min(wg_row0 + 63, p.s_q - 1) / BN + 1);
-    }
-  }
+  const int n_eff = K::SKIP ? mask.template n_key_tiles_of_rows<BN>(wg_row0, n_blocks) : n_blocks;
 
   float o[D / 2];
 #pragma unroll

@@ -22,13 +22,18 @@ struct TileMask {
     if (CAUSAL) nb = min(nb, ((m_blk + 1) * BM + BN - 1) / BN);
     return nb;
   }
-  // Forward: of a query tile's n_blocks key tiles, how many the `rows` rows from row0 see (at
-  // least 1): causally up to the last of them below s_q; 1 for rows wholly past s_q.
+  // Forward: of a query tile's n_blocks key tiles, how many a warpgroup's 64 rows from row0 see
+  // (at least 1): causally up to the last of them below s_q; 1 for rows wholly past s_q. (row0 by
+  // reference: the comparisons then compile as they did written inline at the call site.)
   template <int BN>
-  __device__ __forceinline__ int n_key_tiles_of_rows(int row0, int rows, int n_blocks) const {
-    if (row0 >= s_q) return 1;
-    if (CAUSAL) return min(n_blocks, min(row0 + rows - 1, s_q - 1) / BN + 1);
-    return n_blocks;
+  __device__ __forceinline__ int n_key_tiles_of_rows(const int& row0, int n_blocks) const {
+    int n = n_blocks;
+    if (row0 >= s_q) {
+      n = 1;
+    } else if (CAUSAL) {
+      n = min(n_blocks, min(row0 + 63, s_q - 1) / BN + 1);
+    }
+    return n;
   }
   // Backward: the first query tile (BM rows) that key tile n_blk (BN keys) meets; n_m if none.
   template <int BM, int BN>
