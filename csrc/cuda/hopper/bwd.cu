@@ -1,6 +1,5 @@
-// Host entry of the Hopper backward (bwd_sm90.cuh; d = 256: bwd_sm90_d256.cuh, which it
-// includes) and its instantiations; see kernels.h.
-#include "bwd_sm90.cuh"
+// Host entries of the Hopper backward (bwd_launch.cuh) and their instantiations; see kernels.h.
+#include "bwd_launch.cuh"
 #include "kernels.h"
 
 namespace fusedattn {
@@ -8,12 +7,12 @@ namespace hopper {
 
 template <typename T, int D>
 cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
-  return bwd_sm90<T, D>(a, stream);
+  return bwd_run<T, D, false>(a, stream);
 }
 
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
-  return bwd_sm90<T, D, true, true>(a, stream);
+  return bwd_run<T, D, true>(a, stream);
 }
 
 template cudaError_t run_bwd<__half, 64>(const Sm90BwdArgs&, cudaStream_t);

@@ -4,10 +4,11 @@
 // kernel does not take (the support checks in sm90.cu are meant to rule those out first).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "bwd_sm90.cuh"  // bwd_sm90_workspace_bytes
-#include "params.h"     // Sm90Args, KParams
+#include "params.h"  // Sm90Args, Sm90BwdArgs, the backward workspace sizes
 
 namespace fusedattn {
 namespace hopper {
@@ -23,7 +24,7 @@ template <typename T>
 cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream);  // D = 64
 template <typename T, int D>
 cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
-// dQ, dK, dV bitwise reproducible (bwd_sm90.cuh, variant DET); D = 64, 128; a.ws of
+// dQ, dK, dV bitwise reproducible (bwd_common.cuh's deterministic mode); D = 64, 128; a.ws of
 // bwd_sm90_det_workspace_bytes().
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);

@@ -4,7 +4,10 @@
 // head-dim stride; lse is fp32 [b, h, s_q] in natural log.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "tuning.h"  // BwdTile
 
 namespace fusedattn {
 namespace hopper {
@@ -78,6 +81,30 @@ struct Sm90BwdArgs {
   int causal_chunk = 0;
   int sm_count = 0;
 };
+
+// The backward's workspace: the fp32 dQ accumulator [b, s_q, h, d], then lse2 and Dsum rows
+// [b, h, s_pad] (s_q padded to kBwdRowPad, at least every BM, so that a query tile's row slice is
+// whole), 256 bytes of slack; the deterministic mode adds its dQ turn counters.
+constexpr int kBwdRowPad = 128;
+
+inline int bwd_sm90_s_pad(int s_q) { return (s_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
+
+inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
+  const size_t nacc = static_cast<size_t>(b) * s_q * h * d;
+  const size_t nrow = static_cast<size_t>(b) * h * bwd_sm90_s_pad(s_q);
+  return (nacc + 2 * nrow) * sizeof(float) + 256;
+}
+
+// DET variant (d = 64, 128): one int32 turn counter per (batch, head, query tile, consumer),
+// placed after the bwd_sm90_workspace_bytes() bytes of the other variants.
+inline long long bwd_sm90_det_counters(int b, int s_q, int h, int d) {
+  const int bm = d == 64 ? BwdTile<64>::BM : BwdTile<128>::BM;
+  return static_cast<long long>(b) * h * ((s_q + bm - 1) / bm) * 2;
+}
+inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
+  return bwd_sm90_workspace_bytes(b, s_q, h, d) +
+         static_cast<size_t>(bwd_sm90_det_counters(b, s_q, h, d)) * sizeof(int);
+}
 
 }  // namespace hopper
 }  // namespace fusedattn

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace fusedattn {
 namespace hopper {
@@ -234,7 +235,21 @@ __device__ __forceinline__ uint32_t warp_uniform_here(uint32_t x) {
   return __shfl_sync(0xffffffffu, x, 0);
 }
 
-// ---- shared -> global tensor reduce (the backward's DQ_TMA variant) ----
+// 16-bit pair -> two floats (the inverse of pack2).
+template <bool F16>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  if constexpr (F16) {
+    __half2 v;
+    memcpy(&v, &w, 4);
+    return __half22float2(v);
+  } else {
+    __nv_bfloat162 v;
+    memcpy(&v, &w, 4);
+    return __bfloat1622float2(v);
+  }
+}
+
+// ---- shared -> global tensor reduce (the backward's dQ) ----
 // Element-wise reduce-add of a shared-memory box into the global tensor of a
 // 4-D tensor map (element type from the map, e.g. f32). Box elements outside
 // the tensor bounds are not written. Completes through the bulk async-group of
@@ -249,11 +264,6 @@ __device__ __forceinline__ void tma_reduce_add_4d(const void* tmap, uint32_t src
       "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-// Four fp32 adds to 16 consecutive, 16-byte aligned bytes of global memory, one reduction.
-__device__ __forceinline__ void red_add_v4_f32(float* addr, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // At most N committed bulk groups of this thread still reading shared memory.
 template <int N>
@@ -267,6 +277,30 @@ __device__ __forceinline__ void bulk_wait_group() {
 }
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// 32-bit shared-memory store / load by shared-space address.
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+// Acquire load / release store at gpu scope (the deterministic backward's dQ turn counters).
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// Bidirectional generic <-> async proxy fence for global memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 }  // namespace hopper
