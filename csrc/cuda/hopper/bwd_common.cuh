@@ -68,6 +68,92 @@ namespace hopper {
 constexpr int kBwdThreads = 384;
 constexpr int kBwdConsumerWarps = 8;
 
+// The shared-memory pieces both main kernels have, from the 1024-aligned base sbase (Smem gives
+// the offsets): K, V, the Q / dO ring, the lse2 / Dsum row slices, and the barriers (K / V full,
+// then STAGES full and STAGES empty ring barriers).
+template <class Smem>
+struct BwdShared {
+  uint32_t sK, sV, sQ0, sdO0, sL0, sDs0;
+  uint32_t bar0;
+  __device__ __forceinline__ uint32_t bar_kv() const { return bar0; }
+  __device__ __forceinline__ uint32_t bar_full(int s) const { return bar0 + 8u * (1 + s); }
+  __device__ __forceinline__ uint32_t bar_empty(int s) const { return bar0 + 8u * (1 + Smem::STAGES + s); }
+};
+template <class Smem>
+__device__ __forceinline__ BwdShared<Smem> bwd_shared(uint32_t sbase) {
+  BwdShared<Smem> sh;
+  sh.sK = sbase + Smem::kK;
+  sh.sV = sbase + Smem::kV;
+  sh.sQ0 = sbase + Smem::kQ;
+  sh.sdO0 = sbase + Smem::kdO;
+  sh.sL0 = sbase + Smem::kL;
+  sh.sDs0 = sbase + Smem::kDs;
+  sh.bar0 = sbase + Smem::kBar;
+  return sh;
+}
+
+// A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work), the G
+// query heads of the group, and the query tiles [m_start, n_m) of each that the key tile meets.
+struct BwdCta {
+  int n_blk, hk, batch, G, n_m, m_start;
+};
+template <int BM, int BN, bool CAUSAL, bool DET>
+__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const TileMask<CAUSAL>& mask) {
+  const BwdWork tile = bwd_work<CAUSAL, DET>(p);
+  BwdCta c;
+  c.n_blk = tile.n_blk;
+  c.hk = tile.hk;
+  c.batch = tile.batch;
+  c.G = p.h / p.h_kv;
+  c.n_m = (p.s_q + BM - 1) / BM;
+  c.m_start = mask.template first_query_tile<BM, BN>(c.n_blk, c.n_m);
+  return c;
+}
+
+// Thread 0 initialises the barriers and prefetches the tensor maps; the whole CTA syncs, so that no
+// thread waits on a barrier before its init.
+template <class Smem>
+__device__ __forceinline__ void bwd_cta_start(const BwdShared<Smem>& sh, const CUtensorMap& tmQ,
+                                              const CUtensorMap& tmK, const CUtensorMap& tmV,
+                                              const CUtensorMap& tmdO, const CUtensorMap* tmdQ) {
+  if (threadIdx.x == 0) {
+    mbar_init(sh.bar_kv(), 1);
+    for (int s = 0; s < Smem::STAGES; ++s) {
+      mbar_init(sh.bar_full(s), 1);
+      mbar_init(sh.bar_empty(s), kBwdConsumerWarps);
+    }
+    mbar_fence_init();
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+    tma_prefetch_desc(&tmdO);
+    tma_prefetch_desc(tmdQ);
+  }
+  __syncthreads();
+}
+
+// The epilogue: a consumer thread's dK (times scale; NaN after a watchdog give-up) and dV rows
+// key_of(0) and key_of(1) (its accumulator fragment rows), N columns (the whole head dim, or
+// consumer cw's N-column part when N < D), as 16-bit values; rows >= s_kv are not stored. dk, dv
+// are contiguous bshd: rows D elements apart, so only the bases decide the 16-byte path.
+template <typename T, int D, int N, class KeyOf>
+__device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[N / 2], const float (&dv)[N / 2],
+                                               KeyOf&& key_of, int hk, int batch, int cw, int qd, bool timed_out) {
+  T* dkp = reinterpret_cast<T*>(p.dk);
+  T* dvp = reinterpret_cast<T*>(p.dv);
+  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+  const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_of(hf);
+    const bool active = key < p.s_kv;
+    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D +
+                       (N < D ? cw * N : 0);
+    store_frag_row<T, N>(dkp + off, dk, hf, ks, qd, vec16, active);
+    store_frag_row<T, N>(dvp + off, dv, hf, 1.f, qd, vec16, active);
+  }
+}
+
 // Reduce-adds a staging tile written by stage_dq_part<4 NB> (NB boxes of [64 rows][32 fp32] at
 // stg + b * 8 KB) into the fp32 dQ accumulator's map at columns col0 + 32 b, query rows row0..,
 // as one bulk group of the calling thread (rows >= s_q are out of bounds and skipped).

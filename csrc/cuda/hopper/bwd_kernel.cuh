@@ -77,52 +77,27 @@ __device__ __forceinline__ void bwd_main(const CUtensorMap& tmQ, const CUtensorM
   const uint32_t sraw = smem_u32(smem_raw);
   const uint32_t sbase = (sraw + 1023u) & ~1023u;
   uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
-  const uint32_t sK = sbase + Smem::kK;
-  const uint32_t sV = sbase + Smem::kV;
-  const uint32_t sQ0 = sbase + Smem::kQ;
-  const uint32_t sdO0 = sbase + Smem::kdO;
+  const BwdShared<Smem> sh = bwd_shared<Smem>(sbase);
+  const uint32_t sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
   const uint32_t sdS0 = sbase + Smem::kdS;
-  const uint32_t sL0 = sbase + Smem::kL;
-  const uint32_t sDs0 = sbase + Smem::kDs;
   const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
   const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
-  const uint32_t bar0 = sbase + Smem::kBar;
-  const uint32_t bar_kv = bar0;
-  auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
-  auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
+  const auto bar_full = [&](int s) { return sh.bar_full(s); };
+  const auto bar_empty = [&](int s) { return sh.bar_empty(s); };
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
+  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
   // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.
-  const BwdWork tile = bwd_work<CAUSAL, DET>(p);
-  const int n_blk = tile.n_blk;
-  const int hk = tile.hk;
-  const int batch = tile.batch;
-  const int G = p.h / p.h_kv;
-  const int n_m = (p.s_q + BM - 1) / BM;
-  const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
-
-  if (tid == 0) {
-    mbar_init(bar_kv, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), kBwdConsumerWarps);
-    }
-    mbar_fence_init();
-    tma_prefetch_desc(&tmQ);
-    tma_prefetch_desc(&tmK);
-    tma_prefetch_desc(&tmV);
-    tma_prefetch_desc(&tmdO);
-    tma_prefetch_desc(tmdQ);
-  }
-  __syncthreads();
+  const BwdCta cta = bwd_cta<BM, BN, CAUSAL, DET>(p, mask);
+  const int n_blk = cta.n_blk, hk = cta.hk, batch = cta.batch, G = cta.G, n_m = cta.n_m, m_start = cta.m_start;
+  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
 
   if (wg == 0) {
-    // ------------------------------------------------------------ producer
     setmaxnreg_dec<24>();
     if (tid == 0) {
-      bwd_produce<Smem, DCH>(BwdProducerArgs{sK, sV, sQ0, sdO0, sL0, sDs0, bar0, &tmQ, &tmK, &tmV, &tmdO, n_blk, hk,
-                                              batch, m_start, n_m},
+      bwd_produce<Smem, DCH>(BwdProducerArgs{sK, sV, sQ0, sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO,
+                                              n_blk, hk, batch, m_start, n_m},
                              p);
     }
     return;
@@ -149,7 +124,7 @@ __device__ __forceinline__ void bwd_main(const CUtensorMap& tmQ, const CUtensorM
   }
 
   // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
-  bool timed_out = !mbar_wait<false>(bar_kv, 0);
+  bool timed_out = !mbar_wait<false>(sh.bar_kv(), 0);
   __syncwarp();
 
   // DET, thread ltid 0: the turn counter of the last reduces issued and the value that releases it
@@ -217,10 +192,10 @@ __device__ __forceinline__ void bwd_main(const CUtensorMap& tmQ, const CUtensorM
       // same mapping as the forward's P) so the fp32 S/dP registers die early.
       const float* Ls = gL0 + s * BM;
       const float* Dss = gDs0 + s * BM;
-      const bool diag = CAUSAL && (n_blk * BN + BN - 1 > m * BM);
+      const bool diag = mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
       // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
       // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
-      const bool ktail = (n_blk + 1) * BN > p.s_kv;
+      const bool ktail = mask.has_key_tail((n_blk + 1) * BN);
       uint32_t pa[BM / 16][4], da[BM / 16][4];
       // P^T of accumulator element idx = 4j + 2hf + e (key key_g + 8hf, query m BM + 8j + 2qd + e):
       // masked (causal diagonal, keys past s_kv), exponentiated against the row's lse2 (l2e).
@@ -228,9 +203,9 @@ __device__ __forceinline__ void bwd_main(const CUtensorMap& tmQ, const CUtensorM
         float sv = sacc[4 * j + 2 * hf + e];
         if (diag) {
           const int q = m * BM + 8 * j + 2 * qd + e;
-          if (key_g + 8 * hf > q) sv = -INFINITY;
+          if (mask.above_diagonal(q, key_g + 8 * hf)) sv = -INFINITY;
         }
-        if (ktail && key_g + 8 * hf >= p.s_kv) sv = -INFINITY;
+        if (ktail && mask.past_keys(key_g + 8 * hf)) sv = -INFINITY;
         return fast_exp2(fmaf(sv, sl2, -l2e));
       };
       // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
@@ -341,7 +316,7 @@ __device__ __forceinline__ void bwd_main(const CUtensorMap& tmQ, const CUtensorM
         if constexpr (DET) {
           // Key tiles n_last(m), n_last(m) - 1, ..., 0 add into query tile m in this order.
           const int n_kt = static_cast<int>(gridDim.x);  // key tiles
-          const int n_last = CAUSAL ? min(n_kt - 1, m * BM / BN) : n_kt - 1;
+          const int n_last = mask.template last_key_tile<BM, BN>(m, n_kt);
           const int turn = n_last - n_blk;
           int* cnt = dq_cnt + ((static_cast<size_t>(batch) * p.h + head) * n_m + m) * 2 + cw;
           // After a give-up (here or in mbar_wait) the results are garbage anyway: stop
@@ -373,19 +348,7 @@ __device__ __forceinline__ void bwd_main(const CUtensorMap& tmQ, const CUtensorM
   }
 
   // ---------------------------------------------------------------- epilogue
-  T* dkp = reinterpret_cast<T*>(p.dk);
-  T* dvp = reinterpret_cast<T*>(p.dv);
-  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
-  // dk, dv are contiguous bshd: rows D elements apart, so only the bases decide the 16-byte path.
-  const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = key_g + 8 * hf;
-    const bool active = key < p.s_kv;
-    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D;
-    store_frag_row<T, D>(dkp + off, dk, hf, ks, qd, vec16, active);
-    store_frag_row<T, D>(dvp + off, dv, hf, 1.f, qd, vec16, active);
-  }
+  bwd_store_dkdv<T, D, D>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch, cw, qd, timed_out);
   if constexpr (!DET) {
     if (ltid == 0) bulk_wait_group<0>();
   }

@@ -131,53 +131,28 @@ __device__ __forceinline__ void bwd_d256_main(const CUtensorMap& tmQ, const CUte
   const uint32_t sraw = smem_u32(smem_raw);
   const uint32_t sbase = (sraw + 1023u) & ~1023u;
   uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
-  const uint32_t sK = sbase + Smem::kK;
-  const uint32_t sV = sbase + Smem::kV;
-  const uint32_t sQ0 = sbase + Smem::kQ;
-  const uint32_t sdO0 = sbase + Smem::kdO;
+  const BwdShared<Smem> sh = bwd_shared<Smem>(sbase);
+  const uint32_t sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
   const uint32_t sP0 = sbase + Smem::kP;
   const uint32_t sdS0 = sbase + Smem::kdS;
-  const uint32_t sL0 = sbase + Smem::kL;
-  const uint32_t sDs0 = sbase + Smem::kDs;
   const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
   const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
-  const uint32_t bar0 = sbase + Smem::kBar;
-  const uint32_t bar_kv = bar0;
-  auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
-  auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
+  const auto bar_full = [&](int s) { return sh.bar_full(s); };
+  const auto bar_empty = [&](int s) { return sh.bar_empty(s); };
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const BwdWork tile = bwd_work<CAUSAL, false>(p);
-  const int n_blk = tile.n_blk;
-  const int hk = tile.hk;
-  const int batch = tile.batch;
-  const int G = p.h / p.h_kv;
-  const int n_m = (p.s_q + BM - 1) / BM;
-  const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
-
-  if (tid == 0) {
-    mbar_init(bar_kv, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), kBwdConsumerWarps);
-    }
-    mbar_fence_init();
-    tma_prefetch_desc(&tmQ);
-    tma_prefetch_desc(&tmK);
-    tma_prefetch_desc(&tmV);
-    tma_prefetch_desc(&tmdO);
-    tma_prefetch_desc(tmdQ);
-  }
-  __syncthreads();
+  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
+  const BwdCta cta = bwd_cta<BM, BN, CAUSAL, false>(p, mask);
+  const int n_blk = cta.n_blk, hk = cta.hk, batch = cta.batch, G = cta.G, n_m = cta.n_m, m_start = cta.m_start;
+  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
 
   if (wg == 0) {
-    // ------------------------------------------------------------ producer
     setmaxnreg_dec<24>();
     if (tid == 0) {
-      bwd_produce<Smem, DCH, true>(BwdProducerArgs{sK, sV, sQ0, sdO0, sL0, sDs0, bar0, &tmQ, &tmK, &tmV, &tmdO,
-                                                      n_blk, hk, batch, m_start, n_m, tmdQ},
-                                     p);
+      bwd_produce<Smem, DCH, true>(BwdProducerArgs{sK, sV, sQ0, sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV,
+                                                    &tmdO, n_blk, hk, batch, m_start, n_m, tmdQ},
+                                   p);
     }
     return;
   }
@@ -206,7 +181,7 @@ __device__ __forceinline__ void bwd_d256_main(const CUtensorMap& tmQ, const CUte
   }
 
   // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
-  bool timed_out = !mbar_wait<false>(bar_kv, 0);
+  bool timed_out = !mbar_wait<false>(sh.bar_kv(), 0);
   __syncwarp();
 
   // Thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
@@ -256,10 +231,10 @@ __device__ __forceinline__ void bwd_d256_main(const CUtensorMap& tmQ, const CUte
       const float* Dss = gDs0 + s * BM;
       // ---------------- (b) P -> sP [query][key] (cw 0)
       if (cw == 0) {
-        const bool diag = CAUSAL && (n_blk * BN + BN - 1 > m * BM);
+        const bool diag = mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
         // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
         // finite but able to overflow to inf (-> NaN): mask them.
-        const bool ktail = (n_blk + 1) * BN > p.s_kv;
+        const bool ktail = mask.has_key_tail((n_blk + 1) * BN);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int ql = row_l + 8 * hf;
@@ -272,8 +247,8 @@ __device__ __forceinline__ void bwd_d256_main(const CUtensorMap& tmQ, const CUte
               const int idx = 4 * j + 2 * hf + e;
               const int key = n_blk * BN + 8 * j + 2 * qd + e;
               float sv = acc[idx];
-              if (diag && key > q) sv = -INFINITY;
-              if (ktail && key >= p.s_kv) sv = -INFINITY;
+              if (diag && mask.above_diagonal(q, key)) sv = -INFINITY;
+              if (ktail && mask.past_keys(key)) sv = -INFINITY;
               acc[idx] = fast_exp2(fmaf(sv, sl2, -l2));
             }
             st_shared_b32(sP + d256::swz_pair(ql, j, qd), pack2<F16>(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]));
@@ -388,18 +363,8 @@ __device__ __forceinline__ void bwd_d256_main(const CUtensorMap& tmQ, const CUte
   }
 
   // ---------------------------------------------------------------- epilogue
-  T* dkp = reinterpret_cast<T*>(p.dk);
-  T* dvp = reinterpret_cast<T*>(p.dv);
-  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
-  const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = n_blk * BN + row_l + 8 * hf;
-    const bool active = key < p.s_kv;
-    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D + cw * DH;
-    store_frag_row<T, DH>(dkp + off, dk, hf, ks, qd, vec16, active);
-    store_frag_row<T, DH>(dvp + off, dv, hf, 1.f, qd, vec16, active);
-  }
+  bwd_store_dkdv<T, D, DH>(
+      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd, timed_out);
   // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
   // stores, which they overlap). Then the last release: the producer waits for it before it reduces
   // cw 1's last staged tile.

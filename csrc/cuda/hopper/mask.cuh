@@ -46,9 +46,18 @@ struct TileMask {
     return CAUSAL ? min(n_kt - 1, m * BM / BN) : n_kt - 1;
   }
 
-  // ---- inside a tile. The comparisons are written out where they are used (not through small
-  // helpers): the compiler canonicalises a helper's comparison against its parameter before
-  // inlining, which changes the generated code of the callers.
+  // ---- inside a tile. Arguments compared against s_q / s_kv come by const reference: the
+  // compiler canonicalises a comparison against a by-value parameter before inlining, and the
+  // callers' code would then differ from the same test written out where it is used.
+  // A tile whose keys end (exclusive) at key_end holds keys past s_kv.
+  __device__ __forceinline__ bool has_key_tail(const int& key_end) const { return key_end > s_kv; }
+  // The diagonal cuts a tile whose last key is key_last and whose first query is q_first.
+  __device__ __forceinline__ bool crosses_diagonal(int key_last, int q_first) const {
+    return CAUSAL && key_last > q_first;
+  }
+  __device__ __forceinline__ bool past_keys(const int& key) const { return key >= s_kv; }
+  __device__ __forceinline__ bool above_diagonal(int q, int key) const { return CAUSAL && key > q; }
+
   // Forward: key tile n (BN keys) of S in a consumer thread's accumulator fragment (rows row_base
   // and row_base + 8 of a warpgroup whose first row is wg_row0; columns 8j + 2qd + e): scores the
   // query does not see become -inf. Tiles without a key tail or a diagonal are left alone.
