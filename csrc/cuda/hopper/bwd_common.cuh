@@ -248,6 +248,51 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
 }
 
 
+// The main kernels' shared body: the shared-memory carve-up, the CTA's work, the barrier init, the
+// producer warpgroup, then the consumer role (Consumer::consume: bwd_kernel.cuh's and
+// bwd_kernel_d256.cuh's), which gets the pieces in a BwdCtx.
+template <class Smem, bool CAUSAL>
+struct BwdCtx {
+  const BwdShared<Smem>& sh;
+  uint32_t sbase;
+  const float *gL0, *gDs0;  // the lse2 / Dsum slices, generic pointers
+  const TileMask<CAUSAL>& mask;
+  const BwdCta& cta;
+  int tid, wg;
+};
+template <class Consumer>
+__device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
+                                                const CUtensorMap& tmdO, const CUtensorMap* tmdQ, const BwdKParams& p,
+                                                int* dq_cnt) {
+  using Smem = typename Consumer::Smem;
+  constexpr bool CAUSAL = Consumer::CAUSAL;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u;
+  uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
+  const BwdShared<Smem> sh = bwd_shared<Smem>(sbase);
+  const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
+  const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
+
+  const int tid = threadIdx.x;
+  const int wg = warpgroup_index();
+  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
+  const BwdCta cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, Consumer::DET>(p, mask);
+  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
+
+  if (wg == 0) {
+    setmaxnreg_dec<24>();
+    if (tid == 0) {
+      bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
+          BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
+                          cta.hk, cta.batch, cta.m_start, cta.n_m, tmdQ},
+          p);
+    }
+    return;
+  }
+  Consumer::consume(BwdCtx<Smem, CAUSAL>{sh, sbase, gL0, gDs0, mask, cta, tid, wg}, tmdQ, p, dq_cnt);
+}
+
 // One thread waits until the counter shows `turn`, i.e. every earlier adder's
 // reduces have completed and been released; then its own reduces (async
 // proxy) may follow. Watchdog as in mbar_wait<false>, the consumer side's

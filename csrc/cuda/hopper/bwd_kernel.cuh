@@ -25,8 +25,9 @@ namespace hopper {
 // Shared memory: K, V; STAGES x (Q, dO); two dS^T buffers (iteration parity); STAGES x (lse2, Dsum
 // row slices); the barriers; one fp32 dQ_part staging tile of 64 x 64 per consumer (1024-aligned
 // for the 128B swizzle, single-buffered).
-template <int D>
+template <int D_>
 struct BwdSmem {
+  static constexpr int D = D_;
   using Tile = BwdTile<D>;
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
   static constexpr int kKVBytes = BN * D * 2;  // one of K, V
@@ -57,53 +58,38 @@ struct BwdSmem {
 // group's shared-memory reads (wait_group.read 0) before the next iteration's barrier 1, which every
 // consumer thread passes before rewriting the tile. DET: the reduces take turns on the counters
 // dq_cnt (bwd_common.cuh); the key tiles run in reverse blockIdx.x order.
+template <typename T, int D, bool CAUSAL_, bool DET_>
+struct BwdConsumer {
+  using Smem = BwdSmem<D>;
+  static constexpr bool CAUSAL = CAUSAL_, DET = DET_, kDqInQ = false;
+  static __device__ __forceinline__ void consume(const BwdCtx<Smem, CAUSAL>& c, const CUtensorMap* tmdQ,
+                                                 const BwdKParams& p, int* dq_cnt);
+};
+
 template <typename T, int D, bool CAUSAL, bool DET>
-__device__ __forceinline__ void bwd_main(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
-                                         const CUtensorMap& tmdO, const CUtensorMap* tmdQ, const BwdKParams& p,
-                                         int* dq_cnt) {
+__device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const BwdCtx<Smem, CAUSAL>& c,
+                                                                       const CUtensorMap* tmdQ, const BwdKParams& p,
+                                                                       int* dq_cnt) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
-  using Smem = BwdSmem<D>;
   constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
-  constexpr int DCH = D / 64;
   constexpr bool SPLIT_M = (BM == 128);      // dQ work split over the two consumers by rows (else by d columns)
   constexpr int NDQ = SPLIT_M ? D : D / 2;  // dQ columns per consumer
   static_assert(BN == 128, "two consumer warpgroups x 64 keys");
   static_assert(BM == 64 || BM == 128, "query tile");
-  static_assert(NDQ == 64 || NDQ == 128, "dQ wgmma N (MN-major B needs whole 64-wide chunks)");
   static_assert(NDQ == 64, "staging: a 64 x 64 dQ_part per consumer");
 
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t sraw = smem_u32(smem_raw);
-  const uint32_t sbase = (sraw + 1023u) & ~1023u;
-  uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
-  const BwdShared<Smem> sh = bwd_shared<Smem>(sbase);
-  const uint32_t sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
+  const auto& sh = c.sh;
+  const uint32_t sbase = c.sbase, sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
   const uint32_t sdS0 = sbase + Smem::kdS;
-  const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
-  const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
+  const float *gL0 = c.gL0, *gDs0 = c.gDs0;
   const auto bar_full = [&](int s) { return sh.bar_full(s); };
   const auto bar_empty = [&](int s) { return sh.bar_empty(s); };
+  const TileMask<CAUSAL>& mask = c.mask;
+  const int tid = c.tid, wg = c.wg;
+  const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
+  const int m_start = c.cta.m_start;
 
-  const int tid = threadIdx.x;
-  const int wg = warpgroup_index();
-  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
-  // DET: key tiles dispatched in decreasing order, so that the tiles a CTA waits for come first.
-  const BwdCta cta = bwd_cta<BM, BN, CAUSAL, DET>(p, mask);
-  const int n_blk = cta.n_blk, hk = cta.hk, batch = cta.batch, G = cta.G, n_m = cta.n_m, m_start = cta.m_start;
-  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
-
-  if (wg == 0) {
-    setmaxnreg_dec<24>();
-    if (tid == 0) {
-      bwd_produce<Smem, DCH>(BwdProducerArgs{sK, sV, sQ0, sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO,
-                                              n_blk, hk, batch, m_start, n_m},
-                             p);
-    }
-    return;
-  }
-
-  // -------------------------------------------------------------- consumers
   setmaxnreg_inc<240>();
   const int cw = wg - 1;  // keys [64cw, 64cw+64) of the tile
   const int ltid = tid & 127;
@@ -361,7 +347,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                     const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_main<T, D, CAUSAL, false>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
+  bwd_kernel_body<BwdConsumer<T, D, CAUSAL, false>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
 }
 
 // Deterministic dQ: dq_cnt, the turn counters after the workspace (bwd_sm90_det_workspace_bytes),
@@ -371,7 +357,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_det_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                         const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                         const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ, int* dq_cnt) {
-  bwd_main<T, D, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p, dq_cnt);
+  bwd_kernel_body<BwdConsumer<T, D, CAUSAL, true>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, dq_cnt);
 }
 
 }  // namespace hopper

@@ -115,49 +115,37 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
 
 }  // namespace d256
 
+template <typename T, bool CAUSAL_>
+struct BwdConsumerD256 {
+  using Smem = BwdSmemD256;
+  static constexpr bool CAUSAL = CAUSAL_, DET = false, kDqInQ = true;
+  static __device__ __forceinline__ void consume(const BwdCtx<Smem, CAUSAL>& c, const CUtensorMap* tmdQ,
+                                                 const BwdKParams& p, int*);
+};
+
 template <typename T, bool CAUSAL>
-__device__ __forceinline__ void bwd_d256_main(const CUtensorMap& tmQ, const CUtensorMap& tmK,
-                                                   const CUtensorMap& tmV, const CUtensorMap& tmdO,
-                                                   const CUtensorMap* tmdQ, const BwdKParams& p) {
+__device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx<Smem, CAUSAL>& c,
+                                                                   const CUtensorMap* tmdQ, const BwdKParams& p,
+                                                                   int*) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
-  using Smem = BwdSmemD256;
   constexpr int D = Smem::D, BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
   constexpr int DCH = D / 64;  // 64-wide chunks per row
   constexpr int DH = D / 2;    // head-dim columns of dK, dV, dQ per consumer
   static_assert(DH == 128 && DCH == 4, "two 64-wide chunks per consumer half");
 
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t sraw = smem_u32(smem_raw);
-  const uint32_t sbase = (sraw + 1023u) & ~1023u;
-  uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
-  const BwdShared<Smem> sh = bwd_shared<Smem>(sbase);
-  const uint32_t sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
+  const auto& sh = c.sh;
+  const uint32_t sbase = c.sbase, sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
   const uint32_t sP0 = sbase + Smem::kP;
   const uint32_t sdS0 = sbase + Smem::kdS;
-  const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
-  const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
+  const float *gL0 = c.gL0, *gDs0 = c.gDs0;
   const auto bar_full = [&](int s) { return sh.bar_full(s); };
   const auto bar_empty = [&](int s) { return sh.bar_empty(s); };
+  const TileMask<CAUSAL>& mask = c.mask;
+  const int tid = c.tid, wg = c.wg;
+  const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
+  const int m_start = c.cta.m_start;
 
-  const int tid = threadIdx.x;
-  const int wg = warpgroup_index();
-  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
-  const BwdCta cta = bwd_cta<BM, BN, CAUSAL, false>(p, mask);
-  const int n_blk = cta.n_blk, hk = cta.hk, batch = cta.batch, G = cta.G, n_m = cta.n_m, m_start = cta.m_start;
-  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
-
-  if (wg == 0) {
-    setmaxnreg_dec<24>();
-    if (tid == 0) {
-      bwd_produce<Smem, DCH, true>(BwdProducerArgs{sK, sV, sQ0, sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV,
-                                                    &tmdO, n_blk, hk, batch, m_start, n_m, tmdQ},
-                                   p);
-    }
-    return;
-  }
-
-  // -------------------------------------------------------------- consumers
   setmaxnreg_inc<240>();
   const int cw = wg - 1;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
   const int ltid = tid & 127;
@@ -381,7 +369,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_d256_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                          const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_d256_main<T, CAUSAL>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
+  bwd_kernel_body<BwdConsumerD256<T, CAUSAL>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
 }
 
 }  // namespace hopper
