@@ -68,6 +68,39 @@ namespace hopper {
 constexpr int kBwdThreads = 384;
 constexpr int kBwdConsumerWarps = 8;
 
+// A main kernel's shared memory: K, V; STAGES x (Q, dO); kTileBufs 16-bit [BM][BN] tiles (dS^T, or
+// P and dS, each double-buffered by iteration parity); STAGES x (lse2, Dsum) row slices; the
+// barriers; with kStaging one fp32 64 x 64 dQ_part staging tile per consumer (single-buffered).
+// Tiles read by wgmma or TMA start on 1024-byte swizzle atoms.
+template <int D_, int kTileBufs, bool kStaging>
+struct BwdSmemLayout {
+  static constexpr int D = D_;
+  using Tile = BwdTile<D>;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
+  static constexpr int kKVBytes = BN * D * 2;    // one of K, V
+  static constexpr int kQBytes = BM * D * 2;     // one of Q, dO (per stage)
+  static constexpr int kTileBytes = BM * BN * 2;  // one 16-bit [BM][BN] tile
+  static constexpr int kRowBytes = BM * 4;       // one lse2 / Dsum slice
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKVBytes;
+  static constexpr int kQ = kV + kKVBytes;
+  static constexpr int kdO = kQ + STAGES * kQBytes;
+  static constexpr int kTiles = kdO + STAGES * kQBytes;
+  static constexpr int kL = kTiles + kTileBufs * kTileBytes;
+  static constexpr int kDs = kL + STAGES * kRowBytes;
+  static constexpr int kBar = kDs + STAGES * kRowBytes;
+  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
+  static constexpr int kStgBytes = 64 * 64 * 4;  // one consumer's dQ_part staging tile
+  static constexpr int kStg = ((kBar + kBarBytes + 1023) / 1024) * 1024;
+  // + 1024 slack for aligning the dynamic shared-memory base to the swizzle atom
+  static constexpr int kTotal = kStaging ? kStg + 2 * kStgBytes + 1024 : kBar + ((kBarBytes + 127) / 128) * 128 + 1024;
+  static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kTiles % 1024 == 0 && kTileBytes % 1024 == 0,
+                "swizzle atoms 1024-aligned");
+  static_assert(kL % 16 == 0 && kBar % 8 == 0, "bulk-copy and barrier alignment");
+  static_assert(BM <= kBwdRowPad, "row slices inside the padded lse2 / Dsum rows");
+  static_assert(kTotal <= 227 * 1024, "shared memory");
+};
+
 // The shared-memory pieces both main kernels have, from the 1024-aligned base sbase (Smem gives
 // the offsets): K, V, the Q / dO ring, the lse2 / Dsum row slices, and the barriers (K / V full,
 // then STAGES full and STAGES empty ring barriers).
@@ -258,7 +291,9 @@ struct BwdCtx {
   const float *gL0, *gDs0;  // the lse2 / Dsum slices, generic pointers
   const TileMask<CAUSAL>& mask;
   const BwdCta& cta;
-  int tid, wg;
+  // The consumer thread: warpgroup cw (0, 1), its thread ltid, warp, lane, quad lane qd and
+  // fragment row r0 (lane / 4).
+  int cw, ltid, warp, lane, qd, r0;
 };
 template <class Consumer>
 __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
@@ -290,7 +325,13 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
     }
     return;
   }
-  Consumer::consume(BwdCtx<Smem, CAUSAL>{sh, sbase, gL0, gDs0, mask, cta, tid, wg}, tmdQ, p, dq_cnt);
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1;
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  Consumer::consume(BwdCtx<Smem, CAUSAL>{sh, sbase, gL0, gDs0, mask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
+                    tmdQ, p, dq_cnt);
 }
 
 // One thread waits until the counter shows `turn`, i.e. every earlier adder's

@@ -22,34 +22,9 @@
 namespace fusedattn {
 namespace hopper {
 
-// Shared memory: K, V; STAGES x (Q, dO); two dS^T buffers (iteration parity); STAGES x (lse2, Dsum
-// row slices); the barriers; one fp32 dQ_part staging tile of 64 x 64 per consumer (1024-aligned
-// for the 128B swizzle, single-buffered).
-template <int D_>
-struct BwdSmem {
-  static constexpr int D = D_;
-  using Tile = BwdTile<D>;
-  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
-  static constexpr int kKVBytes = BN * D * 2;  // one of K, V
-  static constexpr int kQBytes = BM * D * 2;   // one of Q, dO (per stage)
-  static constexpr int kDSBytes = BM * BN * 2;  // one dS^T buffer
-  static constexpr int kRowBytes = BM * 4;      // one lse2 / Dsum slice
-  static constexpr int kK = 0;
-  static constexpr int kV = kK + kKVBytes;
-  static constexpr int kQ = kV + kKVBytes;
-  static constexpr int kdO = kQ + STAGES * kQBytes;
-  static constexpr int kdS = kdO + STAGES * kQBytes;
-  static constexpr int kL = kdS + 2 * kDSBytes;
-  static constexpr int kDs = kL + STAGES * kRowBytes;
-  static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
-  static constexpr int kStgBytes = 64 * 64 * 4;  // one consumer's dQ_part staging tile
-  static constexpr int kStg = ((kBar + kBarBytes + 1023) / 1024) * 1024;
-  static constexpr int kTotal = kStg + 2 * kStgBytes + 1024;  // + alignment slack
-  static_assert(kQ % 1024 == 0 && kdO % 1024 == 0 && kdS % 1024 == 0 && kL % 16 == 0, "swizzle atoms 1024-aligned");
-  static_assert(kTotal <= 227 * 1024, "shared memory");
-  static_assert(kStg % 1024 == 0, "staging tiles 1024-aligned (128B swizzle)");
-};
+// Two dS^T tiles and the dQ staging tiles.
+template <int D>
+using BwdSmem = BwdSmemLayout<D, 2, true>;
 
 // The body of both kernels below. Each consumer writes its 64 x 64 fp32 dQ_part to its own
 // staging tile, two boxes of [64 rows][32 fp32] (128 B rows, 128B swizzle), fences (generic ->
@@ -81,22 +56,12 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
 
   const auto& sh = c.sh;
   const uint32_t sbase = c.sbase, sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
-  const uint32_t sdS0 = sbase + Smem::kdS;
+  const uint32_t sdS0 = sbase + Smem::kTiles;
   const float *gL0 = c.gL0, *gDs0 = c.gDs0;
-  const auto bar_full = [&](int s) { return sh.bar_full(s); };
-  const auto bar_empty = [&](int s) { return sh.bar_empty(s); };
-  const TileMask<CAUSAL>& mask = c.mask;
-  const int tid = c.tid, wg = c.wg;
   const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
   const int m_start = c.cta.m_start;
-
-  setmaxnreg_inc<240>();
-  const int cw = wg - 1;  // keys [64cw, 64cw+64) of the tile
-  const int ltid = tid & 127;
-  const int warp = ltid / 32;
-  const int lane = tid & 31;
-  const int qd = lane & 3;
-  const int r0 = lane >> 2;
+  const int cw = c.cw;  // keys [64cw, 64cw+64) of the tile
+  const int ltid = c.ltid, warp = c.warp, lane = c.lane, qd = c.qd, r0 = c.r0;
   // This thread's key rows (accumulator fragment rows) inside the tile: key_l, key_l + 8.
   const int key_l = cw * 64 + warp * 16 + r0;
   const int key_g = n_blk * BN + key_l;
@@ -126,7 +91,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
       const uint32_t ph = (it / STAGES) & 1u;
       const uint32_t sQ = sQ0 + s * Smem::kQBytes;
       const uint32_t sdO = sdO0 + s * Smem::kQBytes;
-      const uint32_t sdS = sdS0 + (it & 1) * Smem::kDSBytes;
+      const uint32_t sdS = sdS0 + (it & 1) * Smem::kTileBytes;
 
       // ---------------- S^T = K Q^T, dP^T = V dO^T (64 keys x BM queries per WG)
       float sacc[BM / 2], pacc[BM / 2];
@@ -135,7 +100,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
         sacc[i] = 0.f;
         pacc[i] = 0.f;
       }
-      timed_out |= !mbar_wait<false>(bar_full(s), ph);
+      timed_out |= !mbar_wait<false>(sh.bar_full(s), ph);
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) {
@@ -178,10 +143,10 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
       // same mapping as the forward's P) so the fp32 S/dP registers die early.
       const float* Ls = gL0 + s * BM;
       const float* Dss = gDs0 + s * BM;
-      const bool diag = mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
+      const bool diag = c.mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
       // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
       // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
-      const bool ktail = mask.has_key_tail((n_blk + 1) * BN);
+      const bool ktail = c.mask.has_key_tail((n_blk + 1) * BN);
       uint32_t pa[BM / 16][4], da[BM / 16][4];
       // P^T of accumulator element idx = 4j + 2hf + e (key key_g + 8hf, query m BM + 8j + 2qd + e):
       // masked (causal diagonal, keys past s_kv), exponentiated against the row's lse2 (l2e).
@@ -189,9 +154,9 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
         float sv = sacc[4 * j + 2 * hf + e];
         if (diag) {
           const int q = m * BM + 8 * j + 2 * qd + e;
-          if (mask.above_diagonal(q, key_g + 8 * hf)) sv = -INFINITY;
+          if (c.mask.above_diagonal(q, key_g + 8 * hf)) sv = -INFINITY;
         }
-        if (ktail && mask.past_keys(key_g + 8 * hf)) sv = -INFINITY;
+        if (ktail && c.mask.past_keys(key_g + 8 * hf)) sv = -INFINITY;
         return fast_exp2(fmaf(sv, sl2, -l2e));
       };
       // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
@@ -302,7 +267,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
         if constexpr (DET) {
           // Key tiles n_last(m), n_last(m) - 1, ..., 0 add into query tile m in this order.
           const int n_kt = static_cast<int>(gridDim.x);  // key tiles
-          const int n_last = mask.template last_key_tile<BM, BN>(m, n_kt);
+          const int n_last = c.mask.template last_key_tile<BM, BN>(m, n_kt);
           const int turn = n_last - n_blk;
           int* cnt = dq_cnt + ((static_cast<size_t>(batch) * p.h + head) * n_m + m) * 2 + cw;
           // After a give-up (here or in mbar_wait) the results are garbage anyway: stop
@@ -322,7 +287,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
       }
       // All wgmma reading stage s (Q, dO) have completed in this warp.
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_empty(s));
+      if (lane == 0) mbar_arrive(sh.bar_empty(s));
     }
   }
 

@@ -79,31 +79,9 @@
 namespace fusedattn {
 namespace hopper {
 
-struct BwdSmemD256 {
-  using Tile = BwdTile<256>;
-  static constexpr int D = 256, BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
-  static constexpr int kKVBytes = BN * D * 2;  // one of K, V
-  static constexpr int kQBytes = BM * D * 2;   // one of Q, dO (per stage)
-  static constexpr int kPBytes = BM * BN * 2;  // one P or dS buffer
-  static constexpr int kRowBytes = BM * 4;     // one lse2 / Dsum slice
-  static constexpr int kK = 0;
-  static constexpr int kV = kK + kKVBytes;
-  static constexpr int kQ = kV + kKVBytes;
-  static constexpr int kdO = kQ + STAGES * kQBytes;
-  static constexpr int kP = kdO + STAGES * kQBytes;
-  static constexpr int kdS = kP + 2 * kPBytes;
-  static constexpr int kL = kdS + 2 * kPBytes;
-  static constexpr int kDs = kL + STAGES * kRowBytes;
-  static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
-  static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
-  static_assert(BM == 64 && BN == 64, "one wgmma M tile of queries and of keys");
-  static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kP % 1024 == 0 && kdS % 1024 == 0 &&
-                    kPBytes % 1024 == 0 && kL % 16 == 0 && kBar % 8 == 0,
-                "swizzle atoms 1024-aligned");
-  static_assert(BM <= kBwdRowPad, "row slices inside the padded lse2 / Dsum rows");
-  static_assert(kTotal <= 227 * 1024, "shared memory");
-};
+// Two P and two dS tiles, no staging (the dQ_parts are staged in the dead Q and dO tiles).
+using BwdSmemD256 = BwdSmemLayout<256, 4, false>;
+static_assert(BwdSmemD256::BM == 64 && BwdSmemD256::BN == 64, "one wgmma M tile of queries and of keys");
 
 namespace d256 {
 
@@ -136,23 +114,13 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
 
   const auto& sh = c.sh;
   const uint32_t sbase = c.sbase, sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
-  const uint32_t sP0 = sbase + Smem::kP;
-  const uint32_t sdS0 = sbase + Smem::kdS;
+  const uint32_t sP0 = sbase + Smem::kTiles;
+  const uint32_t sdS0 = sP0 + 2 * Smem::kTileBytes;
   const float *gL0 = c.gL0, *gDs0 = c.gDs0;
-  const auto bar_full = [&](int s) { return sh.bar_full(s); };
-  const auto bar_empty = [&](int s) { return sh.bar_empty(s); };
-  const TileMask<CAUSAL>& mask = c.mask;
-  const int tid = c.tid, wg = c.wg;
   const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
   const int m_start = c.cta.m_start;
-
-  setmaxnreg_inc<240>();
-  const int cw = wg - 1;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
-  const int ltid = tid & 127;
-  const int warp = ltid / 32;
-  const int lane = tid & 31;
-  const int qd = lane & 3;
-  const int r0 = lane >> 2;
+  const int cw = c.cw;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
+  const int ltid = c.ltid, warp = c.warp, lane = c.lane, qd = c.qd, r0 = c.r0;
   // Accumulator fragment rows of this thread: row_l, row_l + 8 (queries for
   // S / dP / dQ, keys for dK / dV); columns 8j + 2qd (+1).
   const int row_l = warp * 16 + r0;
@@ -185,14 +153,14 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
       const uint32_t sQ = sQ0 + s * Smem::kQBytes;
       const uint32_t sdO = sdO0 + s * Smem::kQBytes;
       const uint32_t sA = sA0 + s * Smem::kQBytes;
-      const uint32_t sP = sP0 + (it & 1) * Smem::kPBytes;
-      const uint32_t sdS = sdS0 + (it & 1) * Smem::kPBytes;
+      const uint32_t sP = sP0 + (it & 1) * Smem::kTileBytes;
+      const uint32_t sdS = sdS0 + (it & 1) * Smem::kTileBytes;
 
       // ---------------- (a) S = Q K^T (cw 0) or dP = dO V^T (cw 1): 64 queries x 64 keys
       float acc[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-      timed_out |= !mbar_wait<false>(bar_full(s), ph);
+      timed_out |= !mbar_wait<false>(sh.bar_full(s), ph);
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
@@ -209,7 +177,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
       // would come late).
       if (ltid == 0 && pend >= 0) {
         bulk_wait_group_read<0>();
-        mbar_arrive(bar_empty(pend));
+        mbar_arrive(sh.bar_empty(pend));
       }
       wgmma_wait<0>();
 #pragma unroll
@@ -219,10 +187,10 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
       const float* Dss = gDs0 + s * BM;
       // ---------------- (b) P -> sP [query][key] (cw 0)
       if (cw == 0) {
-        const bool diag = mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
+        const bool diag = c.mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
         // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
         // finite but able to overflow to inf (-> NaN): mask them.
-        const bool ktail = mask.has_key_tail((n_blk + 1) * BN);
+        const bool ktail = c.mask.has_key_tail((n_blk + 1) * BN);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int ql = row_l + 8 * hf;
@@ -235,8 +203,8 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
               const int idx = 4 * j + 2 * hf + e;
               const int key = n_blk * BN + 8 * j + 2 * qd + e;
               float sv = acc[idx];
-              if (diag && mask.above_diagonal(q, key)) sv = -INFINITY;
-              if (ktail && mask.past_keys(key)) sv = -INFINITY;
+              if (diag && c.mask.above_diagonal(q, key)) sv = -INFINITY;
+              if (ktail && c.mask.past_keys(key)) sv = -INFINITY;
               acc[idx] = fast_exp2(fmaf(sv, sl2, -l2));
             }
             st_shared_b32(sP + d256::swz_pair(ql, j, qd), pack2<F16>(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]));
@@ -345,7 +313,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
         if (cw == 0 && warp == 0)
           pend = s;
         else
-          mbar_arrive(bar_empty(s));
+          mbar_arrive(sh.bar_empty(s));
       }
     }
   }
@@ -358,7 +326,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
   // cw 1's last staged tile.
   if (cw == 0 && ltid == 0) {
     bulk_wait_group<0>();
-    if (pend >= 0) mbar_arrive(bar_empty(pend));
+    if (pend >= 0) mbar_arrive(sh.bar_empty(pend));
   }
 #endif
 }
