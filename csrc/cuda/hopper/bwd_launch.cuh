@@ -11,6 +11,7 @@
 
 #include "bwd_kernel.cuh"
 #include "bwd_kernel_d256.cuh"
+#include "kernels.h"
 #include "params.h"
 #include "tma_host.h"
 #include "tuning.h"
@@ -151,6 +152,17 @@ inline cudaError_t bwd_run(const Sm90BwdArgs& a, cudaStream_t stream) {
   const cudaError_t e = bwd_prepare<T, D, DET>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_launch(L, stream);
+}
+
+// =================================================================== entries (kernels.h)
+// Instantiated one per line of kernels.list (generated/).
+template <typename T, int D>
+cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, D, false>(a, stream);
+}
+template <typename T, int D>
+cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, D, true>(a, stream);
 }
 
 }  // namespace hopper

@@ -23,6 +23,7 @@
 #include "params.h"
 #include "tile_scheduler.cuh"
 #include "tma_host.h"
+#include "kernels.h"
 #include "tuning.h"
 
 namespace fusedattn {
@@ -253,6 +254,29 @@ inline cudaError_t fwd_run_persistent(const Sm90Args& a, cudaStream_t stream) {
   if (choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor)
     return fwd_run<Cfg, PersistentScheduler<true, kTilesSnakeHeadMajor>>(a, stream);
   return fwd_run<Cfg, PersistentScheduler<true, kTilesSnake>>(a, stream);
+}
+
+// =================================================================== entries (kernels.h)
+// Instantiated one per line of kernels.list (generated/).
+template <typename T, int D>
+cudaError_t run_fwd_one_tile(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run_one_tile<T, D, 2>(a, stream);
+}
+template <typename T, int D>
+cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
+  Sm90Args b = a;
+  b.sm_count = num_sms;
+  return fwd_run_persistent<T, D, 2>(b, stream);
+}
+template <typename T>
+cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run_one_tile<T, 64, 3>(a, stream);
+}
+template <typename T>
+cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
+  Sm90Args b = a;
+  b.sm_count = num_sms;
+  return fwd_run_persistent<T, 64, 3>(b, stream);
 }
 
 }  // namespace hopper

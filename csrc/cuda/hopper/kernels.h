@@ -1,7 +1,7 @@
-// The Hopper kernels' host entry points, one translation unit each (fwd_v2.cu, fwd_persistent.cu,
-// fwd_three_consumer.cu, bwd.cu) so that their heavy instantiations compile in parallel; sm90.cu,
-// which decides what runs, includes only this. Each returns cudaErrorInvalidValue on arguments its
-// kernel does not take (the support checks in sm90.cu are meant to rule those out first).
+// The Hopper kernels' host entry points, defined in fwd_kernel.cuh and bwd_launch.cuh and
+// instantiated by the generated files of kernels.list; sm90.cu, which decides what runs, includes
+// only this. Each returns cudaErrorInvalidValue on arguments its kernel does not take (the support
+// checks in sm90.cu are meant to rule those out first).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,7 +15,7 @@ namespace hopper {
 
 // T = __half or __nv_bfloat16; D = 64, 128 or 256.
 template <typename T, int D>
-cudaError_t run_fwd_v2(const Sm90Args& a, cudaStream_t stream);
+cudaError_t run_fwd_one_tile(const Sm90Args& a, cudaStream_t stream);
 template <typename T, int D>
 cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream);
 template <typename T>

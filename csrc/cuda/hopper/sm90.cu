@@ -61,7 +61,7 @@ bool device_is_sm90() {
 // is an error at the first Hopper forward, not a silent fallback.
 struct FwdOverride {
   bool set = false, valid = true;
-  FwdVariant variant = FwdVariant::kV2;
+  FwdVariant variant = FwdVariant::kOneTile;
   std::string raw;
 };
 const FwdOverride& fwd_override() {
@@ -71,7 +71,7 @@ const FwdOverride& fwd_override() {
     r.raw = e == nullptr ? "" : e;
     if (r.raw.empty() || r.raw == "auto") return r;
     r.set = true;
-    if (r.raw == "v2") r.variant = FwdVariant::kV2;
+    if (r.raw == "v2") r.variant = FwdVariant::kOneTile;
     else if (r.raw == "persistent") r.variant = FwdVariant::kPersistent;
     else if (r.raw == "three_consumer") r.variant = FwdVariant::kThreeConsumer;
     else if (r.raw == "three_consumer_persistent") r.variant = FwdVariant::kThreeConsumerPersistent;
@@ -164,7 +164,7 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   // covers every shape fwd_support admits.
   const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
   if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
-    variant = FwdVariant::kV2;
+    variant = FwdVariant::kOneTile;
   }
   const int64_t tiles192 = (pr.s_q + 191) / 192 * pr.h_q * pr.b;
   if (variant == FwdVariant::kThreeConsumerPersistent &&
@@ -179,7 +179,7 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   } else if (variant == FwdVariant::kThreeConsumer) {
     e = run_fwd_three_consumer<T>(a, st);
   } else {
-    e = run_fwd_v2<T, D>(a, st);
+    e = run_fwd_one_tile<T, D>(a, st);
   }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();

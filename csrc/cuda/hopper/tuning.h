@@ -80,7 +80,7 @@ struct BwdTile<256> {
 
 // ---------------------------------------------------------------- forward variant
 enum class FwdVariant {
-  kV2,             // one CTA per 128-row query tile, two consumer warpgroups
+  kOneTile,        // one CTA per 128-row query tile, two consumer warpgroups
   kPersistent,     // the same tiles on min(#tiles, #SMs) CTAs that loop over them
   kThreeConsumer,  // d = 64 only: one CTA per 192-row query tile, three consumer warpgroups
   kThreeConsumerPersistent,  // the three-consumer tiles on min(#tiles, #SMs) looping CTAs
@@ -101,7 +101,7 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   }
   // d = 128 / 256: persistent everywhere, except causal calls past 8k, where the one-tile kernel's
   // hardware-dispatched order balances the unequal tiles better.
-  if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
+  if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kOneTile;
   return FwdVariant::kPersistent;
 }
 
