@@ -2,10 +2,11 @@
 // which calls it takes, which kernel runs them, and the launches. Built only for
 // sm_90a (cmake/cuda.cmake compiles this directory on its own, for that target
 // alone); without it the weak defaults in csrc/cuda/tc_default.cu take no call.
-// The kernels' host entries live in their own translation units (kernels.h).
+// The kernels' host entries (kernels.h) are instantiated from kernels.list.
 //
-// Forward, on by default: four kernel variants (v2, persistent, and at d = 64
-// three-consumer and persistent three-consumer), chosen per call by tuning.h;
+// Forward, on by default: four variants of fwd_kernel.cuh (one tile per CTA
+// ("v2"), persistent, and at d = 64 three-consumer and persistent
+// three-consumer), chosen per call by tuning.h;
 // FUSEDATTN_HOPPER_FWD=v2|persistent|three_consumer|three_consumer_persistent
 // forces one (the three-consumer ones only where d = 64) for A/B timing and for
 // the tests, which run every variant on every shape.
@@ -16,12 +17,12 @@
 // ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
-// Backward (bwd_sm90.cuh; dQ by TMA reduce-add), on by default
+// Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
 // (FUSEDATTN_HOPPER_BWD=0 turns it off): the forward's calls restricted to
 // s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
 // and the gradients), no dbias. Deterministic mode (torch.use_deterministic_
 // algorithms) at d = 64 and 128 runs the variant whose dQ reduce-adds take turns
-// in a fixed order (bwd_sm90.cuh, DET); at d = 256, whose dQ reduce-adds sum
+// in a fixed order (bwd_common.cuh, DET); at d = 256, whose dQ reduce-adds sum
 // in an order that varies from run to run, it goes to the sm80-class backward,
 // as does everything else.
 #include <cuda_runtime.h>
@@ -82,7 +83,7 @@ const FwdOverride& fwd_override() {
 }
 
 // FUSEDATTN_HOPPER_CAUSAL_CHUNK=C: the causal tile order of the v2 and three-consumer forwards and
-// of the backward deals its CTAs in chunks of C groups (fwd_sm90.cuh's chunked_tile); 1 is group by
+// of the backward deals its CTAs in chunks of C groups (tile_scheduler.cuh's chunked_tile); 1 is group by
 // group, the order before the chunks; unset, "", "auto" or 0 lets tuning.h choose. For A/B timing;
 // read once. Anything else is an error at the first Hopper call.
 struct ChunkOverride {
