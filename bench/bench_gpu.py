@@ -31,17 +31,16 @@ seconds (default 0.4): the GPU idle (default), the implementation's own calls ba
 limit and a measurement of about 50 ms is shorter than the power controller's reaction, so without a
 common predecessor each implementation starts from the clocks the one before left: in the fixed
 order fusedattn follows cuDNN's forward+backward at the limit and cuDNN follows FA2's, which draws
-less and leaves higher clocks (docs/perf-notes.md, nineteenth session: cuDNN 1965 MHz against our
-1585-1860 at one point). `idle` times every kernel from the same state, at the same clocks; `own`
-times each at the clocks its own power draw settles at, as in a long training run. --sustain S is
---precede own --precede-s S.
+less and leaves higher clocks (up to ~10% on a ratio; docs/perf-notes.md, Method). `idle` times
+every kernel from the same state, at the same clocks; `own` times each at the clocks its own power
+draw settles at, as in a long training run. --sustain S is --precede own --precede-s S.
 
 --energy SECONDS measures, instead of the grid, each implementation's energy per call: after
 SECONDS of back-to-back calls (to reach the power limit), NVML's board energy counter is read around
 another SECONDS of them; per point and implementation the table gives the calls' sustained TFLOP/s,
 the mean board power, joules per call and picojoules per FLOP. At the power limit a kernel's speed
 follows its energy per FLOP, so this says which of two kernels a long run favours, and a variant's
-table says what one change costs in energy (docs/perf-notes.md, eighteenth session).
+table says what one change costs in energy.
 
 --order rotate starts round r with the (r mod 3)-th implementation (fusedattn, FA2, cuDNN, ...); the
 default, fixed, times them in the same order every round. A rotation keeps each implementation's
@@ -121,8 +120,8 @@ def write_table(title, caption, lines, out_path):
     appends it to out_path when given."""
     switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FUSEDATTN_"))
     # The peer's library version and which physical GPU ran the table: the cuDNN figures moved 8-12%
-    # between device sessions with the same torch (thirteenth session), and these tell a changed
-    # library or machine apart from noise.
+    # between machines with the same torch, and these tell a changed library or machine apart from
+    # noise.
     uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))[:13]
     head = (f"## {title}, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
             f"cuDNN {torch.backends.cudnn.version()}{', GPU ' + uuid if uuid else ''}"

@@ -46,7 +46,7 @@
 #   GPU_CHECK_SUITES       which test suites run (default "gpu decode suite": tests/gpu, the
 #                          decode tests, the main suite on CUDA; "" runs none of them)
 #   GPU_CHECK_SUITE_PATHS  what the main-suite step runs (default "tests": all of it)
-#   GPU_CHECK_DECODE_PROBE=1  build and run tests/gpu/decode_probe (what limits the batch-1
+#   GPU_CHECK_DECODE_PROBE=1  build and run tools/decode_probe (what limits the batch-1
 #                          decode kernel's reads; 9.0 GPUs; its DPROBE lines go to the summary)
 #   GPU_CHECK_STEP_TIMEOUT seconds per pytest run (default 400); a run that dies on a
 #                          signal is re-run from its last test under cuda-gdb for a native backtrace
@@ -113,11 +113,11 @@ prebuilt() {
 harness_ready=1
 if [ $need_fwd = 1 ] && ! prebuilt fwdh "$HH"; then
   harness_ready=0
-  tests/gpu/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 & pids+=("$!:fwd")
+  tools/hopper/build.sh "$HH" > "$OUT/hopper_build.log" 2>&1 & pids+=("$!:fwd")
 fi
 if [ $need_bwd = 1 ] && ! prebuilt bwdh "$HB"; then
   harness_ready=0
-  tests/gpu/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 & pids+=("$!:bwd")
+  tools/hopper/build_bwd.sh "$HB" > "$OUT/hopper_bwd_build.log" 2>&1 & pids+=("$!:bwd")
 fi
 
 # run_hopper_steps: the harness steps; each writes "name<TAB>result" lines, merged into the
@@ -211,7 +211,7 @@ fi
 # ---- decode probe (9.0 GPUs, opt-in) ----------------------------------------------------
 if [ "${GPU_CHECK_DECODE_PROBE:-0}" = "1" ] && [[ "$TORCH_CUDA_ARCH_LIST" == 9.0* ]]; then
   t0=$(now)
-  { tests/gpu/decode_probe/build.sh "$OUT/decode_probe" && timeout 180 "$OUT/decode_probe"; } > "$OUT/decode_probe.log" 2>&1
+  { tools/decode_probe/build.sh "$OUT/decode_probe" && timeout 180 "$OUT/decode_probe"; } > "$OUT/decode_probe.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "decode probe" "rc=$rc $(grep -c '^DPROBE-CHECK .* ok' "$OUT/decode_probe.log") variants checked ok ($(( $(now) - t0 )) s)"

@@ -842,16 +842,18 @@ def check_case(case: Case, device=None):
     r64, g64, rounding = reference_run(case, torch.float64, rounding_dtype=dt)
     rlp, glp = reference_run(case, case.dtype)
     msgs = []
+    # softmax_lse, max_logit and d_softmax_offset are fp32 by contract: for fp64 inputs, fp32's rule.
+    fp32_dt = torch.float32 if dt == torch.float64 else dt
     msgs.append(tol_check("out", out, r64.out, rlp.out, dt))
     # lse: fp32, defined on valid rows that see at least one key (sink included in the normaliser).
     if tuple(lse.shape) != tuple(r64.lse.shape) or lse.dtype != torch.float32:
         msgs.append(f"softmax_lse: got {lse.dtype} {tuple(lse.shape)}, want float32 {tuple(r64.lse.shape)}")
     else:
-        msgs.append(tol_check("softmax_lse", lse, r64.lse.nan_to_num(0.0), rlp.lse.nan_to_num(0.0), dt,
+        msgs.append(tol_check("softmax_lse", lse, r64.lse.nan_to_num(0.0), rlp.lse.nan_to_num(0.0), fp32_dt,
                               where=r64.lse_valid))
     if case.args.return_max_logit:
         # A head may see no logit at all (every sequence empty for it): its max_logit is not defined.
-        msgs.append(tol_check("max_logit", ml, r64.max_logit, rlp.max_logit, dt,
+        msgs.append(tol_check("max_logit", ml, r64.max_logit, rlp.max_logit, fp32_dt,
                               where=torch.isfinite(r64.max_logit)))
     elif ml.numel() != 0:
         msgs.append(f"max_logit: expected an empty tensor without return_max_logit, got {tuple(ml.shape)}")
@@ -863,7 +865,8 @@ def check_case(case: Case, device=None):
         if g is None:
             msgs.append(f"d{name}: no gradient")
             continue
-        msgs.append(tol_check(f"d{name}", g, g64[name], glp[name], dt, algo_term=rounding[name]))
+        msgs.append(tol_check(f"d{name}", g, g64[name], glp[name], fp32_dt if name == "softmax_offset" else dt,
+                              algo_term=rounding[name]))
     # Padded query rows / gaps: exact zeros in out and dq; padded keys: exact zeros in dk, dv.
     q_pad = ~case.q_side.valid()
     kv_pad = ~case.kv_side.valid()

@@ -502,3 +502,232 @@ def test_dpa_integer_padding_mask_counts_like_bool():
     assert torch.equal(got, want)
     keys_dropped = mod(q, k[:, :4], v[:, :4], attention_mask=(mq, mk[..., :4]))
     assert torch.equal(want[0], keys_dropped[0])
+
+
+# ---------------------------------------------------------------------------
+# 1-D arguments: read as dense arrays, so a strided view is rejected by the op (naming the
+# argument) and the Python entry points hand the op contiguous tensors.
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values as ``t`` in every other element of a larger buffer (stride 2)."""
+    buf = torch.full((2 * t.numel(),), 99, dtype=t.dtype)
+    buf[::2] = t
+    return buf[::2]
+
+
+THD_PADDED = dict(cu_seqlens_q=torch.tensor([0, 4, 10], dtype=I32), cu_seqlens_kv=torch.tensor([0, 4, 10], dtype=I32),
+                  cu_seqlens_q_padded=torch.tensor([0, 4, 10], dtype=I32),
+                  cu_seqlens_kv_padded=torch.tensor([0, 4, 10], dtype=I32))
+
+
+@pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
+                                  "softmax_offset", "rng_state"])
+def test_strided_1d_argument_is_rejected(name):
+    q, k, v = thd()
+    kw = dict(THD_PADDED)
+    args = THD
+    if name == "softmax_offset":
+        args = THD.replace(softmax_type="learnable")
+        kw["softmax_offset"] = torch.zeros(2)
+    elif name == "rng_state":
+        args = THD.replace(dropout_p=0.25)
+        kw["rng_state"] = torch.tensor([5, 7], dtype=torch.int64)
+    kw[name] = _strided(kw[name])
+    with pytest.raises(ValueError, match=rf"\b{name} must be contiguous"):
+        fwd(q, k, v, args, **kw)
+
+
+def test_expanded_1d_argument_is_rejected():
+    q, k, v = qkv()
+    args = FwdArgs(scale=0.25, mask_type="padding")
+    cu = torch.tensor([0, 6, 12], dtype=I32)
+    with pytest.raises(ValueError, match=r"\bcu_seqlens_kv must be contiguous"):
+        fwd(q, k, v, args, cu_seqlens_q=cu, cu_seqlens_kv=torch.tensor([6], dtype=I32).expand(3))
+
+
+def test_strided_alibi_slopes_are_read_by_their_strides():
+    q, k, v = qkv()
+    slopes = torch.rand(4)
+    ref = fwd(q, k, v, alibi_slopes=slopes)[0]
+    assert torch.equal(fwd(q, k, v, alibi_slopes=_strided(slopes))[0], ref)
+    assert torch.equal(fwd(q, k, v, alibi_slopes=slopes[:1].expand(4))[0],
+                       fwd(q, k, v, alibi_slopes=slopes[:1].repeat(4))[0])
+
+
+def test_api_passes_contiguous_1d_tensors():
+    """DotProductAttention hands the op contiguous cu_seqlens / slopes: a strided view from the
+    caller gives the same result as its contiguous copy."""
+    mod = DotProductAttention(2, 16, qkv_format="thd", attn_mask_type="padding_causal")
+    q, k, v = on_device(list(thd()))
+    kw = on_device(dict(THD_PADDED))
+    want = mod(q, k, v, core_attention_bias_type="alibi", alibi_slopes=on_device(torch.tensor([0.5, 0.25])), **kw)
+    strided = {n: on_device(_strided(t.cpu())) for n, t in kw.items()}
+    got = mod(q, k, v, core_attention_bias_type="alibi", alibi_slopes=on_device(_strided(torch.tensor([0.5, 0.25]))),
+              **strided)
+    assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------
+# A meta tensor among real inputs: a device error naming it, never uninitialised memory
+
+
+@pytest.mark.parametrize("name", ["v", "cu_seqlens_q", "alibi_slopes"])
+def test_meta_tensor_among_inputs(name):
+    q, k, v = on_device(list(thd()))
+    kw = on_device(dict(cu_seqlens_q=torch.tensor([0, 4, 10], dtype=I32),
+                        cu_seqlens_kv=torch.tensor([0, 4, 10], dtype=I32), alibi_slopes=torch.rand(2)))
+    if name == "v":
+        v = v.to("meta")
+    else:
+        kw[name] = kw[name].to("meta")
+    with pytest.raises(ValueError, match=rf"\b{name} must be on the same device as q"):
+        op_fwd(q, k, v, THD, **kw)
+
+
+def test_meta_tensor_in_backward():
+    q, k, v = on_device(qkv())
+    args = FwdArgs(scale=0.25)
+    out, lse, rng, _ = op_fwd(q, k, v, args)
+    with pytest.raises(ValueError, match=r"\bdout must be on the same device as q"):
+        torch.ops.fusedattn.bwd(out.to("meta"), q, k, v, out, lse, rng, *[None] * 8, *args.op_args(), False)
+
+
+# ---------------------------------------------------------------------------
+# Silent acceptance: every setting is checked where the caller gives it
+
+
+def test_scale_must_be_a_number():
+    q, k, v = on_device([torch.randn(1, 2, 4, 16) for _ in range(3)])
+    with pytest.raises(TypeError, match=r"\bscale must be a real number"):
+        fusedattn.scaled_dot_product_attention(q, k, v, scale="0.5")
+    with pytest.raises(TypeError, match=r"\bsoftmax_scale must be a real number"):
+        DotProductAttention(2, 16, softmax_scale="0.5")
+    with pytest.raises(TypeError, match=r"\bsoftmax_scale must be a real number"):
+        fusedattn.dot_product_attention(q, k, v, softmax_scale="0.5")
+
+
+@pytest.mark.parametrize("window,exc", [((1, 2, 3), ValueError), ((3,), ValueError), ((1.5, 2), TypeError),
+                                        ((2, True), TypeError), ((2**63, 1), ValueError), ((-2, 1), ValueError),
+                                        ("ab", TypeError)])
+def test_window_size_is_checked_as_given(window, exc):
+    with pytest.raises(exc, match=r"\bwindow_size"):
+        DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="no_mask", window_size=window)
+    mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="no_mask")
+    q, k, v = on_device([torch.randn(1, 4, 2, 16) for _ in range(3)])
+    with pytest.raises(exc, match=r"\bwindow_size"):
+        mod(q, k, v, window_size=window)
+    with pytest.raises(exc, match=r"\bwindow_size"):
+        fusedattn.dot_product_attention(q, k, v, window_size=window)
+
+
+@pytest.mark.parametrize("p", [-0.5, 1.0, float("nan"), "0.1"])
+def test_dropout_is_checked_where_given(p):
+    exc = TypeError if isinstance(p, str) else ValueError
+    with pytest.raises(exc, match=r"\battention_dropout"):
+        DotProductAttention(2, 16, attention_dropout=p)
+    q, k, v = on_device([torch.randn(1, 2, 4, 16) for _ in range(3)])
+    with pytest.raises(exc, match=r"\bdropout_p"):
+        fusedattn.scaled_dot_product_attention(q, k, v, dropout_p=p)
+    with pytest.raises(exc, match=r"\bdropout_p"):
+        fusedattn.dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p)
+
+
+@pytest.mark.parametrize("fmt", ["bshd", "thd"])
+def test_dpa_query_heads_and_dims_differ_from_module(fmt):
+    mod = DotProductAttention(4, 16, qkv_format=fmt, attn_mask_type="padding")
+    tok = (1, 4) if fmt == "bshd" else (4,)
+    kw = {} if fmt == "bshd" else on_device(dict(cu_seqlens_q=torch.tensor([0, 4], dtype=I32),
+                                                 cu_seqlens_kv=torch.tensor([0, 4], dtype=I32)))
+    k = v = on_device(torch.randn(*tok, 4, 16))
+    with pytest.raises(ValueError, match=r"query_layer has 3 heads.*num_attention_heads=4"):
+        mod(on_device(torch.randn(*tok, 3, 16)), k, v, **kw)
+    with pytest.raises(ValueError, match=r"query_layer has head_dim 8.*kv_channels 16"):
+        mod(on_device(torch.randn(*tok, 4, 8)), k, v, **kw)
+
+
+# ---------------------------------------------------------------------------
+# Messages name the caller's argument as the caller wrote it
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(num_attention_heads=0, kv_channels=16), ValueError, r"num_attention_heads must be a positive int"),
+    (dict(num_attention_heads=4, kv_channels=16, num_gqa_groups=0), ValueError,
+     r"num_gqa_groups must be a positive int"),
+    (dict(num_attention_heads=4, kv_channels=0), ValueError, r"kv_channels must be"),
+    (dict(num_attention_heads=4, kv_channels=16, attn_mask_type=None), TypeError, r"attn_mask_type must be a str"),
+    (dict(num_attention_heads=4, kv_channels=16, qkv_format=None), TypeError, r"qkv_format must be a str"),
+    (dict(num_attention_heads=4, kv_channels=16, softmax_type=None), TypeError, r"softmax_type must be a str"),
+])
+def test_dpa_constructor_messages(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        DotProductAttention(**kw)
+
+
+def test_dpa_forward_mask_type_none_means_the_module_default():
+    mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="causal")
+    q, k, v = on_device([torch.randn(1, 4, 2, 16) for _ in range(3)])
+    assert torch.equal(mod(q, k, v, attn_mask_type=None), mod(q, k, v))
+    with pytest.raises(TypeError, match=r"attn_mask_type must be a str"):
+        fusedattn.dot_product_attention(q, k, v, attn_mask_type=None)
+
+
+@pytest.mark.parametrize("what,match", [
+    ("kv_seq", r"key \(1, 2, 4, 16\) and value \(1, 2, 5, 16\)"),
+    ("qk_dim", r"query \(1, 2, 4, 16\) and key \(1, 2, 4, 32\)"),
+    ("batch", r"query \(1, 2, 4, 16\) and key \(2, 2, 4, 16\)"),
+    ("dtype", r"query, key and value must have the same dtype"),
+    ("mask_shape", r"attn_mask of shape \(3, 4\) cannot be broadcast to \(1, 2, 4, 4\)"),
+])
+def test_sdpa_messages_show_the_callers_shapes(what, match):
+    q = torch.randn(1, 2, 4, 16)
+    k, v, m = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16), None
+    if what == "kv_seq":
+        v = torch.randn(1, 2, 5, 16)
+    elif what == "qk_dim":
+        k = torch.randn(1, 2, 4, 32)
+    elif what == "batch":
+        k, v = torch.randn(2, 2, 4, 16), torch.randn(2, 2, 4, 16)
+    elif what == "dtype":
+        k = k.double()
+    else:
+        m = torch.zeros(3, 4)
+    q, k, v, m = on_device((q, k, v, m))
+    with pytest.raises(RuntimeError, match=match):
+        fusedattn.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.float64])
+def test_sdpa_attn_mask_dtype_like_torch(dtype):
+    """torch takes a bool mask or a float mask of query's dtype; an integer mask is no additive bias."""
+    q, k, v = on_device([torch.randn(1, 2, 4, 16) for _ in range(3)])
+    with pytest.raises(RuntimeError, match=r"Expected attn_mask dtype to be bool or float or to match query dtype"):
+        fusedattn.scaled_dot_product_attention(q, k, v, attn_mask=on_device(torch.ones(4, 4, dtype=dtype)))
+
+
+def test_padding_mask_with_wrong_batch_names_attention_mask():
+    mod = DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="padding")
+    q, k, v = on_device([torch.randn(2, 4, 2, 16) for _ in range(3)])
+    with pytest.raises(ValueError, match=r"attention_mask.* batch 3.*query_layer.* batch 2") as e:
+        mod(q, k, v, attention_mask=on_device(torch.zeros(3, 1, 1, 4, dtype=torch.bool)))
+    assert "cu_seqlens" not in str(e.value)
+
+
+@cpu_engine_check
+def test_thd_without_max_seqlen_names_the_token_dim():
+    q, k, v = thd(t=10)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q.*token dim \(10\)") as e:
+        fwd(q, k, v, THD, cu_seqlens_q=torch.tensor([0, 12], dtype=I32), cu_seqlens_kv=torch.tensor([0, 10], dtype=I32))
+    assert "max_seqlen" not in str(e.value)
+
+
+@cpu_engine_check
+def test_paged_kv_overflow_names_the_page_table():
+    q = torch.randn(1, 1, 2, 16)
+    k = v = torch.randn(4, 4, 2, 16)  # 4 pages of 4 slots
+    args = FwdArgs(scale=0.25, mask_type="padding")
+    with pytest.raises(ValueError, match=r"cu_seqlens_kv.*9.*page_table.*2 pages of 4") as e:
+        torch.ops.fusedattn.fwd(*on_device((q, k, v)), *[None] * 4, *on_device((torch.tensor([0, 1], dtype=I32),
+                                torch.tensor([0, 9], dtype=I32))), None, None, None, *args.op_args(), False,
+                                on_device(torch.tensor([[0, 1]], dtype=I32)))
+    assert "sequence dim" not in str(e.value)

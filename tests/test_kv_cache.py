@@ -576,3 +576,101 @@ def test_pages_are_allocated_on_demand_and_reused():
     assert p.get_page_table().tolist() == [[0, 1, 2, 0], [3, 4, 6, 0], [7, 8, 0, 0]]
     assert p.cu_seqlens_kv.tolist() == [0, 9, 20, 27] and p.cu_seqlens_q.tolist() == [0, 1, 2, 3]
     assert p.pre_step_seqlens.tolist() == [8, 10, 6]
+
+
+# ---------------------------------------------------------------------------
+# A failing step: nothing written, pre_step undone, and the natural retry is correct
+
+
+def _layer_call_inputs(what, step_b, step_s):
+    """A DotProductAttention for layer 1 and its (q, k, v, kwargs) for a step of ``step_b`` sequences of
+    ``step_s`` tokens, made wrong in one way."""
+    d = 12 if what == "head_dim" else D_K
+    mod = DotProductAttention(H, d if what == "head_dim" else (D_K, D_V), num_gqa_groups=H_KV, qkv_format="bshd",
+                              attn_mask_type="padding_causal", layer_number=1,
+                              attention_dropout=0.5 if what == "dropout" else 0.0)
+    b = step_b + 1 if what == "q_batch" else step_b
+    q = torch.randn(b, step_s, H, d, device=DEVICE)
+    k = torch.randn(step_b, step_s, H_KV, d, device=DEVICE)
+    v = torch.randn(step_b, step_s, H_KV, d if what == "head_dim" else D_V, device=DEVICE)
+    kw = {}
+    if what == "bias":
+        kw = dict(core_attention_bias_type="post_scale_bias",
+                  core_attention_bias=torch.zeros(1, H, step_s, 16, device=DEVICE))
+    return mod, q, k, v, kw
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["nonpaged", "paged"])
+@pytest.mark.parametrize("what, exc, match", [
+    ("q_batch", ValueError, r"query_layer has batch 3 but pre_step set up 2 sequences"),
+    ("head_dim", NotImplementedError, r"head dims"),
+    ("bias", NotImplementedError, r"core_attention_bias.*KV cache"),
+    ("dropout", NotImplementedError, r"dropout.*KV cache"),
+])
+def test_failing_layer_writes_nothing_and_undoes_pre_step(paged, what, exc, match):
+    d = 12 if what == "head_dim" else D_K
+    p = InferenceParams(MAX_BATCH, MAX_SEQ, H_KV, d, torch.float32, head_dim_v=d if what == "head_dim" else D_V,
+                        is_paged=paged, page_size=PAGE if paged else None, device=DEVICE)
+    p.allocate_memory(1)
+    before = _snapshot(p)
+    p.pre_step(OrderedDict([(0, 2), (1, 2)]))
+    mod, q, k, v, kw = _layer_call_inputs(what, 2, 2)
+    with pytest.raises(exc, match=match):
+        mod(q, k, v, inference_params=p, **kw)
+    _assert_unchanged(p, before)
+    with pytest.raises(RuntimeError, match="before pre_step"):
+        p.step(1, k, v, "bshd")  # the failed step is over: its metadata is gone
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["nonpaged", "paged"])
+def test_retry_after_a_failed_step_is_correct(paged):
+    """Layer 2 fails after layer 1 appended; pre_step again with the same step and the right inputs
+    gives the reference answer (no slot that was never written is attended to)."""
+    dtype, fmt = torch.float32, "bshd"
+    layers = make_layers(2, fmt)
+    params = make_params(paged, DEVICE)
+    for n in (1, 2):
+        params.allocate_memory(n)
+    run = Run(params, layers, fmt)
+    gen = torch.Generator().manual_seed(5)
+    first = SCENARIO[0]
+    inputs = step_inputs(first, fmt, 2, dtype, DEVICE, gen)
+    run.check(first, inputs, run.step(first, inputs), dtype)
+    step = SCENARIO[1]
+    inputs = step_inputs(step, fmt, 2, dtype, DEVICE, gen)
+    params.pre_step(step)
+    layers[0](*inputs[0], inference_params=params)
+    q, k, v = inputs[1]
+    with pytest.raises(ValueError, match="batch"):
+        layers[1](q, k[:2], v[:2], inference_params=params)
+    run.check(step, inputs, run.step(step, inputs), dtype)
+    for step in SCENARIO[2:4]:
+        inputs = step_inputs(step, fmt, 2, dtype, DEVICE, gen)
+        run.check(step, inputs, run.step(step, inputs), dtype)
+
+
+@pytest.mark.parametrize("what, match", [
+    ("cu_new_lens", r"cu_new_lens must be contiguous"),
+    ("cache_seqlens", r"cache_seqlens must be contiguous"),
+    ("k_cache", r"k_cache must not be an expanded view"),
+    ("v_cache", r"v_cache must not be an expanded view"),
+    ("meta", r"cache_seqlens must be on new_k's device"),
+])
+def test_append_op_rejects_strided_and_expanded(what, match):
+    args = append_case("bshd", DEVICE)
+    if what in ("cu_new_lens", "cache_seqlens"):
+        i = 5 if what == "cu_new_lens" else 6
+        t = args[i]
+        buf = torch.full((2 * t.numel(),), 99, dtype=t.dtype, device=t.device)
+        buf[::2] = t
+        args[i] = buf[::2]
+    elif what in ("k_cache", "v_cache"):
+        i = 2 if what == "k_cache" else 3
+        args[i] = args[i][:1].expand_as(args[i])
+    else:
+        args[6] = args[6].to("meta")
+    snap = [a.clone() for a in args[2:4]]
+    with pytest.raises(ValueError, match=match):
+        torch.ops.fusedattn.copy_to_kv_cache(*args)
+    if what not in ("k_cache", "v_cache"):
+        assert all(torch.equal(a, b) for a, b in zip(args[2:4], snap))

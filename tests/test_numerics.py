@@ -22,8 +22,9 @@ import torch
 
 import fusedattn._ops as ops
 import reference as R
-from conftest import (ATOMIC_GRADS, MATRIX, ON_CUDA, Config, build_case, check_case, device_run, normalise, on_device,
-                      reference_run, rerun_tol, run_op, to_device, to_host, tol_check, assert_matches_reference)
+from conftest import (ATOMIC_GRADS, MATRIX, ON_CUDA, Config, build_case, check_case, device_run, module_on_device,
+                      normalise, on_device, reference_run, rerun_tol, run_op, to_device, to_host, tol_check,
+                      assert_matches_reference)
 
 FwdArgs = ops.FwdArgs
 
@@ -378,3 +379,202 @@ def test_gradcheck_float64(kw, monkeypatch):
     nondet_tol = 1e-12 if ON_CUDA else 0.0
     assert torch.autograd.gradcheck(f, tuple(case.leaves[n] for n in names), atol=1e-6, rtol=1e-5,
                                     nondet_tol=nondet_tol)
+
+
+# ---------------------------------------------------------------------------
+# NaN: the same positions as torch's math attention (docs/robustness.md)
+
+
+def _math_sdpa(q, k, v, **kw):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def _nan_inputs(where, dtype, mask_kind):
+    """bhsd q, k, v (and a float mask when asked) with one NaN at ``where``."""
+    gen = torch.Generator().manual_seed(3)
+    b, h, s_q, s_kv, d = 2, 2, 70, 67, 16  # more than one tile of 64 rows and keys
+    t = {n: torch.randn(b, h, s, d, generator=gen, dtype=torch.float64).to(dtype)
+         for n, s in (("q", s_q), ("k", s_kv), ("v", s_kv))}
+    mask = None
+    if mask_kind == "float":
+        mask = torch.randn(b, h, s_q, s_kv, generator=gen, dtype=torch.float64).to(dtype)
+    elif mask_kind == "bool":
+        mask = torch.rand(b, 1, s_q, s_kv, generator=gen) < 0.8
+        mask[0, 0, 5] = False  # a row that sees nothing
+    nan = float("nan")
+    if where == "q":
+        t["q"][0, 1, 3, 7] = nan
+    elif where == "k":
+        t["k"][1, 0, 66, 2] = nan  # the last key: invisible to most rows under a causal mask
+    elif where == "v":
+        t["v"][0, 1, 40, 0] = nan
+    elif where == "mask":
+        mask[1, 1, 2, 9] = nan
+    return t, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("where,mask_kind", [("q", None), ("k", None), ("v", None), ("q", "causal"),
+                                             ("k", "causal"), ("v", "causal"), ("k", "bool"), ("v", "bool"),
+                                             ("q", "bool"), ("mask", "float")])
+def test_nan_propagates_like_torch_math(where, mask_kind, dtype):
+    import fusedattn
+
+    t, mask = _nan_inputs(where, dtype, mask_kind)
+    leaves = {n: x.clone().requires_grad_() for n, x in t.items()}
+    kw = dict(is_causal=mask_kind == "causal", attn_mask=mask)
+    if mask is not None and mask.dtype != torch.bool:
+        leaves["mask"] = mask.clone().requires_grad_()
+        kw["attn_mask"] = leaves["mask"]
+    want = _math_sdpa(*(leaves[n].double() for n in "qkv"), **{**kw, "attn_mask": kw["attn_mask"] if kw[
+        "attn_mask"] is None or kw["attn_mask"].dtype == torch.bool else kw["attn_mask"].double()})
+    dout = torch.randn(want.shape, dtype=torch.float64)
+    want.backward(dout)
+    want_grads = {n: x.grad for n, x in leaves.items()}
+    dleaves = {n: on_device(x.detach()).requires_grad_() for n, x in leaves.items()}
+    dkw = dict(kw, attn_mask=dleaves.get("mask", on_device(kw["attn_mask"])))
+    got = fusedattn.scaled_dot_product_attention(*(dleaves[n] for n in "qkv"), **dkw)
+    got.backward(on_device(dout.to(dtype)))
+    assert torch.isnan(want).any()
+    assert torch.equal(torch.isnan(to_host(got)), torch.isnan(want)), "out: NaN positions differ from torch"
+    ok = ~torch.isnan(want)
+    torch.testing.assert_close(to_host(got).double()[ok], want[ok], rtol=0, atol=5e-2 if dtype == torch.bfloat16
+                               else 1e-5)
+    for n, x in dleaves.items():
+        g = to_host(x.grad)
+        assert torch.equal(torch.isnan(g), torch.isnan(want_grads[n])), f"d{n}: NaN positions differ from torch"
+
+
+def test_nan_alibi_slope_and_offset():
+    """A NaN ALiBi slope or learnable offset makes every row of its head NaN (their math)."""
+    from fusedattn import DotProductAttention
+
+    q, k, v = (torch.randn(2, 9, 4, 16) for _ in range(3))
+    slopes = torch.rand(4)
+    slopes[2] = float("nan")
+    mod = module_on_device(DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal"))
+    out = to_host(mod(*on_device((q, k, v)), core_attention_bias_type="alibi",
+                      alibi_slopes=on_device(slopes))).view(2, 9, 4, 16)
+    assert torch.isnan(out[:, :, 2]).all() and torch.isfinite(out[:, :, [0, 1, 3]]).all()
+    mod = module_on_device(DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal",
+                                               softmax_type="learnable"))
+    with torch.no_grad():
+        mod.softmax_offset[1] = float("nan")
+    out = to_host(mod(*on_device((q, k, v)))).view(2, 9, 4, 16)
+    assert torch.isnan(out[:, :, 1]).all() and torch.isfinite(out[:, :, [0, 2, 3]]).all()
+
+
+def test_nan_in_masked_padding_is_not_read():
+    """Positions outside every sequence (bshd padding, thd gaps) are never read, NaN or not."""
+    cfg = normalise(Config(layout="thd_gaps", mask="padding_causal", seqlens="random", max_seqlen="given",
+                           shape="self32"))
+    case = build_case(cfg)
+    with torch.no_grad():
+        for n in ("q", "k", "v"):
+            side = case.q_side if n == "q" else case.kv_side
+            case.leaves[n][~side.valid()] = float("nan")
+    check_case(case)
+
+
+# ---------------------------------------------------------------------------
+# Empty inputs: empty results and empty or zero gradients, like torch
+
+
+@pytest.mark.parametrize("shapes", [
+    ((0, 2, 4, 16), (0, 2, 4, 16), (0, 2, 4, 16)),  # b = 0
+    ((1, 2, 0, 16), (1, 2, 4, 16), (1, 2, 4, 16)),  # s_q = 0
+    ((1, 2, 4, 16), (1, 2, 0, 16), (1, 2, 0, 16)),  # s_kv = 0: zeros, like torch
+    ((1, 2, 4, 0), (1, 2, 4, 0), (1, 2, 4, 0)),     # d = 0
+    ((1, 0, 4, 16), (1, 0, 4, 16), (1, 0, 4, 16)),  # no heads
+    ((1, 2, 3, 0), (1, 2, 5, 0), (1, 2, 5, 16)),    # d_qk = 0: every q.k is 0, uniform weights
+], ids=["b0", "sq0", "skv0", "d0", "h0", "dqk0"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_empty_inputs_like_torch(shapes, is_causal):
+    import fusedattn
+
+    leaves = [torch.randn(s, dtype=torch.float64).requires_grad_() for s in shapes]
+    want = _math_sdpa(*leaves, is_causal=is_causal)
+    dout = torch.randn(want.shape, dtype=torch.float64)
+    want.backward(dout)
+    dleaves = [on_device(x.detach().float()).requires_grad_() for x in leaves]
+    got = fusedattn.scaled_dot_product_attention(*dleaves, is_causal=is_causal)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(to_host(got).double(), want.detach(), rtol=1e-5, atol=1e-6)
+    got.backward(on_device(dout.float()))
+    for x, ref in zip(dleaves, leaves):
+        assert x.grad.shape == ref.shape
+        torch.testing.assert_close(to_host(x.grad).double(), ref.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_op_empty_thd_and_no_keys():
+    """thd with no tokens (one empty sequence, or no sequence), and backward of s_kv = 0."""
+    args = FwdArgs(scale=0.25, q_format="thd", kv_format="thd", mask_type="padding", return_max_logit=True)
+    for cu in (torch.tensor([0, 0], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)):
+        q, k, v = (torch.randn(0, 2, 16) for _ in range(3))
+        out, lse, _, ml = _fwd(q, k, v, args, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        assert out.shape == (0, 2, 16) and lse.shape == (2, 0)
+        assert torch.equal(ml, torch.full((2,), float("-inf")))
+    case = build_case(normalise(Config(layout="bshd", shape="self17")))
+    case.leaves["k"] = case.leaves["k"][:, :0].detach().requires_grad_()
+    case.leaves["v"] = case.leaves["v"][:, :0].detach().requires_grad_()
+    out, lse, _, _, grads = device_run(case)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, torch.full_like(lse, float("-inf")))
+    assert torch.equal(grads["q"], torch.zeros_like(grads["q"])) and grads["k"].shape == (2, 0, 4, 32)
+
+
+# ---------------------------------------------------------------------------
+# Double backward raises (no silent zeros)
+
+
+@pytest.mark.parametrize("path", ["op", "attention"])
+def test_double_backward_raises(path):
+    case = to_device(build_case(normalise(Config(layout="bshd", mask="causal", shape="self17", dtype="fp64",
+                                                 heads=(2, 2), dims=(8, 8)))))
+    q, k, v = (case.leaves[n] for n in "qkv")
+    if path == "op":
+        out = run_op(case)[0]
+    else:
+        out = ops.attention(q, k, v, case.args)[0]
+    dq, = torch.autograd.grad((out * case.dout).sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match=r"fusedattn: double backward"):
+        torch.autograd.grad(dq.sum(), (q, k, v))
+
+    def f(q, k, v):
+        return ops.attention(q, k, v, case.args)[0]
+
+    with pytest.raises(NotImplementedError, match=r"fusedattn: double backward"):
+        torch.autograd.gradgradcheck(f, (q, k, v))
+
+
+# ---------------------------------------------------------------------------
+# float64 is float64-accurate
+
+
+@pytest.mark.parametrize("cfg", [
+    Config(layout="bshd", mask="padding_causal_bottom_right", seqlens="random", bias="bhss", softmax="learnable",
+           heads=(4, 2), dims=(16, 64), shape="cross_short_q", dtype="fp64", scale=0.3),
+    Config(layout="thd_th2d", mask="padding", seqlens="empty", max_seqlen="none", bias="alibi_bh", dropout=0.25,
+           softmax="off-by-one", dims=(32, 32), dtype="fp64", scale=0.3),
+    Config(layout="sbhd", mask="no_mask", shape="long", dims=(64, 64), dtype="fp64", scale=0.7),
+], ids=str)
+def test_float64_is_float64_accurate(cfg):
+    case = build_case(normalise(cfg))
+    out, lse, _, _, grads = device_run(case)
+    r64, g64 = reference_run(case, torch.float64)
+    torch.testing.assert_close(out, r64.out, rtol=1e-12, atol=1e-12)
+    for n in case.leaves:
+        if n != "softmax_offset":  # an fp32 parameter: its gradient is fp32
+            torch.testing.assert_close(grads[n], g64[n], rtol=1e-11, atol=1e-11, msg=lambda m: f"d{n}: {m}")
+
+
+def test_float64_huge_scale_like_torch():
+    q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float64) for _ in range(3))
+    want = _math_sdpa(q, k, v, scale=1e39)
+    import fusedattn
+
+    got = to_host(fusedattn.scaled_dot_product_attention(*on_device((q, k, v)), scale=1e39))
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -43,9 +43,10 @@ inline at::ScalarType to_scalar_type(DType t) {
 inline TensorRef to_ref(const at::Tensor& t, const char* name) {
   TensorRef r;
   TORCH_CHECK_VALUE(t.dim() <= kMaxRank, cat(name, " has ", t.dim(), " dims; at most ", kMaxRank, " are supported"));
-  r.data = t.data_ptr();
   r.dtype = to_dtype(t.scalar_type());
   r.device = t.is_cpu() ? DeviceType::kCPU : (t.is_cuda() ? DeviceType::kCUDA : DeviceType::kOther);
+  // A meta (or other) tensor has no data here: the core rejects its device before anything reads it.
+  r.data = r.device == DeviceType::kOther ? nullptr : t.data_ptr();
   r.device_index = t.is_cpu() ? -1 : t.get_device();
   r.ndim = static_cast<int>(t.dim());
   for (int i = 0; i < r.ndim; ++i) {

@@ -12,6 +12,7 @@
 // attn_cpu.cpp and attn_cuda.cpp register fwd_impl<Engine> / bwd_impl<Engine>.
 #pragma once
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -52,6 +53,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
                        : engine_zeroes ? at::empty({2}, opts.dtype(at::kLong))
                                        : at::zeros({2}, opts.dtype(at::kLong));
 
+  if (lse.numel() == 0) {  // no query rows (b, s_q, t_q or h_q is 0): nothing to compute
+    max_logit.fill_(-std::numeric_limits<float>::infinity());
+    if (engine_zeroes) rng_out.zero_();
+    return {out, lse, rng_out, max_logit};
+  }
   FwdOutputs outs{to_ref(out, "out"), to_ref(lse, "softmax_lse"), to_ref(max_logit, "max_logit")};
   FwdParams params;
   raise_if_error(make_fwd_params(args, in, prob, outs, &params));
@@ -94,6 +100,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_impl(
   at::Tensor dbias = empty_like_shape(shapes.dbias, opts);
   at::Tensor d_off = empty_like_shape(shapes.d_softmax_offset, opts);
 
+  if (softmax_lse.numel() == 0) {  // no query rows: no key, bias or offset takes part in an output
+    for (at::Tensor* t : {&dk, &dv, &dbias, &d_off}) t->zero_();
+    return {dq, dk, dv, dbias, d_off};
+  }
   BwdOutputs outs{to_ref(dq, "dq"), to_ref(dk, "dk"), to_ref(dv, "dv"), to_ref(dbias, "dbias"),
                   to_ref(d_off, "d_softmax_offset")};
   BwdParams params;

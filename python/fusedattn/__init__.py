@@ -2,7 +2,10 @@
 
 ``DotProductAttention`` is a drop-in for TransformerEngine's module of that name;
 ``scaled_dot_product_attention`` follows ``torch.nn.functional``'s contract;
-``InferenceParams`` (KV caching for decoding) TransformerEngine's, see docs/kv-cache.md.
+``InferenceParams`` (KV caching for decoding) TransformerEngine's, see docs/kv-cache.md;
+``flash_attn_func`` and its siblings flash-attn's API, ``varlen_attn`` torch's;
+``fusedattn.integrations`` plugs fusedattn into Hugging Face transformers and into torch's
+SDPA (see docs/integrations.md).
 All of them trace under ``torch.compile(fullgraph=True)``; ``config.force_eager``
 makes them run eagerly instead (see docs/api.md).
 """
@@ -12,6 +15,16 @@ __version__ = "0.1.0"
 from . import config
 from ._ops import FwdArgs
 from .attention import DotProductAttention
+from .flash_attn_interface import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+    varlen_attn,
+)
 from .functional import dot_product_attention, scaled_dot_product_attention
 from .inference import InferenceParams
 
@@ -21,6 +34,14 @@ __all__ = [
     "InferenceParams",
     "config",
     "dot_product_attention",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
+    "varlen_attn",
     "__version__",
 ]

@@ -125,6 +125,19 @@ def draw_rng_state(device: torch.device) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 # Fake implementations: the same shape rules as fwd_output_shapes /
 # bwd_output_shapes in csrc/core/src/check.cc, with symbolic sizes kept symbolic.
+# A meta tensor among real ones sends the whole call here (the Meta dispatch key
+# wins), so the fakes check what the core's same_device checks, with its words:
+# otherwise the call would return uninitialised tensors on q's device.
+
+
+def _check_devices(ref, where, named):
+    for name, t in named:
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"fusedattn: {name} must be on {where} ({ref.device}); got {t.device}")
+
+
+_FWD_TENSOR_NAMES = ("k", "v", "core_attention_bias", "softmax_offset", "attention_mask", "alibi_slopes",
+                     "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "rng_state")
 
 
 def _out_shapes(q, v, args: FwdArgs):
@@ -144,6 +157,9 @@ def _fwd_fake(q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens
               cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, q_format, kv_format, mask_type,
               window_left, window_right, bottom_right_diagonal, softmax_type, scale, dropout_p,
               max_seqlen_q, max_seqlen_kv, return_max_logit, page_table=None):
+    _check_devices(q, "the same device as q", zip(_FWD_TENSOR_NAMES + ("page_table",),
+                               (k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
+                                cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, page_table)))
     args = FwdArgs.from_op_args(q_format, kv_format, mask_type, window_left, window_right,
                                 bottom_right_diagonal, softmax_type, scale, dropout_p,
                                 max_seqlen_q, max_seqlen_kv, return_max_logit)
@@ -160,6 +176,9 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, bias, softmax_offset, 
               alibi_slopes, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
               q_format, kv_format, mask_type, window_left, window_right, bottom_right_diagonal,
               softmax_type, scale, dropout_p, max_seqlen_q, max_seqlen_kv, need_dbias):
+    _check_devices(q, "the same device as q", zip(("dout", "out", "softmax_lse") + _FWD_TENSOR_NAMES,
+                               (dout, out, softmax_lse, k, v, bias, softmax_offset, attn_mask, alibi_slopes,
+                                cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state)))
     dq = q.new_empty(q.shape)
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)
@@ -205,11 +224,31 @@ def _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs_grad):
     # compiled runs apart (AOTAutograd hands the backward contiguous tangents).
     if not dout.is_contiguous():
         dout = dout.contiguous()
-    dq, dk, dv, dbias, d_off = torch.ops.fusedattn.bwd(
-        dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(), need_dbias
-    )
+    create_graph = torch.is_grad_enabled()
+    with torch.no_grad():
+        dq, dk, dv, dbias, d_off = torch.ops.fusedattn.bwd(
+            dout, q, k, v, out, lse, rng_state, *optionals, *args.op_args(), need_dbias
+        )
     d_off = d_off.to(softmax_offset.dtype) if softmax_offset is not None and needs_grad[4] else None
-    return dq, dk, dv, (dbias if need_dbias else None), d_off
+    grads = (dq, dk, dv, (dbias if need_dbias else None), d_off)
+    if create_graph:  # the gradients must not pass for constants of q, k, v, dout
+        return _NoDoubleBackward.apply(q, k, v, dout, *grads)
+    return grads
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The identity on the first backward's gradients; differentiating them raises (the bwd
+    operator has no derivative), so double backward never silently sees zeros."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, dout, *grads):
+        return tuple(g.view_as(g) if g is not None else None for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError(
+            "fusedattn: double backward (a derivative of attention's gradients, e.g. gradgradcheck or "
+            "create_graph=True followed by a second backward through them) is not supported")
 
 
 def _backward(ctx, dout, _dlse, _drng, _dmax_logit):
@@ -288,6 +327,9 @@ class _Attention(torch.autograd.Function):
 @torch.library.register_fake("fusedattn::copy_to_kv_cache")
 def _copy_to_kv_cache_fake(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens, cache_seqlens,
                            qkv_format):
+    _check_devices(new_k, "new_k's device",
+                   zip(("new_v", "k_cache", "v_cache", "page_table", "cu_new_lens", "cache_seqlens"),
+                       (new_v, k_cache, v_cache, page_table, cu_new_lens, cache_seqlens)))
     return None
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parameter import Parameter
 
-from . import _ops
+from . import _checks, _ops
 from ._gate import eager_fallback_gate, needs_eager
 from ._ops import FwdArgs
 
@@ -48,6 +48,11 @@ def canonical_mask_type(attn_mask_type: str) -> str:
     return mask
 
 
+def _default_scale(d_qk) -> float:
+    """1 / sqrt(d_qk); with d_qk = 0 every q.k is 0, so any finite scale gives torch's result."""
+    return 1.0 / math.sqrt(d_qk) if d_qk > 0 else 1.0
+
+
 def default_window_size(mask_type: str) -> Tuple[int, int]:
     """TransformerEngine's ``check_set_window_size(mask, None)``."""
     return (-1, 0) if mask_type in CAUSAL_MASK_TYPES else (-1, -1)
@@ -70,11 +75,13 @@ def _build_fwd_args(
     """Resolve every default of one call into the frozen FwdArgs the operator takes.
 
     ``mask_type`` must already be canonical. An explicit window passes through
-    unchanged: the operator normalises it for causal masks and rejects the
-    combinations TransformerEngine rejects. max_seqlen only means something
-    for thd (for bshd/sbhd the operator reads the sequence dims), so it is
-    dropped there and the shapes stay symbolic under torch.compile.
+    unchanged (checked to be two ints): the operator normalises it for causal
+    masks and rejects the combinations TransformerEngine rejects. max_seqlen
+    only means something for thd (for bshd/sbhd the operator reads the sequence
+    dims), so it is dropped there and the shapes stay symbolic under
+    torch.compile.
     """
+    window_size = _checks.window_size(window_size)
     if window_size is None:
         window_size = default_window_size(mask_type)
     return FwdArgs(
@@ -82,8 +89,8 @@ def _build_fwd_args(
         q_format=q_format,
         kv_format=kv_format,
         mask_type=mask_type,
-        window_left=int(window_size[0]),
-        window_right=int(window_size[1]),
+        window_left=window_size[0],
+        window_right=window_size[1],
         # None: the core applies TransformerEngine's rule (causal types force their own diagonal).
         bottom_right_diagonal=bottom_right_diagonal,
         softmax_type=softmax_type,
@@ -200,7 +207,7 @@ def _bias_inputs(bias_type: str, bias: Optional[torch.Tensor], alibi_slopes: Opt
     return bias.to(q.dtype), None
 
 
-def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqlens_kv, s_q=None, s_kv=None):
+def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqlens_kv, q_dims=None, kv_dims=None):
     """(attn_mask, cu_seqlens_q, cu_seqlens_kv) for the operator.
 
     Padding masks: cu_seqlens win when given; otherwise ``attention_mask`` (one
@@ -208,6 +215,7 @@ def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqle
     is turned into cu_seqlens on the device. "arbitrary": ``attention_mask`` is
     the bool mask itself (True = masked out), broadcastable to [b, h, s_q, s_kv].
     For other masks ``attention_mask`` is ignored, as in TransformerEngine.
+    ``q_dims`` / ``kv_dims``: (batch, sequence) of query_layer / key_layer (None for thd).
     """
     if attention_mask is None:
         return None, cu_seqlens_q, cu_seqlens_kv
@@ -228,11 +236,18 @@ def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqle
         # A padding mask's last dim is the sequence it pads: one mask for both
         # sides only fits self-attention (TransformerEngine takes a pair for
         # cross-attention); a mismatch would silently drop or invent keys.
-        for name, m, s in (("query", mask_q, s_q), ("key/value", mask_kv, s_kv)):
-            if s is not None and m.shape[-1] != s:
+        for name, layer, m, dims in (("query", "query_layer", mask_q, q_dims),
+                                     ("key/value", "key_layer", mask_kv, kv_dims)):
+            if dims is None:
+                continue
+            if m.shape[-1] != dims[1]:
                 raise ValueError(
                     f"attention_mask for the {name} side has {m.shape[-1]} positions but the {name} sequence has "
-                    f"{s}; for cross-attention pass attention_mask=(mask_q, mask_kv)")
+                    f"{dims[1]}; for cross-attention pass attention_mask=(mask_q, mask_kv)")
+            if m.dim() < 2 or m.shape[0] != dims[0]:
+                raise ValueError(
+                    f"attention_mask for the {name} side has batch {m.shape[0] if m.dim() > 1 else 1} but "
+                    f"{layer} has batch {dims[0]}; a padding mask is [b, 1, 1, s]")
         if cu_seqlens_q is None:
             cu_seqlens_q = cu_seqlens_from_padding_mask(mask_q)
         if cu_seqlens_kv is None:
@@ -240,11 +255,17 @@ def _mask_inputs(mask_type: str, attention_mask: MaskArg, cu_seqlens_q, cu_seqle
     return None, cu_seqlens_q, cu_seqlens_kv
 
 
-def _seq_dim(t: torch.Tensor, fmt: str):
-    """The sequence dim of a bshd/sbhd tensor (None for thd, whose sequences come from cu_seqlens)."""
+def _batch_seq_dims(t: torch.Tensor, fmt: str):
+    """(batch, sequence) dims of a bshd/sbhd tensor (None for thd, whose sequences come from cu_seqlens)."""
     if fmt == "thd":
         return None
-    return t.shape[0] if fmt == "sbhd" else t.shape[1]
+    return (t.shape[1], t.shape[0]) if fmt == "sbhd" else (t.shape[0], t.shape[1])
+
+
+def _dense(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The operator reads 1-D arguments as dense arrays and rejects strided views; a caller's view
+    is copied (a no-op for the usual contiguous tensor)."""
+    return None if t is None else t.contiguous()
 
 
 def _kv_cache_mask_type(mask_type: str) -> str:
@@ -258,6 +279,19 @@ def _kv_cache_mask_type(mask_type: str) -> str:
         return "padding_causal_bottom_right"
     raise ValueError(f"attn_mask_type {mask_type!r} is not supported with inference_params (KV cache); use "
                      f"'padding_causal' (decoding) or 'padding'")
+
+
+def _check_kv_cache_call(bias_type: str, dropout_p: float) -> None:
+    """What attention over a KV cache does not take (the operator says the same; said here, it
+    comes before the cache append writes anything)."""
+    if bias_type in ("pre_scale_bias", "post_scale_bias"):
+        raise NotImplementedError(
+            f"core_attention_bias_type={bias_type!r} is not supported with inference_params (KV cache); "
+            f"ALiBi is")
+    if dropout_p > 0:
+        raise NotImplementedError(
+            f"attention dropout ({dropout_p}) is not supported with inference_params (KV cache): the cache is for "
+            f"inference (call module.eval())")
 
 
 
@@ -307,8 +341,12 @@ def _attention_forward(
 
     ``kv_format`` defaults to ``qkv_format``; with ``page_table`` k/v are KV-cache
     page pools (kv_format 'bshd') and ``cu_seqlens_kv`` the cache lengths."""
-    mask_type = canonical_mask_type(attn_mask_type)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(query_layer.shape[-1])
+    mask_type = canonical_mask_type(_checks.string("attn_mask_type", attn_mask_type))
+    dropout_p = _checks.dropout("dropout_p", dropout_p)
+    if softmax_scale is not None:
+        scale = _checks.real("softmax_scale", softmax_scale)
+    else:
+        scale = _default_scale(query_layer.shape[-1])
     args = _build_fwd_args(
         q_format=qkv_format, kv_format=qkv_format if kv_format is None else kv_format, mask_type=mask_type,
         window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
@@ -318,17 +356,17 @@ def _attention_forward(
     )
     kv_fmt = qkv_format if kv_format is None else kv_format
     attn_mask, cu_seqlens_q, cu_seqlens_kv = _mask_inputs(
-        mask_type, attention_mask, cu_seqlens_q, cu_seqlens_kv,
-        s_q=_seq_dim(query_layer, qkv_format), s_kv=None if page_table is not None else _seq_dim(key_layer, kv_fmt))
+        mask_type, attention_mask, cu_seqlens_q, cu_seqlens_kv, q_dims=_batch_seq_dims(query_layer, qkv_format),
+        kv_dims=None if page_table is not None else _batch_seq_dims(key_layer, kv_fmt))
     bias, slopes = _bias_inputs(core_attention_bias_type, core_attention_bias, alibi_slopes,
                                 query_layer, scale)
     if softmax_offset is not None:
         # A module cast to bf16 casts the offset too; the operator wants fp32.
         softmax_offset = softmax_offset.to(torch.float32)
     tensors = dict(
-        bias=bias, softmax_offset=softmax_offset, attn_mask=attn_mask, alibi_slopes=slopes,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        bias=bias, softmax_offset=_dense(softmax_offset), attn_mask=attn_mask, alibi_slopes=slopes,
+        cu_seqlens_q=_dense(cu_seqlens_q), cu_seqlens_kv=_dense(cu_seqlens_kv),
+        cu_seqlens_q_padded=_dense(cu_seqlens_q_padded), cu_seqlens_kv_padded=_dense(cu_seqlens_kv_padded),
     )
     if page_table is not None:
         tensors["page_table"] = page_table
@@ -387,6 +425,7 @@ class DotProductAttention(torch.nn.Module):
         if sequence_parallel:
             raise NotImplementedError(
                 "fusedattn.DotProductAttention does not support sequence_parallel=True yet")
+        attention_dropout = _checks.dropout("attention_dropout", attention_dropout)
         if attention_dropout > 0 and get_rng_state_tracker is not None:
             raise NotImplementedError(
                 "fusedattn.DotProductAttention does not support attention dropout under an RNG "
@@ -398,8 +437,9 @@ class DotProductAttention(torch.nn.Module):
             raise ValueError(f"cp_comm_type must be one of {CP_COMM_TYPES}, got {cp_comm_type!r}")
         self._check_no_context_parallel(cp_group, cp_global_ranks, cp_stream)
 
-        self.num_attention_heads = num_attention_heads
-        self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        self.num_attention_heads = _checks.positive_int("num_attention_heads", num_attention_heads)
+        self.num_gqa_groups = (num_attention_heads if num_gqa_groups is None
+                               else _checks.positive_int("num_gqa_groups", num_gqa_groups))
         if num_attention_heads % self.num_gqa_groups != 0:
             raise ValueError(
                 f"num_attention_heads ({num_attention_heads}) must be divisible by num_gqa_groups "
@@ -410,19 +450,22 @@ class DotProductAttention(torch.nn.Module):
         self.num_gqa_groups_per_partition = self.num_gqa_groups
         if isinstance(kv_channels, int):
             d_qk = d_v = kv_channels
-        else:
+        elif isinstance(kv_channels, (tuple, list)) and len(kv_channels) == 2:
             d_qk, d_v = kv_channels
-        self.hidden_size_per_attention_head_k = d_qk
-        self.hidden_size_per_attention_head_v = d_v
-        self.softmax_scale = 1.0 / math.sqrt(d_qk) if softmax_scale is None else float(softmax_scale)
+        else:
+            raise ValueError(f"kv_channels must be an int or a pair (d_qk, d_v), got {kv_channels!r}")
+        self.hidden_size_per_attention_head_k = _checks.positive_int("kv_channels", d_qk)
+        self.hidden_size_per_attention_head_v = _checks.positive_int("kv_channels", d_v)
+        self.softmax_scale = (1.0 / math.sqrt(d_qk) if softmax_scale is None
+                              else float(_checks.real("softmax_scale", softmax_scale)))
 
-        self.qkv_format = qkv_format
-        self.attn_mask_type = canonical_mask_type(attn_mask_type)
+        self.qkv_format = _checks.string("qkv_format", qkv_format)
+        self.attn_mask_type = canonical_mask_type(_checks.string("attn_mask_type", attn_mask_type))
         # Kept as given (None = the mask type's default, resolved per call): a
         # forward that overrides the mask type then gets that mask's default window.
-        self.window_size = None if window_size is None else tuple(window_size)
+        self.window_size = _checks.window_size(window_size)
         self.bottom_right_diagonal = bottom_right_diagonal
-        self.attention_dropout = float(attention_dropout)
+        self.attention_dropout = attention_dropout
         self.attention_type = attention_type
         self.layer_number = 1 if layer_number is None else layer_number
         self.get_rng_state_tracker = get_rng_state_tracker
@@ -433,7 +476,7 @@ class DotProductAttention(torch.nn.Module):
         self.return_max_logit = bool(return_max_logit)
         self.name = name
 
-        self.softmax_type = softmax_type
+        self.softmax_type = _checks.string("softmax_type", softmax_type)
         if softmax_type == "learnable":
             # alpha_h of exp(S) / (exp(alpha_h) + sum exp(S)), zero-initialised like TE.
             self.softmax_offset = Parameter(torch.zeros(num_attention_heads, dtype=torch.float32))
@@ -526,7 +569,7 @@ class DotProductAttention(torch.nn.Module):
         query_layer, key_layer, value_layer = _unpack_packed_qkv(
             qkv_layer, kv_layer, query_layer, key_layer, value_layer, qkv_format,
             qkv_interleave_dim)
-        self._check_head_dims(key_layer, value_layer)
+        self._check_head_dims(query_layer, key_layer, value_layer)
 
         if inference_params is not None:
             return self._forward_with_kv_cache(
@@ -568,11 +611,35 @@ class DotProductAttention(torch.nn.Module):
         cache through the page table, with the step's cu_seqlens (the caller's
         cu_seqlens and attention_mask are superseded, as in TransformerEngine).
         Causal masks become bottom-right aligned (the new tokens are the last of
-        each sequence): padding_causal -> padding_causal_bottom_right."""
+        each sequence): padding_causal -> padding_causal_bottom_right.
+
+        What the cache cannot take is rejected before the append writes anything; if
+        the step fails anyway (eagerly), ``inference_params.abort_step()`` undoes its
+        ``pre_step``, so that calling ``pre_step`` again retries the step."""
         if not (hasattr(inference_params, "step") and hasattr(inference_params, "get_page_table")):
             raise TypeError(f"inference_params must be a fusedattn.inference.InferenceParams, got "
                             f"{type(inference_params).__name__}")
-        mask_type = _kv_cache_mask_type(canonical_mask_type(attn_mask_type))
+        step = (query_layer, key_layer, value_layer, inference_params, qkv_format, attn_mask_type, window_size,
+                core_attention_bias_type, core_attention_bias, alibi_slopes)
+        if torch.compiler.is_compiling():
+            return self._kv_cache_step(*step)
+        try:
+            return self._kv_cache_step(*step)
+        except BaseException:
+            abort = getattr(inference_params, "abort_step", None)
+            if abort is not None:
+                abort()
+            raise
+
+    def _kv_cache_step(self, query_layer, key_layer, value_layer, inference_params, qkv_format, attn_mask_type,
+                       window_size, core_attention_bias_type, core_attention_bias, alibi_slopes):
+        mask_type = _kv_cache_mask_type(canonical_mask_type(_checks.string("attn_mask_type", attn_mask_type)))
+        dropout_p = self.attention_dropout if self.training else 0.0
+        _check_kv_cache_call(core_attention_bias_type, dropout_p)
+        _checks.window_size(window_size)
+        check_query = getattr(inference_params, "check_query", None)
+        if check_query is not None:
+            check_query(query_layer, qkv_format)
         k_cache, v_cache, cu_q, cu_kv, _max_kv, _fmt = inference_params.step(
             self.layer_number, key_layer, value_layer, qkv_format)
         return _attention_forward(
@@ -582,7 +649,7 @@ class DotProductAttention(torch.nn.Module):
             window_size=window_size,
             bottom_right_diagonal=True,
             softmax_scale=self.softmax_scale,
-            dropout_p=self.attention_dropout if self.training else 0.0,
+            dropout_p=dropout_p,
             softmax_type=self.softmax_type,
             softmax_offset=self.softmax_offset,
             cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
@@ -593,8 +660,16 @@ class DotProductAttention(torch.nn.Module):
             return_max_logit=self.return_max_logit,
         )
 
-    def _check_head_dims(self, key_layer, value_layer) -> None:
+    def _check_head_dims(self, query_layer, key_layer, value_layer) -> None:
         # What the module was built for; the operator checks q/k/v against each other.
+        if query_layer.shape[-2] != self.num_attention_heads:
+            raise ValueError(
+                f"query_layer has {query_layer.shape[-2]} heads, but the module was built with "
+                f"num_attention_heads={self.num_attention_heads}")
+        if query_layer.shape[-1] != self.hidden_size_per_attention_head_k:
+            raise ValueError(
+                f"query_layer has head_dim {query_layer.shape[-1]}, but the module was built with "
+                f"kv_channels {self.hidden_size_per_attention_head_k}")
         if key_layer.shape[-1] != self.hidden_size_per_attention_head_k:
             raise ValueError(
                 f"key_layer has head_dim {key_layer.shape[-1]}, but the module was built with "

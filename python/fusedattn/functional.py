@@ -2,20 +2,66 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
 
-from . import _ops
+from . import _checks, _ops
 from ._gate import eager_fallback_gate, needs_eager
-from .attention import MaskArg, _attention_forward, _build_fwd_args, _unpack_packed_qkv
+from .attention import MaskArg, _attention_forward, _build_fwd_args, _default_scale, _unpack_packed_qkv
 
 __all__ = ["scaled_dot_product_attention", "dot_product_attention"]
 
 
 def _to_4d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape)) if x.dim() < 4 else x
+
+
+def _check_sdpa_inputs(query, key, value, attn_mask, enable_gqa) -> None:
+    """torch's checks of an SDPA call, in the caller's terms (bhsd shapes, query/key/value,
+    attn_mask), before the operator sees bshd views under its own argument names. RuntimeError,
+    as torch raises."""
+    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)}"
+    if not (query.dtype == key.dtype == value.dtype):
+        raise RuntimeError(f"scaled_dot_product_attention: query, key and value must have the same dtype; got "
+                           f"{query.dtype}, {key.dtype} and {value.dtype}")
+    if not (query.device == key.device == value.device):
+        raise RuntimeError(f"scaled_dot_product_attention: query, key and value must be on the same device; got "
+                           f"{query.device}, {key.device} and {value.device}")
+    if key.shape[:-1] != value.shape[:-1]:
+        raise RuntimeError(f"scaled_dot_product_attention: key {tuple(key.shape)} and value {tuple(value.shape)} "
+                           f"must agree in batch, heads and sequence length")
+    if query.shape[:-3] != key.shape[:-3]:
+        raise RuntimeError(f"scaled_dot_product_attention: query {tuple(query.shape)} and key {tuple(key.shape)} "
+                           f"must have the same batch size")
+    if query.shape[-1] != key.shape[-1]:
+        raise RuntimeError(f"scaled_dot_product_attention: query {tuple(query.shape)} and key {tuple(key.shape)} "
+                           f"must have the same head dim")
+    h_q, h_kv = query.shape[-3], key.shape[-3]
+    if h_q != h_kv and not enable_gqa:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: query has {h_q} heads but key/value have {h_kv}; pass enable_gqa=True "
+            f"for grouped-query attention")
+    if h_kv != 0 and h_q % h_kv != 0 or (h_kv == 0) != (h_q == 0):
+        raise RuntimeError(f"scaled_dot_product_attention: the number of key/value heads must divide the number of "
+                           f"query heads; got {shapes}")
+    if attn_mask is None:
+        return
+    if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+        raise RuntimeError(  # torch's words
+            f"Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
+            f"{attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
+    if attn_mask.device != query.device:
+        raise RuntimeError(f"scaled_dot_product_attention: attn_mask must be on query's device ({query.device}); "
+                           f"got {attn_mask.device}")
+    full = tuple(query.shape[:-1]) + (key.shape[-2],)
+    try:
+        ok = attn_mask.dim() <= len(full) and torch.broadcast_shapes(attn_mask.shape, full) == full
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise RuntimeError(f"scaled_dot_product_attention: attn_mask of shape {tuple(attn_mask.shape)} cannot be "
+                           f"broadcast to {full}")
 
 
 @eager_fallback_gate(when=needs_eager)
@@ -37,8 +83,9 @@ def scaled_dot_product_attention(
     (``transpose(1, 2)``, no copy), and the output is the transposed view of
     the operator's bshd output.
 
-    attn_mask: bool (True = takes part, torch's convention) or float (added to
-    the scaled scores, with gradient), broadcastable to ``[b, h_q, s_q, s_kv]``.
+    attn_mask: bool (True = takes part, torch's convention) or of query's dtype
+    (added to the scaled scores, with gradient), broadcastable to
+    ``[b, h_q, s_q, s_kv]``; any other dtype raises, as in torch.
     is_causal: top-left aligned causal mask, as in torch. dropout_p applies
     whenever it is > 0 (torch's functional contract: no training flag).
     """
@@ -50,10 +97,10 @@ def scaled_dot_product_attention(
             "fusedattn.scaled_dot_product_attention takes 4-D [b, h, s, d] (or 3-D [h, s, d]) "
             f"query/key/value of the same rank, got shapes {tuple(query.shape)}, "
             f"{tuple(key.shape)}, {tuple(value.shape)}")
-    if not enable_gqa and query.shape[-3] != key.shape[-3]:
-        raise RuntimeError(
-            f"scaled_dot_product_attention: query has {query.shape[-3]} heads but key/value have "
-            f"{key.shape[-3]}; pass enable_gqa=True for grouped-query attention")
+    _check_sdpa_inputs(query, key, value, attn_mask, enable_gqa)
+    dropout_p = _checks.dropout("dropout_p", dropout_p)
+    if scale is not None:
+        _checks.finite("scale", _checks.real("scale", scale))
     unbatched = query.dim() == 3
     if unbatched:
         query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -65,14 +112,14 @@ def scaled_dot_product_attention(
             mask = _to_4d(~attn_mask)  # torch: True takes part; the operator: True is masked out
             mask_type = "arbitrary"
         else:
-            bias = _to_4d(attn_mask).to(query.dtype)
+            bias = _to_4d(attn_mask)
             if bias.shape[-1] == 1:
                 # The operator broadcasts a bias over b, h and s_q but wants s_kv
                 # whole; a stride-0 expand is no copy.
                 bias = bias.expand(*bias.shape[:-1], key.shape[-2])
 
     if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
+        scale = _default_scale(query.shape[-1])
     args = _build_fwd_args(
         q_format="bshd", kv_format="bshd", mask_type=mask_type, window_size=None,
         bottom_right_diagonal=None, softmax_type="vanilla", scale=scale, dropout_p=dropout_p,

@@ -38,7 +38,7 @@ from typing import Dict, Hashable, List, Mapping, Optional, Tuple
 
 import torch
 
-from . import _ops
+from . import _checks, _ops
 
 __all__ = [
     "InferenceParams",
@@ -202,6 +202,18 @@ class _PagePoolManager(KVCacheManager):
         _to_device(self.cache_seqlens, pre)
         return self.sequences
 
+    def state(self):
+        """The bookkeeping (host and device) that ``restore`` puts back: InferenceParams
+        takes it before ``pre_step`` so that a failed step can be undone."""
+        return (OrderedDict(self.sequences), {s: list(p) for s, p in self.pages.items()}, list(self.free_pages),
+                self.batch_size, self.page_table.clone(), self.cache_seqlens.clone())
+
+    def restore(self, state):
+        sequences, pages, free, batch, page_table, cache_seqlens = state
+        self.sequences, self.pages, self.free_pages, self.batch_size = sequences, pages, free, batch
+        self.page_table.copy_(page_table)
+        self.cache_seqlens.copy_(cache_seqlens)
+
     def release(self, seq_id: Hashable):
         """Drop one sequence now (its pages return to the pool); KeyError if unknown."""
         if seq_id not in self.sequences:
@@ -252,12 +264,6 @@ class PagedKVCacheManager(_PagePoolManager):
                          device=_default_device() if device is None else device)
 
 
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return v
-
-
 class InferenceParams:
     """KV caching for inference; TransformerEngine's ``InferenceParams`` contract.
 
@@ -291,11 +297,11 @@ class InferenceParams:
         if num_heads_kv is None or head_dim_k is None or dtype is None:
             raise ValueError("num_heads_kv, head_dim_k and dtype are required for InferenceParams "
                              "(as since TransformerEngine 2.2)")
-        self.max_batch_size = _positive_int("max_batch_size", max_batch_size)
-        self.max_sequence_length = _positive_int("max_sequence_length", max_sequence_length)
-        self.num_heads_kv = _positive_int("num_heads_kv", num_heads_kv)
-        self.head_dim_k = _positive_int("head_dim_k", head_dim_k)
-        self.head_dim_v = self.head_dim_k if head_dim_v is None else _positive_int("head_dim_v", head_dim_v)
+        self.max_batch_size = _checks.positive_int("max_batch_size", max_batch_size)
+        self.max_sequence_length = _checks.positive_int("max_sequence_length", max_sequence_length)
+        self.num_heads_kv = _checks.positive_int("num_heads_kv", num_heads_kv)
+        self.head_dim_k = _checks.positive_int("head_dim_k", head_dim_k)
+        self.head_dim_v = self.head_dim_k if head_dim_v is None else _checks.positive_int("head_dim_v", head_dim_v)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         self.dtype = dtype
@@ -308,11 +314,11 @@ class InferenceParams:
         if self.is_paged:
             if page_size is None:
                 raise ValueError("a paged KV cache (is_paged=True) requires page_size")
-            self.page_size = _positive_int("page_size", page_size)
+            self.page_size = _checks.positive_int("page_size", page_size)
             max_pages_per_seq = _cdiv(self.max_sequence_length, self.page_size)
             if total_num_pages is None:
                 total_num_pages = self.max_batch_size * max_pages_per_seq
-            self.total_num_pages = _positive_int("total_num_pages", total_num_pages)
+            self.total_num_pages = _checks.positive_int("total_num_pages", total_num_pages)
             manager = custom_cache_manager or PagedKVCacheManager
             self.cache_manager = manager(total_num_pages=self.total_num_pages, page_size=self.page_size,
                                          max_batch_size=self.max_batch_size,
@@ -324,7 +330,7 @@ class InferenceParams:
         if qkv_format == "thd" and max_ctx_len is None:
             raise ValueError("max_ctx_len is required when qkv_format='thd' (as in TransformerEngine)")
         if max_ctx_len is not None:
-            _positive_int("max_ctx_len", max_ctx_len)
+            _checks.positive_int("max_ctx_len", max_ctx_len)
             if max_ctx_len > self.max_sequence_length:
                 raise ValueError(f"max_ctx_len ({max_ctx_len}) must be <= max_sequence_length "
                                  f"({self.max_sequence_length})")
@@ -337,6 +343,10 @@ class InferenceParams:
         self.sequences_pre_step: "OrderedDict[Hashable, int]" = OrderedDict()
         self.sequences: "OrderedDict[Hashable, int]" = OrderedDict()
         self.batch_size = 0
+        # The state before the last pre_step, for abort_step (None once used, or after reset),
+        # and whether a step is open (pre_step done, not aborted): step() needs one.
+        self._before_step = None
+        self._step_open = False
         # Per-step shape facts that step() checks (ints; constant across decode steps).
         self._max_step_len = 0
         self._step_tokens = 0
@@ -367,6 +377,8 @@ class InferenceParams:
         self.sequences_pre_step = OrderedDict()
         self.batch_size = 0
         self._max_step_len = self._step_tokens = 0
+        self._before_step = None
+        self._step_open = False
         self.cache_manager.reset()
         for buf in (self.cu_seqlens_q, self.cu_seqlens_kv, self.pre_step_seqlens):
             buf.zero_()
@@ -411,7 +423,10 @@ class InferenceParams:
         ``step_len`` prompt tokens. Validates the whole step before changing
         anything, then copies the step's metadata into the fixed device buffers."""
         steps = self._normalise_step(step_dict)
+        before = self._state()
         sequences = self.cache_manager.pre_step(steps)  # validates before it mutates
+        self._before_step = before
+        self._step_open = True
         self.sequences = OrderedDict(sequences)
         self.batch_size = len(steps)
         self.sequences_pre_step = OrderedDict((s, self.sequences[s] - steps[s]) for s in steps)
@@ -431,6 +446,34 @@ class InferenceParams:
         _to_device(self.pre_step_seqlens, list(self.sequences_pre_step.values()))
         return self.sequences
 
+    def _state(self):
+        manager_state = getattr(self.cache_manager, "state", None)
+        return (OrderedDict(self.sequences), OrderedDict(self.sequences_pre_step), self.batch_size,
+                self._max_step_len, self._step_tokens,
+                [b.clone() for b in (self.cu_seqlens_q, self.cu_seqlens_kv, self.pre_step_seqlens)],
+                manager_state() if manager_state is not None else None)
+
+    def abort_step(self):
+        """Undo the last ``pre_step`` after a step that failed: the bookkeeping and the device
+        buffers are as they were before it, and ``step`` raises until the next ``pre_step``, so
+        calling ``pre_step`` with the same sequences retries the step. The cache contents past
+        the restored lengths (what layers appended before the failure) are unreachable.
+
+        DotProductAttention calls it when an eager step raises. Under torch.compile an error
+        surfaces from the compiled call, outside the module: call it then before retrying.
+        Nothing happens without a step to undo. A custom cache manager is restored only if it
+        provides ``state()`` and ``restore(state)``, as the managers here do."""
+        before, self._before_step = self._before_step, None
+        if before is None:
+            return
+        (self.sequences, self.sequences_pre_step, self.batch_size, self._max_step_len, self._step_tokens,
+         buffers, manager_state) = before
+        for buf, saved in zip((self.cu_seqlens_q, self.cu_seqlens_kv, self.pre_step_seqlens), buffers):
+            buf.copy_(saved)
+        if manager_state is not None:
+            self.cache_manager.restore(manager_state)
+        self._step_open = False
+
     def release(self, seq_id: Hashable):
         """Drop a sequence before the next ``pre_step`` (frees its pages now).
         KeyError for an id the cache does not hold; nothing changes then."""
@@ -439,6 +482,25 @@ class InferenceParams:
             raise NotImplementedError(f"{type(self.cache_manager).__name__} has no release()")
         release(seq_id)
         self.sequences.pop(seq_id, None)
+
+    def check_query(self, query_layer: torch.Tensor, qkv_format: str) -> None:
+        """The step's query against what ``pre_step`` set up (DotProductAttention calls it before
+        the layer's cache append, so a mismatch writes nothing)."""
+        if not self._step_open:
+            return  # step() reports it
+        if qkv_format == "thd":
+            if query_layer.shape[0] < self._step_tokens:
+                raise ValueError(f"query_layer holds {query_layer.shape[0]} tokens but the step has "
+                                 f"{self._step_tokens} new tokens")
+            return
+        b_dim, s_dim = (1, 0) if qkv_format == "sbhd" else (0, 1)
+        if query_layer.dim() != 4 or query_layer.shape[b_dim] != self.batch_size:
+            raise ValueError(f"query_layer has batch {query_layer.shape[b_dim] if query_layer.dim() == 4 else '?'} "
+                             f"but pre_step set up {self.batch_size} sequences (shape {tuple(query_layer.shape)}, "
+                             f"qkv_format {qkv_format!r})")
+        if query_layer.shape[s_dim] < self._max_step_len:
+            raise ValueError(f"query_layer holds {query_layer.shape[s_dim]} positions per sequence but the step's "
+                             f"longest sequence adds {self._max_step_len}")
 
     def get_seqlens_pre_step(self) -> torch.Tensor:
         """int32 ``[max_batch_size]``: cache lengths before the step (first batch_size valid)."""
@@ -468,7 +530,7 @@ class InferenceParams:
                             qkv_format: str) -> None:
         if qkv_format not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
-        if self.batch_size == 0:
+        if not self._step_open:
             raise RuntimeError("InferenceParams.step before pre_step: call pre_step(OrderedDict(seq_id -> "
                                "step_len)) at the start of every step")
         if layer_number not in self.cache_manager.cache:

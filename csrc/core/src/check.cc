@@ -4,14 +4,13 @@
 #include <cmath>
 #include <string>
 
+#include "arg_check.h"
 #include "fusedattn/cat.h"
 #include "fusedattn/api.h"
 #include "layout.h"
 
 namespace fusedattn {
 namespace {
-
-constexpr int64_t kMaxHeadDim = 256;
 
 Status seq_dims(const TensorRef& t, Format f, const char* name, SeqDims* out) {
   const int want = seq_rank(f);
@@ -24,6 +23,8 @@ Status seq_dims(const TensorRef& t, Format f, const char* name, SeqDims* out) {
   return Status::Ok();
 }
 
+// A tensor on another device (the binding marks meta and other non-cpu/cuda
+// devices kOther) is rejected here, before any engine reads it.
 Status same_device(const TensorRef& t, const TensorRef& q, const char* name) {
   if (t.device != q.device || t.device_index != q.device_index) {
     return Status::Invalid(cat(name, " must be on the same device as q (", device_name(q.device), ":",
@@ -40,7 +41,7 @@ Status check_cu_seqlens(const TensorRef& t, const TensorRef& q, const char* name
     return Status::Invalid(cat(name, " must be a 1-D int32 tensor of size batch + 1 = ", b + 1, "; got shape ",
                                shape_str(t)));
   }
-  return Status::Ok();
+  return check_dense_1d(t, name);
 }
 
 // A [b, h, s_q, s_kv] tensor whose dims are either full or 1 (broadcast).
@@ -146,13 +147,9 @@ Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
   if (dq.d != dk.d) {
     return Status::Invalid(cat("q and k must have the same head dim; got q ", dq.d, " and k ", dk.d));
   }
-  for (int64_t d : {dq.d, dv.d}) {
-    if (d <= 0 || d % 8 != 0 || d > kMaxHeadDim) {
-      return Status::Unsupported(cat("head dims must be multiples of 8 in [8, ", kMaxHeadDim, "]; got d_qk=", dq.d,
-                                     ", d_v=", dv.d));
-    }
-  }
-  if (dq.h <= 0 || dk.h <= 0 || dq.h % dk.h != 0) {
+  FUSEDATTN_RETURN_IF_ERROR(check_head_dims(dq.d, dv.d));
+  // No heads at all is an empty problem; otherwise h_q is a multiple of h_kv.
+  if (!(dq.h == 0 && dk.h == 0) && (dq.h <= 0 || dk.h <= 0 || dq.h % dk.h != 0)) {
     return Status::Invalid(cat("the number of query heads must be a positive multiple of the number of key/value "
                                "heads (GQA/MQA); got h_q=",
                                dq.h, ", h_kv=", dk.h));
@@ -187,8 +184,8 @@ Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
     }
     b = dq.b;
   }
-  if (b <= 0) {
-    return Status::Invalid(cat("cu_seqlens_q must be a 1-D int32 tensor of size batch + 1 >= 2; got shape ",
+  if (b < 0) {  // b = 0 (no sequence) is an empty problem
+    return Status::Invalid(cat("cu_seqlens_q must be a 1-D int32 tensor of size batch + 1 >= 1; got shape ",
                                shape_str(in.cu_seqlens_q)));
   }
   FUSEDATTN_RETURN_IF_ERROR(check_cu_seqlens(in.cu_seqlens_q, q, "cu_seqlens_q", b));
@@ -236,6 +233,7 @@ Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
                                  dtype_name(r.dtype), " ", shape_str(r)));
     }
     FUSEDATTN_RETURN_IF_ERROR(same_device(r, q, "rng_state"));
+    FUSEDATTN_RETURN_IF_ERROR(check_dense_1d(r, "rng_state"));
   }
 
   // Bias, mask and ALiBi are indexed by positions inside a sequence, so for
@@ -292,6 +290,7 @@ Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
                                  dtype_name(o.dtype), " ", shape_str(o)));
     }
     FUSEDATTN_RETURN_IF_ERROR(same_device(o, q, "softmax_offset"));
+    FUSEDATTN_RETURN_IF_ERROR(check_dense_1d(o, "softmax_offset"));
   } else if (in.softmax_offset.defined()) {
     return Status::Invalid(cat("softmax_offset is only used with softmax_type 'learnable'; got softmax_type '",
                                softmax_type_name(args.softmax_type), "'"));

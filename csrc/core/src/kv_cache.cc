@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "arg_check.h"
 #include "fusedattn/cat.h"
 #include "layout.h"
 
@@ -65,6 +66,18 @@ Status check_int32(const TensorRef& t, const TensorRef& ref, const char* name, c
   if (!ok) {
     return Status::Invalid(cat(name, " must be an int32 tensor of shape ", shape, "; got ", dtype_name(t.dtype), " ",
                                shape_str(t)));
+  }
+  return ndim == 1 ? check_dense_1d(t, name) : Status::Ok();
+}
+
+// The caches are written in place: a dim of stride 0 (an expand()ed view)
+// would make several slots one memory location.
+Status check_writable_cache(const TensorRef& t, const char* name) {
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.sizes[i] > 1 && t.strides[i] == 0) {
+      return Status::Invalid(cat(name, " must not be an expanded view (stride 0 at dim ", i, " of shape ",
+                                 shape_str(t), "): it is written in place"));
+    }
   }
   return Status::Ok();
 }
@@ -130,6 +143,11 @@ Status check_kv_append(const KvAppendArgs& a) {
     return Status::Invalid(cat("the caches' heads and head dims must match new_k/new_v: k_cache ", shape_str(kc),
                                " and v_cache ", shape_str(vc), " vs h_kv=", dk.h, ", d_k=", dk.d, ", d_v=", dv.d));
   }
+  FUSEDATTN_RETURN_IF_ERROR(check_writable_cache(kc, "k_cache"));
+  FUSEDATTN_RETURN_IF_ERROR(check_writable_cache(vc, "v_cache"));
+  // A cache is appended to for attention to read it: a head dim attention cannot take fails here, before
+  // anything is written, not in the attention call after the append.
+  FUSEDATTN_RETURN_IF_ERROR(check_head_dims(dk.d, dv.d));
 
   int64_t b = dk.b;
   if (a.new_format == Format::kTHD) {

@@ -79,7 +79,7 @@ void fill_common(const FwdArgs& args, const FwdInputs& in, const Problem& prob, 
   p->softmax.offset = args.softmax_type == SoftmaxType::kLearnable ? ptr<float>(in.softmax_offset) : nullptr;
   p->dropout.p = static_cast<float>(args.dropout_p);
   p->dropout.rng_state = args.dropout_p > 0 ? ptr<int64_t>(in.rng_state) : nullptr;
-  p->scale = static_cast<float>(args.scale);
+  p->scale = args.scale;
 }
 
 void set_lse(const TensorRef& lse, Format q_format, float** data, int64_t* sb, int64_t* sh, int64_t* ss) {

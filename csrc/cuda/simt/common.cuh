@@ -323,10 +323,17 @@ struct DeviceDropout {
 
 // ---- reductions and atomics -------------------------------------------------
 
+// max(a, b), NaN if either is (fmax drops a NaN): a NaN logit makes its row's
+// maximum NaN, which the online softmax carries into the sum, lse and output.
+template <class A>
+__device__ __forceinline__ A max_nan(A a, A b) {
+  return (a != a || b != b) ? a + b : fmax(a, b);
+}
+
 template <int WIDTH, class A>
 __device__ __forceinline__ A group_max(A v) {
 #pragma unroll
-  for (int off = WIDTH / 2; off > 0; off /= 2) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
+  for (int off = WIDTH / 2; off > 0; off /= 2) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
 template <int WIDTH, class A>

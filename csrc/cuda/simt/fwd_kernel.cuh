@@ -174,9 +174,9 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
       }
       A tmax = s[r][0];
 #pragma unroll
-      for (int u = 1; u < VS; ++u) tmax = fmax(tmax, s[r][u]);
+      for (int u = 1; u < VS; ++u) tmax = max_nan(tmax, s[r][u]);
       tmax = group_max<TX>(tmax);
-      const A m_new = fmax(m_run[r], tmax);
+      const A m_new = max_nan(m_run[r], tmax);
       const A m_use = m_new == neg_inf<A>() ? A(0) : m_new;  // no visible key yet: p = 0 below
       const A alpha = fast_exp2(m_run[r] - m_use);
       m_run[r] = m_new;
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
     float lse_v;
     if (i >= si.len_q) {
       lse_v = -INFINITY;  // padded row
-    } else if (!(l > A(0))) {
+    } else if (l == A(0)) {  // a NaN row goes on: NaN output and lse
       lse_v = has_sink ? static_cast<float>(sink) : -INFINITY;  // no visible key: zero output
     } else if (!has_sink) {
       f = A(1) / l;

@@ -59,14 +59,33 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   return v;
 }
 
-// Waits until *lock == turn. Blocks only wait for blocks of lower index,
-// which were scheduled first, so the wait ends; a counter that never gets
-// there is a bug, and trapping (a launch error) beats hanging the GPU.
+// Waits until *lock == turn. A block waits only for blocks with a lower ticket
+// (block_tile), which had started when it drew its own, so the wait ends; a
+// counter that never gets there is a bug, and trapping (a launch error) beats
+// hanging the GPU.
 __device__ __forceinline__ void wait_turn(const int* lock, int turn) {
   for (long long spins = 0; ld_acquire_gpu(lock) != turn; ++spins) {
     if (spins > (1ll << 31)) __trap();
     __nanosleep(32);
   }
+}
+
+// The (key tile, kv head, batch) a block works on. Deterministic mode takes it from a ticket drawn
+// in arrival order (the counter after the dQ locks, zeroed before the launch), linear in the grid's
+// x-fastest order, instead of from blockIdx: CUDA does not promise that blocks start in index
+// order, and a block must only wait for blocks that are already running.
+struct BlockTile {
+  int n_block, hk, b;
+};
+__device__ __forceinline__ BlockTile block_tile(const KArgs& a, int* bcast) {
+  if (a.dq_lock == nullptr) return BlockTile{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                                             static_cast<int>(blockIdx.z)};
+  if (threadIdx.x == 0) *bcast = atomicAdd(a.dq_lock + static_cast<int64_t>(a.b) * a.h_q * a.dq_lock_mt, 1);
+  __syncthreads();
+  const int t = *bcast;
+  __syncthreads();  // *bcast is shared memory the kernel reuses
+  const int gx = static_cast<int>(gridDim.x), gy = static_cast<int>(gridDim.y);
+  return BlockTile{t % gx, (t / gx) % gy, t / (gx * gy)};
 }
 
 template <int kD, int kBlockM, int kBlockN>
@@ -115,7 +134,8 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
   const uint32_t sP = s0 + L::kP, sdS = s0 + L::kdS, sLse = s0 + L::kLse, sDsum = s0 + L::kDsum;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const BlockTile bt = block_tile(a, reinterpret_cast<int*>(smem + L::kLse));
+  const int n_block = bt.n_block, hk = bt.hk, b = bt.b;
   const SeqInfo sq = seq_info(a, b);
   const int n0 = n_block * kBlockN;
   const int rows_out = a.kv_thd ? sq.len_kv : a.s_kv;

@@ -224,7 +224,7 @@ BwdWorkspace bwd_layout(const BwdParams& p) {
     off += align256(static_cast<size_t>(dbias_numel(p)) * 4);
   }
   w.dq_lock = off;
-  if (p.deterministic) off += align256(static_cast<size_t>(pr.b * pr.h_q * dq_lock_tiles(pr)) * 4);
+  if (p.deterministic) off += align256(static_cast<size_t>(pr.b * pr.h_q * dq_lock_tiles(pr) + 1) * 4);
   w.dsink_part = off;
   if (p.deterministic && p.fwd.softmax.type == SoftmaxType::kLearnable) {
     off += align256(static_cast<size_t>(pr.h_q * pr.b * preprocess_blocks(pr)) * 4);
@@ -264,7 +264,9 @@ template <typename Elem>
 Status run_bwd_all(const BwdParams& p, KArgs& a, KernelFn main, cudaStream_t st) {
   const Problem& pr = p.fwd.prob;
   cudaMemsetAsync(a.dq_acc, 0, static_cast<size_t>(a.rows_q) * a.h_q * a.acc_d * 4, st);
-  if (a.dq_lock != nullptr) cudaMemsetAsync(a.dq_lock, 0, static_cast<size_t>(a.b * a.h_q * a.dq_lock_mt) * 4, st);
+  if (a.dq_lock != nullptr) {
+    cudaMemsetAsync(a.dq_lock, 0, (static_cast<size_t>(a.b) * a.h_q * a.dq_lock_mt + 1) * 4, st);
+  }
   if (a.softmax_type == 2 && a.d_sink != nullptr) cudaMemsetAsync(a.d_sink, 0, static_cast<size_t>(a.h_q) * 4, st);
   if (a.dbias != nullptr) {
     if (dbias_reduced_in_order(p)) {

@@ -80,7 +80,8 @@ struct KArgs {
   int64_t rows_q;  // t_q (thd) or b * s_q
   int acc_d;       // the head-dim bucket: row length of dq_acc
   // Deterministic backward only (null otherwise; see BwdParams::deterministic).
-  int* dq_lock;       // [b][h_q][dq_lock_mt]: key-tile blocks done adding into each query tile's dQ
+  int* dq_lock;       // [b][h_q][dq_lock_mt]: key-tile blocks done adding into each query tile's dQ,
+                      // then one ticket counter (bwd_kernel.h: blocks take their tile in arrival order)
   int dq_lock_mt;     // query tiles per (b, h_q): ceil(s_q / 16), enough for any kBlockM
   float* dsink_part;  // [h_q][b][preprocess blocks]: d_softmax_offset partial sums, reduced in order
 };

@@ -62,7 +62,9 @@ struct KvAppendParams {
 };
 
 // Validates everything that can be checked without reading device data
-// (dtypes, devices, shapes, formats). Messages name the argument and value.
+// (dtypes, devices, shapes, formats, dense 1-D arguments, caches without
+// stride-0 dims, and attention's head-dim rule: a cache is appended to be
+// attended to). Messages name the argument and value.
 Status check_kv_append(const KvAppendArgs& args);
 
 // Calls check_kv_append, then fills *params.

@@ -99,7 +99,8 @@ struct FwdParams {
   BiasParams bias;
   SoftmaxParams softmax;
   DropoutParams dropout;
-  float scale = 1.f;
+  // Kept in double: the fp64 engines compute in double, the others convert once.
+  double scale = 1.0;
   // Where the engine writes {0, 0}, the op's rng_state output of a call without dropout, or null.
   // The CUDA engine takes it so that no separate fill kernel precedes the attention kernels (a
   // decode step is a few microseconds; the decode kernel writes it itself).

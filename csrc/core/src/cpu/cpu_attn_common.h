@@ -39,7 +39,7 @@ struct AttnCtx {
     B = pr.b;
     hq = pr.h_q;
     hkv = pr.h_kv;
-    group = hq / hkv;
+    group = hkv > 0 ? hq / hkv : 1;  // no heads: an empty problem
     dqk = pr.d_qk;
     dv = pr.d_v;
     dqk_p = round_up(dqk, kPadElems);
@@ -78,6 +78,18 @@ struct AttnCtx {
 
   A sink(int64_t h) const {
     return p->softmax.type == SoftmaxType::kLearnable ? static_cast<A>(p->softmax.offset[h]) : static_cast<A>(0);
+  }
+
+  // A NaN ALiBi slope or softmax offset enters every logit (or the normaliser)
+  // of head h of sequence b: every row of it is NaN, also one that sees no key.
+  bool head_params_nan(int64_t b, int64_t h) const {
+    const BiasParams& bp = p->bias;
+    if (bp.type == BiasType::kAlibi) {
+      const float slope = bp.alibi_slopes[b * bp.alibi_stride_b + h * bp.alibi_stride_h];
+      if (slope != slope) return true;
+    }
+    const A s = sink(h);
+    return s != s;
   }
 
   // Number of key tiles a query tile sees (0 if none): the work of a forward item.
@@ -137,8 +149,18 @@ inline void store_row(T* dst, int64_t sd, int64_t d, const A* __restrict src, A 
 }
 
 template <class T>
+inline void fill_row(T* dst, int64_t sd, int64_t d, typename Elem<T>::Acc v) {
+  for (int64_t k = 0; k < d; ++k) Elem<T>::store(dst + k * sd, v);
+}
+
+template <class T>
 inline void zero_row(T* dst, int64_t sd, int64_t d) {
-  for (int64_t k = 0; k < d; ++k) Elem<T>::store(dst + k * sd, 0);
+  fill_row(dst, sd, d, 0);
+}
+
+template <class A>
+constexpr A quiet_nan() {
+  return std::numeric_limits<A>::quiet_NaN();
 }
 
 // Zeros rows (all heads) of a sequence tensor at the uncovered tokens.

@@ -15,10 +15,16 @@
 //   expose per-tile parallelism.
 // Both read float panels staged once per chunk of (batch, kv head) pairs:
 // Q, dO, lse and D = rowsum(dO * O) per query head; K^T, K and V^T per key
-// tile.
+// tile. For fp64 the staged lse (stored in fp32 by contract) is computed again
+// in double with one pass over the keys, so gradients are fp64-accurate.
+// NaN (docs/robustness.md), as in torch's math backward: a row whose lse or D
+// is NaN has NaN dq and dbias rows and NaN dk for every key of its (batch, kv
+// head), and NaN dv for every key when its lse or dO is NaN. The tiles reach
+// only the keys the row sees, so a final pass writes the rest.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_attn_common.h"
@@ -83,16 +89,13 @@ struct BwdRun {
   }
 
   // ---- staging ------------------------------------------------------------------------
-  // Query tile qt of head g of the pair: Q, dO, lse, D rows. Returns
-  // sum_rows exp(sink - lse) * D (for d_softmax_offset).
-  double stage_q_tile(const PairPanels& pp, int64_t g, int64_t qt) const {
+  // Query tile qt of head g of the pair: Q, dO, lse, D rows.
+  void stage_q_tile(const PairPanels& pp, int64_t g, int64_t qt) const {
     const SeqExtent& e = c.lay.seq[pp.b];
     const int64_t bq = c.lay.q_thd ? 0 : pp.b;
     const int64_t h = pp.hk * c.group + g;
     const int64_t i0 = qt * kBlockM;
     const int nr = static_cast<int>(std::min<int64_t>(kBlockM, e.len_q - i0));
-    const A sink = c.sink(h);
-    double dsink = 0;
     for (int r = 0; r < kBlockM; ++r) {
       const int64_t row = g * pp.nq + i0 + r;
       A* qd = pp.q + row * c.dqk_p;
@@ -113,9 +116,81 @@ struct BwdRun {
       const A lse = static_cast<A>(p.lse[pp.b * p.lse_stride_b + h * p.lse_stride_h + tok * p.lse_stride_s]);
       pp.lse[row] = lse;
       pp.dd[row] = dsum;
-      if (c.has_sink && lse > neg_inf<A>()) dsink += std::exp(static_cast<double>(sink) - lse) * dsum;
     }
-    return dsink;
+  }
+
+  // fp64 only: the row's lse in double, by the forward's online softmax over the keys it sees (the
+  // staged fp32 value only tells rows without visible keys (-inf) and NaN rows, which keep it; one
+  // beyond fp32's range was stored as +inf).
+  void refine_lse(A* __restrict S, const PairPanels& pp, int64_t g, int64_t qt) const {
+    const SeqExtent& e = c.lay.seq[pp.b];
+    const int64_t h = pp.hk * c.group + g;
+    const int64_t i0 = qt * kBlockM;
+    const int nr = static_cast<int>(std::min<int64_t>(kBlockM, e.len_q - i0));
+    if (nr <= 0) return;
+    const int64_t row0 = g * pp.nq + i0;
+    A* lse = pp.lse + row0;
+    A m[kBlockM], l[kBlockM];
+    for (int r = 0; r < nr; ++r) {
+      m[r] = neg_inf<A>();
+      l[r] = 0;
+    }
+    int64_t klo, khi;
+    keys_for_rows(c.win[pp.b], i0, i0 + nr, &klo, &khi);
+    for (int64_t kt = klo / kBlockN; klo < khi && kt * kBlockN < khi; ++kt) {
+      const int64_t j0 = kt * kBlockN;
+      const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
+      const int ncols = static_cast<int>(round_up(nj, kPadElems));
+      gemm<A, false>(nr, ncols, static_cast<int>(c.dqk), pp.q + row0 * c.dqk_p, c.dqk_p, 1,
+                     pp.kt + kt * c.dqk * kBlockN, kBlockN, S, kBlockN);
+      const A f = c.finish_logits(pp.b, h, i0, nr, j0, nj, ncols, S);
+      for (int r = 0; r < nr; ++r) {
+        A* s = S + r * kBlockN;
+        const A mnew = std::max(m[r], row_max(s, ncols) * f);
+        if (lse[r] == neg_inf<A>() || lse[r] != lse[r] || mnew == neg_inf<A>()) continue;
+        A fs = f;
+        if (std::fabs(mnew) > huge_logit<A>()) {
+          row_scale(s, ncols, f);
+          fs = 1;
+        }
+        l[r] = l[r] * std::exp(m[r] - mnew) + row_exp_sum(s, ncols, fs, mnew);
+        m[r] = mnew;
+      }
+    }
+    const A sink = c.sink(h);
+    for (int r = 0; r < nr; ++r) {
+      if (lse[r] == neg_inf<A>() || lse[r] != lse[r]) continue;
+      const A top = c.has_sink ? std::max(m[r], sink) : m[r];
+      lse[r] = top + std::log(l[r] * std::exp(m[r] - top) + (c.has_sink ? std::exp(sink - top) : 0));
+    }
+  }
+
+  // The NaN rule of the header comment for the pair's rows (after its gradients are written).
+  void write_nan_rows(const PairPanels& pp) const {
+    const SeqExtent& e = c.lay.seq[pp.b];
+    const int64_t bq = c.lay.q_thd ? 0 : pp.b, bk = c.lay.kv_thd ? 0 : pp.b;
+    const PairTensor& db = bp.dbias;
+    bool any = false, dv_nan = false;
+    for (int64_t g = 0; g < c.group; ++g) {
+      const int64_t h = pp.hk * c.group + g;
+      for (int64_t i = 0; i < e.len_q; ++i) {
+        const int64_t row = g * pp.nq + i;
+        const bool p_nan = pp.lse[row] != pp.lse[row];
+        dv_nan |= p_nan || any_nan(pp.dout + row * c.dv_p, c.dv);
+        if (!p_nan && pp.dd[row] == pp.dd[row]) continue;
+        any = true;
+        fill_row(row_ptr<T>(bp.dq, bq, e.tok_q + i, h), bp.dq.stride_d, c.dqk, quiet_nan<A>());
+        if (dbias_on) {
+          T* drow = static_cast<T*>(db.data) + (db.sizes[0] == 1 ? 0 : pp.b) * db.stride_b +
+                    (db.sizes[1] == 1 ? 0 : h) * db.stride_h + (db.sizes[2] == 1 ? 0 : i) * db.stride_i;
+          fill_row(drow, db.stride_j, db.sizes[3], quiet_nan<A>());
+        }
+      }
+    }
+    for (int64_t j = 0; j < e.len_kv; ++j) {
+      if (any) fill_row(row_ptr<T>(bp.dk, bk, e.tok_kv + j, pp.hk), bp.dk.stride_d, c.dqk, quiet_nan<A>());
+      if (dv_nan) fill_row(row_ptr<T>(bp.dv, bk, e.tok_kv + j, pp.hk), bp.dv.stride_d, c.dv, quiet_nan<A>());
+    }
   }
 
   void stage_k_tile(const PairPanels& pp, int64_t kt) const {
@@ -172,13 +247,18 @@ struct BwdRun {
     for (int r = 0; r < nr; ++r) {
       A* s = S + r * kBlockN;
       A* dp = dP + r * kBlockN;
-      if (!(lse[r] > neg_inf<A>())) {  // no visible key in this row
+      if (lse[r] == neg_inf<A>()) {  // no visible key in this row (a NaN lse goes on: NaN gradients)
         row_fill<A>(s, ncols, 0);
         row_fill<A>(dp, ncols, 0);
         if (want_pd) row_fill<A>(PD + r * kBlockN, ncols, 0);
         continue;
       }
-      row_exp(s, ncols, f, lse[r]);
+      if (std::fabs(lse[r]) > huge_logit<A>()) {  // see huge_logit
+        row_scale(s, ncols, f);
+        row_exp(s, ncols, static_cast<A>(1), lse[r]);
+      } else {
+        row_exp(s, ncols, f, lse[r]);
+      }
       if (c.drop.on) {
         A* f = PD + r * kBlockN;
         c.drop.row_factors(bh, i0 + r, j0, ncols, f);
@@ -350,7 +430,6 @@ struct BwdRun {
         for (int64_t g = 0; g < c.group; ++g)
           for (int64_t qt = 0; qt < pan[en].nq / kBlockM; ++qt) st.push_back({en, g, qt});
       }
-      std::vector<double> st_sink(st.size(), 0.0);
       struct NoScratch {};
       FUSEDATTN_RETURN_IF_ERROR(parallel_items<NoScratch>(
           exec, static_cast<int64_t>(st.size()), [](NoScratch&) { return true; },
@@ -359,11 +438,32 @@ struct BwdRun {
             if (it.g < 0) {
               stage_k_tile(pan[it.entry], it.t);
             } else {
-              st_sink[k] = stage_q_tile(pan[it.entry], it.g, it.t);
+              stage_q_tile(pan[it.entry], it.g, it.t);
             }
           }));
-      for (size_t k = 0; k < st.size(); ++k) {
-        if (st[k].g >= 0) dsink[pan[st[k].entry].b * c.hq + pan[st[k].entry].hk * c.group + st[k].g] += st_sink[k];
+      if constexpr (std::is_same_v<A, double>) {
+        std::vector<StageItem> q_tiles;
+        for (const StageItem& it : st)
+          if (it.g >= 0) q_tiles.push_back(it);
+        struct LseScratch {
+          Buf<A> s;
+        };
+        FUSEDATTN_RETURN_IF_ERROR(parallel_items<LseScratch>(
+            exec, static_cast<int64_t>(q_tiles.size()), [](LseScratch& w) { return w.s.alloc(kBlockM * kBlockN); },
+            [&](LseScratch& w, int64_t k) {
+              refine_lse(w.s.get(), pan[q_tiles[k].entry], q_tiles[k].g, q_tiles[k].t);
+            }));
+      }
+      if (c.has_sink) {  // d_softmax_offset[h] = -sum_rows exp(sink - lse) * D, in a fixed order
+        for (const PairPanels& pp : pan)
+          for (int64_t g = 0; g < c.group; ++g) {
+            const int64_t h = pp.hk * c.group + g;
+            const double sink = c.sink(h);
+            for (int64_t i = 0; i < c.lay.seq[pp.b].len_q; ++i) {
+              const A lse = pp.lse[g * pp.nq + i];
+              if (lse != neg_inf<A>()) dsink[pp.b * c.hq + h] += std::exp(sink - lse) * pp.dd[g * pp.nq + i];
+            }
+          }
       }
 
       std::vector<int64_t> order;
@@ -381,6 +481,7 @@ struct BwdRun {
         FUSEDATTN_RETURN_IF_ERROR(parallel_items<Scratch>(
             exec, np, [&](Scratch& w) { return init_scratch(w); },
             [&](Scratch& w, int64_t k) { run_pair_item(w, pan[order[k]]); }));
+        for (const PairPanels& pp : pan) write_nan_rows(pp);
         first = last;
         continue;
       }
@@ -473,6 +574,7 @@ struct BwdRun {
             }
             if (acc) write_dbias(slot_id[it.slot].first, slot_id[it.slot].second, it.qt, acc, acc_rows);
           }));
+      for (const PairPanels& pp : pan) write_nan_rows(pp);
       first = last;
     }
 
@@ -507,7 +609,11 @@ Status bwd_typed(const BwdParams& bp, const Executor& exec) {
   }
   AttnCtx<T> c;
   FUSEDATTN_RETURN_IF_ERROR(c.init(p));
-  if (!bp.dq.data || !bp.dk.data || !bp.dv.data || !bp.dout.data || !p.out.data || !p.lse) {
+  // Empty tensors may have no storage.
+  const int64_t q_rows = (c.lay.q_thd ? c.lay.t_q : c.B * c.lay.s_q) * c.hq;
+  const int64_t kv_rows = (c.lay.kv_thd ? c.lay.t_kv : c.B * c.lay.s_kv) * c.hkv;
+  if ((q_rows > 0 && (!p.lse || (c.dv > 0 && (!bp.dout.data || !p.out.data)) || (c.dqk > 0 && !bp.dq.data))) ||
+      (kv_rows > 0 && ((c.dqk > 0 && !bp.dk.data) || (c.dv > 0 && !bp.dv.data)))) {
     return Status::Invalid("CPU backward: dout, out, lse, dq, dk and dv must be given");
   }
   BwdRun<T> run{c, bp, p};

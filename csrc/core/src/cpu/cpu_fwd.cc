@@ -6,6 +6,14 @@
 // S = Q K^T (micro-GEMM), scale/bias/mask, running max and sum, O += P V.
 // Items write disjoint rows of out/lse, so the result does not depend on the
 // thread count or schedule.
+//
+// NaN (docs/robustness.md): a NaN logit makes its row's maximum NaN
+// (row_max, max_nan), which carries into the row's sum, lse and output with no
+// pass of its own. Inputs that reach rows whose logits they do not touch, as
+// in torch's math attention, are flagged where they are loaded anyway: a NaN
+// key of a (batch, kv head) (found while staging the panels), a NaN query row,
+// a NaN ALiBi slope or softmax offset make whole rows NaN; a NaN in feature d of
+// a value makes feature d of every row NaN (0 * NaN in torch's P V).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -50,11 +58,14 @@ struct FwdRun {
   }
 
   // K^T tile kt of pair (b, hk): [dqk][kBlockN]; V rows of the tile: [kBlockN][dv_p]. Pads are zero.
-  void stage_tile(int64_t b, int64_t hk, int64_t kt, A* __restrict ktile, A* __restrict vrows) const {
+  // Returns kKeyNan | kValueNan for a NaN among the staged keys / values.
+  static constexpr uint8_t kKeyNan = 1, kValueNan = 2;
+  uint8_t stage_tile(int64_t b, int64_t hk, int64_t kt, A* __restrict ktile, A* __restrict vrows) const {
     const SeqExtent& e = c.lay.seq[b];
     const int64_t j0 = kt * kBlockN;
     const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
     A krow[1024];
+    bool k_nan = false, v_nan = false;
     for (int jj = 0; jj < kBlockN; ++jj) {
       A* vdst = vrows + jj * c.dv_p;
       if (jj < nj) {
@@ -62,18 +73,24 @@ struct FwdRun {
         for (int64_t d0 = 0; d0 < c.dqk; d0 += 1024) {
           const int64_t dn = std::min<int64_t>(1024, c.dqk - d0);
           load_row<T, A>(ks + d0 * p.k.stride_d, p.k.stride_d, dn, dn, krow);
+          k_nan |= any_nan(krow, dn);
           for (int64_t d = 0; d < dn; ++d) ktile[(d0 + d) * kBlockN + jj] = krow[d];
         }
         load_row<T, A>(kv_row<T>(c, p.v, b, j0 + jj, hk), p.v.stride_d, c.dv, c.dv_p, vdst);
+        v_nan |= any_nan(vdst, c.dv);
       } else {
         for (int64_t d = 0; d < c.dqk; ++d) ktile[d * kBlockN + jj] = 0;
         for (int64_t d = 0; d < c.dv_p; ++d) vdst[d] = 0;
       }
     }
+    return static_cast<uint8_t>((k_nan ? kKeyNan : 0) | (v_nan ? kValueNan : 0));
   }
 
-  // One query tile: returns the largest visible logit of its rows (-inf if none).
-  A run_item(Scratch& w, int64_t b, int64_t h, int64_t qt, const A* kt_panel, const A* v_panel) const {
+  // One query tile: returns the largest visible logit of its rows (-inf if none, NaN for a NaN row).
+  // k_nan: a key of the tile's (batch, kv head) is NaN; v_nan_cols: null, or per value feature whether
+  // a value of the (batch, kv head) is NaN there.
+  A run_item(Scratch& w, int64_t b, int64_t h, int64_t qt, const A* kt_panel, const A* v_panel, bool k_nan,
+             const uint8_t* v_nan_cols) const {
     const SeqExtent& e = c.lay.seq[b];
     const Window& win = c.win[b];
     const int64_t bq = c.lay.q_thd ? 0 : b;
@@ -84,8 +101,11 @@ struct FwdRun {
     A* __restrict O = w.o.get();
     A* __restrict m = w.m.get();
     A* __restrict l = w.l.get();
+    bool nan_row[kBlockM];
+    const bool nan_head = k_nan || c.head_params_nan(b, h);
     for (int r = 0; r < nr; ++r) {
       load_row<T, A>(row_ptr<const T>(p.q, bq, e.tok_q + i0 + r, h), p.q.stride_d, c.dqk, c.dqk_p, qs + r * c.dqk_p);
+      nan_row[r] = nan_head || any_nan(qs + r * c.dqk_p, c.dqk);
       m[r] = neg_inf<A>();
       l[r] = 0;
     }
@@ -103,12 +123,17 @@ struct FwdRun {
       const A f = c.finish_logits(b, h, i0, nr, j0, nj, ncols, S);
       for (int r = 0; r < nr; ++r) {
         A* s = S + r * kBlockN;
-        const A mnew = std::max(m[r], row_max(s, ncols) * f);
+        const A mnew = max_nan(m[r], row_max(s, ncols) * f);
         if (mnew == neg_inf<A>()) {  // nothing visible in this row yet
           row_fill<A>(s, ncols, 0);
           continue;
         }
-        const A sum = row_exp_sum(s, ncols, f, mnew);
+        A fs = f;
+        if (std::fabs(mnew) > huge_logit<A>()) {
+          row_scale(s, ncols, f);
+          fs = 1;
+        }
+        const A sum = row_exp_sum(s, ncols, fs, mnew);
         if (mnew != m[r]) {
           const A alpha = exp_acc(m[r] - mnew);
           if (l[r] > 0) row_scale(O + r * c.dv_p, static_cast<int>(c.dv_p), alpha);
@@ -129,25 +154,35 @@ struct FwdRun {
       const int64_t tok = e.tok_q + i0 + r;
       T* orow = row_ptr<T>(p.out, bq, tok, h);
       float* lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + tok * p.lse_stride_s;
-      if (!(l[r] > 0)) {
-        *lse = c.has_sink ? static_cast<float>(sink) : -std::numeric_limits<float>::infinity();
-        zero_row(orow, p.out.stride_d, c.dv);
+      if (nan_row[r] || l[r] != l[r]) {
+        *lse = quiet_nan<float>();
+        fill_row(orow, p.out.stride_d, c.dv, quiet_nan<A>());
+        tile_max = quiet_nan<A>();
         continue;
       }
-      tile_max = std::max(tile_max, m[r]);
-      A row_lse, f;
-      if (!c.has_sink) {
-        row_lse = m[r] + std::log(l[r]);
-        f = static_cast<A>(1) / l[r];
+      if (l[r] == 0) {  // no visible key
+        *lse = c.has_sink ? static_cast<float>(sink) : -std::numeric_limits<float>::infinity();
+        zero_row(orow, p.out.stride_d, c.dv);
       } else {
-        const A top = std::max(m[r], sink);
-        const A a = std::exp(m[r] - top);
-        const A denom = l[r] * a + std::exp(sink - top);
-        row_lse = top + std::log(denom);
-        f = a / denom;
+        tile_max = max_nan(tile_max, m[r]);
+        A row_lse, f;
+        if (!c.has_sink) {
+          row_lse = m[r] + std::log(l[r]);
+          f = static_cast<A>(1) / l[r];
+        } else {
+          const A top = std::max(m[r], sink);
+          const A a = std::exp(m[r] - top);
+          const A denom = l[r] * a + std::exp(sink - top);
+          row_lse = top + std::log(denom);
+          f = a / denom;
+        }
+        *lse = static_cast<float>(row_lse);
+        store_row<T, A>(orow, p.out.stride_d, c.dv, O + r * c.dv_p, f);
       }
-      *lse = static_cast<float>(row_lse);
-      store_row<T, A>(orow, p.out.stride_d, c.dv, O + r * c.dv_p, f);
+      if (v_nan_cols != nullptr) {
+        for (int64_t d = 0; d < c.dv; ++d)
+          if (v_nan_cols[d]) Elem<T>::store(orow + d * p.out.stride_d, quiet_nan<A>());
+      }
     }
     return tile_max;
   }
@@ -184,15 +219,28 @@ struct FwdRun {
         const int64_t n = ntiles(c.lay.seq[pi / c.hkv].len_kv, kBlockN);
         for (int64_t kt = 0; kt < n; ++kt) stage_items.push_back({pi - first, kt});
       }
+      std::vector<uint8_t> tile_nan(stage_items.size(), 0);
       struct NoScratch {};
       FUSEDATTN_RETURN_IF_ERROR(parallel_items<NoScratch>(
           exec, static_cast<int64_t>(stage_items.size()), [](NoScratch&) { return true; },
           [&](NoScratch&, int64_t k) {
             const int64_t entry = stage_items[k].first, kt = stage_items[k].second;
             const int64_t pi = first + entry;
-            stage_tile(pi / c.hkv, pi % c.hkv, kt, kt_panel.get() + kt_off[entry] + kt * c.dqk * kBlockN,
-                       v_panel.get() + v_off[entry] + kt * kBlockN * c.dv_p);
+            tile_nan[k] = stage_tile(pi / c.hkv, pi % c.hkv, kt, kt_panel.get() + kt_off[entry] + kt * c.dqk * kBlockN,
+                                     v_panel.get() + v_off[entry] + kt * kBlockN * c.dv_p);
           }));
+      std::vector<uint8_t> entry_nan(static_cast<size_t>(last - first), 0);
+      for (size_t k = 0; k < stage_items.size(); ++k) entry_nan[stage_items[k].first] |= tile_nan[k];
+      // Rare: which value features hold a NaN, from the staged panel of each such entry.
+      std::vector<std::vector<uint8_t>> v_nan_cols(entry_nan.size());
+      for (size_t en = 0; en < entry_nan.size(); ++en) {
+        if (!(entry_nan[en] & kValueNan)) continue;
+        v_nan_cols[en].assign(static_cast<size_t>(c.dv), 0);
+        const A* vp = v_panel.get() + v_off[en];
+        const int64_t rows = ntiles(c.lay.seq[(first + en) / c.hkv].len_kv, kBlockN) * kBlockN;
+        for (int64_t j = 0; j < rows; ++j)
+          for (int64_t d = 0; d < c.dv; ++d) v_nan_cols[en][d] |= vp[j * c.dv_p + d] != vp[j * c.dv_p + d];
+      }
 
       // Compute: one item per (pair, query head of the group, query tile).
       std::vector<Item> items;
@@ -220,9 +268,10 @@ struct FwdRun {
             const Item& it = items[idx];
             const int64_t pi = first + it.entry;
             item_max[idx] = run_item(w, pi / c.hkv, it.h, it.qt, kt_panel.get() + kt_off[it.entry],
-                                     v_panel.get() + v_off[it.entry]);
+                                     v_panel.get() + v_off[it.entry], (entry_nan[it.entry] & kKeyNan) != 0,
+                                     v_nan_cols[it.entry].empty() ? nullptr : v_nan_cols[it.entry].data());
           }));
-      for (int64_t k = 0; k < n_items; ++k) head_max[items[k].h] = std::max(head_max[items[k].h], item_max[k]);
+      for (int64_t k = 0; k < n_items; ++k) head_max[items[k].h] = max_nan(head_max[items[k].h], item_max[k]);
       first = last;
     }
     if (p.max_logit != nullptr) {
@@ -236,7 +285,10 @@ template <class T>
 Status fwd_typed(const FwdParams& p, const Executor& exec) {
   AttnCtx<T> c;
   FUSEDATTN_RETURN_IF_ERROR(c.init(p));
-  if (p.out.data == nullptr || p.lse == nullptr) return Status::Invalid("CPU forward: out and lse must be allocated");
+  const int64_t rows = (c.lay.q_thd ? c.lay.t_q : c.B * c.lay.s_q) * c.hq;  // empty outputs may have no storage
+  if ((rows > 0 && p.lse == nullptr) || (rows * c.dv > 0 && p.out.data == nullptr)) {
+    return Status::Invalid("CPU forward: out and lse must be allocated");
+  }
   // Rows no sequence covers: zeros in out, -inf in lse.
   const std::vector<TokenRange> gaps = uncovered_tokens(c.lay, true);
   zero_uncovered<T>(p.out, gaps, c.hq, c.dv);

@@ -10,9 +10,10 @@ namespace {
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Lengths from cu (or the fixed length when cu is null) and starts from
-// offsets (thd) or 0. `side` is "q" or "kv", for messages.
+// offsets (thd) or 0. `side` is "q" or "kv" and `s_name` what bounds a
+// bshd/sbhd length, for messages.
 Status fill_side(const char* side, int64_t batch, const int32_t* cu, const int32_t* offsets, bool thd, int64_t s,
-                 int64_t t, bool q_side, std::vector<SeqExtent>* seq) {
+                 int64_t t, bool q_side, const std::string& s_name, std::vector<SeqExtent>* seq) {
   const std::string cu_name = std::string("cu_seqlens_") + side;
   const std::string off_name = offsets == cu ? cu_name : cu_name + "_padded";
   if (thd && offsets == nullptr) {
@@ -27,10 +28,14 @@ Status fill_side(const char* side, int64_t batch, const int32_t* cu, const int32
       }
       len = static_cast<int64_t>(cu[b + 1]) - cu[b];
     }
+    // In thd, s is max_seqlen when given, else the token count t.
+    if (thd && len > t) {
+      return Status::Invalid(cu_name + " gives sequence " + str(b) + " the length " + str(len) +
+                             ", more than the token dim (" + str(t) + ")");
+    }
     if (len > s) {
       return Status::Invalid(cu_name + " gives sequence " + str(b) + " the length " + str(len) + ", more than " +
-                             (thd ? std::string("max_seqlen_") + side : std::string("the sequence dim")) + " (" +
-                             str(s) + ")");
+                             (thd ? std::string("max_seqlen_") + side : s_name) + " (" + str(s) + ")");
     }
     int64_t start = 0;
     if (thd) {
@@ -68,12 +73,12 @@ Status make_seq_layout(const FwdParams& p, SeqLayout* out) {
   if (pr.b < 0 || pr.s_q < 0 || pr.s_kv < 0 || pr.t_q < 0 || pr.t_kv < 0) {
     return Status::Invalid("CPU attention: negative problem dimension");
   }
-  if (pr.h_q <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) {
+  if (!(pr.h_q == 0 && pr.h_kv == 0) && (pr.h_q <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0)) {
     return Status::Invalid("CPU attention: the number of query heads (" + str(pr.h_q) +
                            ") must be a positive multiple of the number of key/value heads (" + str(pr.h_kv) + ")");
   }
-  if (pr.d_qk <= 0 || pr.d_v <= 0) {
-    return Status::Invalid("CPU attention: head dims must be positive; got d_qk = " + str(pr.d_qk) +
+  if (pr.d_qk < 0 || pr.d_v < 0) {
+    return Status::Invalid("CPU attention: head dims must be non-negative; got d_qk = " + str(pr.d_qk) +
                            ", d_v = " + str(pr.d_v));
   }
   SeqLayout lay;
@@ -85,9 +90,15 @@ Status make_seq_layout(const FwdParams& p, SeqLayout* out) {
   lay.t_kv = pr.t_kv;
   lay.seq.resize(static_cast<size_t>(pr.b));
   const SeqlenParams& sl = p.seqlens;
-  FUSEDATTN_RETURN_IF_ERROR(fill_side("q", pr.b, sl.cu_seqlens_q, sl.offsets_q, lay.q_thd, pr.s_q, pr.t_q, true, &lay.seq));
-  FUSEDATTN_RETURN_IF_ERROR(
-      fill_side("kv", pr.b, sl.cu_seqlens_kv, sl.offsets_kv, lay.kv_thd, pr.s_kv, pr.t_kv, false, &lay.seq));
+  const PagedKV& pk = p.paged;
+  const std::string kv_bound = pk.page_table == nullptr
+                                   ? std::string("the sequence dim")
+                                   : "what its page_table row holds, " + str(pk.max_pages) + " pages of " +
+                                         str(pk.page_size) + " slots";
+  FUSEDATTN_RETURN_IF_ERROR(fill_side("q", pr.b, sl.cu_seqlens_q, sl.offsets_q, lay.q_thd, pr.s_q, pr.t_q, true,
+                                      "the sequence dim", &lay.seq));
+  FUSEDATTN_RETURN_IF_ERROR(fill_side("kv", pr.b, sl.cu_seqlens_kv, sl.offsets_kv, lay.kv_thd, pr.s_kv, pr.t_kv,
+                                      false, kv_bound, &lay.seq));
   *out = std::move(lay);
   return Status::Ok();
 }

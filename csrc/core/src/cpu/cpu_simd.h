@@ -64,10 +64,6 @@ template <class A>
 inline typename Simd<A>::V vsplat(A x) {
   return vsplat_impl<A>(x, std::make_index_sequence<Simd<A>::N>{});
 }
-template <class A>
-inline typename Simd<A>::V vmax(typename Simd<A>::V a, typename Simd<A>::V b) {
-  return a > b ? a : b;
-}
 // Horizontal reductions by halving (log2(N) vector ops, not N scalar ones).
 template <class A, int Bytes>
 struct VecOf {
@@ -101,21 +97,23 @@ template <class A>
 inline A hsum(typename Simd<A>::V v) {
   return hreduce<A, kVecBytes>(v, [](auto x, auto y) { return x + y; });
 }
+// The largest lane, NaN if any lane is NaN (x != x only for NaN).
 template <class A>
 inline A hmax(typename Simd<A>::V v) {
-  return hreduce<A, kVecBytes>(v, [](auto x, auto y) { return x > y ? x : y; });
+  return hreduce<A, kVecBytes>(v, [](auto x, auto y) { return (x > y) | (x != x) ? x : y; });
 }
 
 // exp for float vectors (Cephes expf: range reduction by ln2 in two parts and
 // a degree-7 polynomial, about 1 ulp). Inputs below ln(FLT_MIN) (also -inf)
 // give exactly 0; inputs above 88 are clamped (the engine only takes exp of
-// non-positive differences).
+// non-positive differences); NaN stays NaN (the clamps compare so that NaN
+// passes them).
 inline Simd<float>::V vexp(Simd<float>::V x) {
   using V = Simd<float>::V;
   using I = Simd<float>::I;
   const I underflow = x < vsplat(-87.33654475f);
-  x = x < vsplat(88.0f) ? x : vsplat(88.0f);
-  x = x > vsplat(-87.33654475f) ? x : vsplat(-87.33654475f);
+  x = x > vsplat(88.0f) ? vsplat(88.0f) : x;
+  x = x < vsplat(-87.33654475f) ? vsplat(-87.33654475f) : x;
   // n = round(x / ln2) by the 1.5 * 2^23 trick (exact for |n| < 2^22).
   const V magic = vsplat(12582912.0f);
   const V t = x * vsplat(1.44269504088896341f) + magic;
@@ -146,13 +144,42 @@ constexpr A neg_inf() {
   return -std::numeric_limits<A>::infinity();
 }
 
+// The softmax takes exp(f * s - m) in one FMA, with m = f * max(s) rounded:
+// the row maximum's term is exp(e), e the rounding error of m, at most half an
+// ulp of m. Above this |m| that could leave exp's range (a sum of 0 or inf), so
+// rows with such logits are scaled first (s = f * s rounded, m one of them: e =
+// 0). Below it e is the logit's own rounding, which torch's math has too.
+template <class A>
+constexpr A huge_logit() {
+  return static_cast<A>(uint64_t{1} << (std::numeric_limits<A>::digits - 2));
+}
+
+// max(a, b), NaN if either is: a NaN logit makes its row's maximum NaN, and the
+// online softmax then carries NaN into the row's sum, lse and output.
+template <class A>
+inline A max_nan(A a, A b) {
+  return (a > b) | (a != a) ? a : b;
+}
+
 // Row helpers over n elements (n a multiple of Simd<A>::N).
+// The row maximum, NaN if any element is NaN.
 template <class A>
 inline A row_max(const A* __restrict s, int n) {
   using S = Simd<A>;
   typename S::V m = vsplat<A>(neg_inf<A>());
-  for (int j = 0; j < n; j += S::N) m = vmax<A>(m, vload(s + j));
+  for (int j = 0; j < n; j += S::N) {
+    const typename S::V x = vload(s + j);
+    m = (x > m) | (x != x) ? x : m;
+  }
   return hmax<A>(m);
+}
+
+// Whether any of s[0..n) is NaN (any n).
+template <class A>
+inline bool any_nan(const A* __restrict s, int64_t n) {
+  bool nan = false;
+  for (int64_t j = 0; j < n; ++j) nan |= s[j] != s[j];
+  return nan;
 }
 
 // s[j] = exp(f * s[j] - m) (one FMA before the exp), returns the sum. m must be finite.
