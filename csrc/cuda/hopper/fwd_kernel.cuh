@@ -224,25 +224,17 @@ inline cudaError_t fwd_launch(const FwdLaunch& L, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <class Cfg, class Sched>
-inline cudaError_t fwd_run(const Sm90Args& a, cudaStream_t stream) {
-  FwdLaunch L;
-  const cudaError_t e = fwd_prepare<Cfg, Sched>(&L, a);
-  if (e != cudaSuccess) return e;
-  return fwd_launch(L, stream);
-}
-
 // One CTA per query tile, the configuration tuning.h gives (T, D, NCONS) and the call's causality.
 template <typename T, int D, int NCONS>
-inline cudaError_t fwd_run_one_tile(const Sm90Args& a, cudaStream_t stream) {
-  if (a.causal) return fwd_run<FwdConfigFor<T, D, NCONS, true>, OneTileScheduler<true>>(a, stream);
-  return fwd_run<FwdConfigFor<T, D, NCONS, false>, OneTileScheduler<false>>(a, stream);
+inline cudaError_t fwd_prepare_one_tile(FwdLaunch* L, const Sm90Args& a) {
+  if (a.causal) return fwd_prepare<FwdConfigFor<T, D, NCONS, true>, OneTileScheduler<true>>(L, a);
+  return fwd_prepare<FwdConfigFor<T, D, NCONS, false>, OneTileScheduler<false>>(L, a);
 }
 
 // Persistent on a.sm_count CTAs; causally with the tile order tuning.h's choose_v3_schedule picks.
 template <typename T, int D, int NCONS>
-inline cudaError_t fwd_run_persistent(const Sm90Args& a, cudaStream_t stream) {
-  if (!a.causal) return fwd_run<FwdConfigFor<T, D, NCONS, false>, PersistentScheduler<false, kTilesPlain>>(a, stream);
+inline cudaError_t fwd_prepare_persistent(FwdLaunch* L, const Sm90Args& a) {
+  if (!a.causal) return fwd_prepare<FwdConfigFor<T, D, NCONS, false>, PersistentScheduler<false, kTilesPlain>>(L, a);
   using Cfg = FwdConfigFor<T, D, NCONS, true>;
   V3Grid gr;
   gr.bm = 64 * NCONS;
@@ -252,31 +244,39 @@ inline cudaError_t fwd_run_persistent(const Sm90Args& a, cudaStream_t stream) {
   gr.s_kv = a.out.s_kv;
   gr.g = a.sm_count;
   if (choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor)
-    return fwd_run<Cfg, PersistentScheduler<true, kTilesSnakeHeadMajor>>(a, stream);
-  return fwd_run<Cfg, PersistentScheduler<true, kTilesSnake>>(a, stream);
+    return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnakeHeadMajor>>(L, a);
+  return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnake>>(L, a);
 }
 
 // =================================================================== entries (kernels.h)
 // Instantiated one per line of kernels.list (generated/).
+// Prepare and launch.
+inline cudaError_t fwd_run(cudaError_t (*prepare)(FwdLaunch*, const Sm90Args&), const Sm90Args& a,
+                           cudaStream_t stream) {
+  FwdLaunch L;
+  const cudaError_t e = prepare(&L, a);
+  if (e != cudaSuccess) return e;
+  return fwd_launch(L, stream);
+}
 template <typename T, int D>
 cudaError_t run_fwd_one_tile(const Sm90Args& a, cudaStream_t stream) {
-  return fwd_run_one_tile<T, D, 2>(a, stream);
+  return fwd_run(fwd_prepare_one_tile<T, D, 2>, a, stream);
 }
 template <typename T, int D>
 cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
   Sm90Args b = a;
   b.sm_count = num_sms;
-  return fwd_run_persistent<T, D, 2>(b, stream);
+  return fwd_run(fwd_prepare_persistent<T, D, 2>, b, stream);
 }
 template <typename T>
 cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream) {
-  return fwd_run_one_tile<T, 64, 3>(a, stream);
+  return fwd_run(fwd_prepare_one_tile<T, 64, 3>, a, stream);
 }
 template <typename T>
 cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
   Sm90Args b = a;
   b.sm_count = num_sms;
-  return fwd_run_persistent<T, 64, 3>(b, stream);
+  return fwd_run(fwd_prepare_persistent<T, 64, 3>, b, stream);
 }
 
 }  // namespace hopper
