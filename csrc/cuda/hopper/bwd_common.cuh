@@ -165,6 +165,20 @@ __device__ __forceinline__ void bwd_cta_start(const BwdShared<Smem>& sh, const C
   __syncthreads();
 }
 
+// A consumer's start: its dK / dV accumulators zeroed, then its wait for K and V. Returns whether
+// the wait gave up (mbar_wait's watchdog; reported as NaN dK).
+template <int N, class Smem>
+__device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N], const BwdShared<Smem>& sh) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    dk[i] = 0.f;
+    dv[i] = 0.f;
+  }
+  const bool timed_out = !mbar_wait<false>(sh.bar_kv(), 0);
+  __syncwarp();
+  return timed_out;
+}
+
 // The epilogue: a consumer thread's dK (times scale; NaN after a watchdog give-up) and dV rows
 // key_of(0) and key_of(1) (its accumulator fragment rows), N columns (the whole head dim, or
 // consumer cw's N-column part when N < D), as 16-bit values; rows >= s_kv are not stored. dk, dv
@@ -334,13 +348,12 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
                     tmdQ, p, dq_cnt);
 }
 
-// One thread waits until the counter shows `turn`, i.e. every earlier adder's
-// reduces have completed and been released; then its own reduces (async
-// proxy) may follow. Watchdog as in mbar_wait<false>, the consumer side's
-// (with a __trap path here ptxas spilled ~700 bytes and serialised the wgmmas):
-// after 2^26 polls (each an L2 round trip: seconds, where a legitimate wait is
-// at most the time a predecessor needs to reach this query tile) it gives up
-// and returns false; the caller reports NaN dK and stops taking turns.
+// One thread waits until the counter shows `turn`, i.e. every earlier adder's reduces have
+// completed and been released; then its own reduces (async proxy) may follow. Watchdog as in
+// mbar_wait<false> (a __trap path would make ptxas spill and serialise the wgmmas): after 2^26
+// polls (each an L2 round trip: seconds, where a legitimate wait is at most the time a predecessor
+// needs to reach this query tile) it gives up and returns false; the caller reports NaN dK and
+// stops taking turns.
 __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
   uint32_t polls = 0;
   while (ld_acquire_gpu(cnt) != turn) {

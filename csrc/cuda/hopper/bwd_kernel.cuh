@@ -68,15 +68,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
   const float sl2 = p.scale_log2;
 
   float dk[D / 2], dv[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) {
-    dk[i] = 0.f;
-    dv[i] = 0.f;
-  }
-
-  // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
-  bool timed_out = !mbar_wait<false>(sh.bar_kv(), 0);
-  __syncwarp();
+  bool timed_out = bwd_consumer_start(dk, dv, sh);
 
   // DET, thread ltid 0: the turn counter of the last reduces issued and the value that releases it
   // (null: none pending).

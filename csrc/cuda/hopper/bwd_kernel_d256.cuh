@@ -130,15 +130,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
   const uint32_t sB = cw == 0 ? sK : sV;
 
   float dk[DH / 2], dv[DH / 2];
-#pragma unroll
-  for (int i = 0; i < DH / 2; ++i) {
-    dk[i] = 0.f;
-    dv[i] = 0.f;
-  }
-
-  // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
-  bool timed_out = !mbar_wait<false>(sh.bar_kv(), 0);
-  __syncwarp();
+  bool timed_out = bwd_consumer_start(dk, dv, sh);
 
   // Thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
   // for this thread's reduces to have read their staging tile (-1: none).

@@ -49,17 +49,14 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   return done != 0;
 }
 
-// Block until the phase with the given parity has completed. On a freshly
-// initialised barrier (current phase 0) waiting for parity 1 returns at once.
-// Watchdog, so that a pipeline bug
-// (phase / expect_tx mismatch) cannot hang the one GPU run: after 2^26 failed
-// polls (each a try_wait, which may itself suspend briefly: >= ~1 s in all;
-// legitimate waits here are microseconds)
+// Block until the phase with the given parity has completed. On a freshly initialised barrier
+// (current phase 0) waiting for parity 1 returns at once. Watchdog, so that a pipeline bug (phase /
+// expect_tx mismatch) cannot hang the GPU: after 2^26 failed polls (each a try_wait, which may
+// itself suspend briefly: a second or more in all; legitimate waits are microseconds)
 //   TRAP = true : the thread traps -> "unspecified launch failure";
-//   TRAP = false: the wait gives up and returns false; the caller carries on
-//                 with stale shared memory, so results are garbage (the check
-//                 fails) but the kernel ends. Used on the consumer side, where
-//                 a __trap path made ptxas spill and serialise wgmma (d=256).
+//   TRAP = false: the wait gives up and returns false; the caller carries on with stale shared
+//                 memory, so results are garbage (NaN lse / dK mark them) but the kernel ends.
+//                 The consumers' form: a __trap path there makes ptxas spill and serialise wgmma.
 template <bool TRAP>
 __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t polls = 0;
@@ -220,16 +217,15 @@ __device__ __forceinline__ bool bar_red_or_imm(bool pred) {
 // warp-uniform: values derived from it (the consumers' shared-memory offsets, hence the wgmma
 // descriptors) can then live in uniform registers. Derived from threadIdx.x directly, ptxas treats
 // them as per-thread and builds descriptors with vector arithmetic and R2UR moves before the HGMMAs
-// (v2 at d = 256 non-causal: 120 R2UR in the kernel, 12 with this; the CUTLASS warp-index idiom).
+// (the CUTLASS warp-index idiom).
 __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 }
 
 // x (the same in every lane) made warp-uniform to ptxas at this point of the program: the volatile
 // move keeps it from being hoisted out of an enclosing loop (where ptxas may park a loop invariant
-// in a vector register), the lane-0 broadcast marks it uniform. The persistent kernel's smem bases
-// per tile: without it, at d = 256 non-causal, its K / V descriptors were rebuilt in vector registers
-// with R2UR moves before every HGMMA.
+// in a vector register), the lane-0 broadcast marks it uniform: the persistent kernels' shared-memory
+// bases per tile, whose wgmma descriptors would otherwise be rebuilt in vector registers.
 __device__ __forceinline__ uint32_t warp_uniform_here(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return __shfl_sync(0xffffffffu, x, 0);
