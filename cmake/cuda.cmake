@@ -12,7 +12,7 @@
 #       torch or without the extension: CI's guard against the CUDA sources
 #       rotting on machines without a GPU.
 #   FUSEDATTN_CUDA_TC=ON|OFF   whether the tensor-core kernels (csrc/cuda/tc) are
-#       built; OFF leaves the weak "not handled" hooks of tc_default.cu.
+#       built; OFF: the dispatch (FUSEDATTN_HAS_TC=0) never asks them.
 #   FUSEDATTN_CUDA_JOBS=N   at most N nvcc processes at once under Ninja
 #       (default: one per 3 GiB of memory, at most one per core).
 # Architectures: CMAKE_CUDA_ARCHITECTURES when given (-D...), else
@@ -176,10 +176,20 @@ if(_fa_want_cuda)
     list(APPEND _fa_kernel_objects $<TARGET_OBJECTS:fusedattn_cuda_hopper>)
   endif()
   message(STATUS "fusedattn: Hopper (sm_90a) forward path: ${_fa_hopper}")
+  # Which optional engines the dispatch (csrc/cuda/dispatch) may ask.
+  if(FUSEDATTN_CUDA_TC)
+    set(_fa_has_tc 1)
+  else()
+    set(_fa_has_tc 0)
+  endif()
+  if(_fa_hopper)
+    set(_fa_has_hopper 1)
+  else()
+    set(_fa_has_hopper 0)
+  endif()
+  target_compile_definitions(fusedattn_cuda_objects PRIVATE
+    FUSEDATTN_HAS_TC=${_fa_has_tc} FUSEDATTN_HAS_HOPPER=${_fa_has_hopper})
 
-  # The default tensor-core and Hopper hooks are weak symbols
-  # (csrc/cuda/tc_default.cu); linking object files rather than an archive
-  # lets strong ones win.
   add_library(fusedattn_cuda_kernels STATIC ${_fa_kernel_objects})
   set_target_properties(fusedattn_cuda_kernels PROPERTIES LINKER_LANGUAGE CXX)
 

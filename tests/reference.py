@@ -14,7 +14,8 @@ documented in csrc/core/include/fusedattn/params.h and philox.h:
   bottom-right aligned, else 0; causal types mean wr = 0) and, for the
   arbitrary mask type, ``attn_mask[b, h, i, j]`` (broadcast) is False;
 * logits ``s = scale * q.k + bias[b, h, i, j]`` (broadcast) or
-  ``- slope[(b,) h] * |j - i - diag|`` for ALiBi;
+  ``- slope[(b,) h] * |j - i - diag|`` for ALiBi; with ``softcap`` > 0, ``scale * q.k``
+  is first capped to ``softcap * tanh(scale * q.k / softcap)`` (flash-attn's order);
 * off-by-one / learnable softmax add a sink logit (0 / softmax_offset[h]) to
   the normaliser only;
 * rows with no visible key, padded rows and thd gaps give zero output (and so
@@ -260,6 +261,9 @@ def attention_ref(q, k, v, args, *, bias=None, softmax_offset=None, attn_mask=No
         kb = _seq_rows(kc, kv_fmt, slk, bi).repeat_interleave(group, dim=1)  # [lk, h_q, d]
         vb = _seq_rows(vc, kv_fmt, slk, bi).repeat_interleave(group, dim=1)
         scores = torch.einsum("ihd,jhd->hij", qb, kb) * args.scale  # [h, lq, lk]
+        softcap = float(getattr(args, "softcap", 0.0))
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
         diag = lk - lq if bottom_right else 0
         if bias is not None:
             scores = scores + _pair_slice(bias.to(dt), bi, h_q, lq, lk)

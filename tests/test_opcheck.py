@@ -76,3 +76,12 @@ def test_fake_matches_real_strides_for_packed_and_strided_inputs():
             assert tuple(r.shape) == tuple(f.shape) and r.stride() == f.stride() and r.dtype == f.dtype
         for r in real[:3]:
             assert r.is_contiguous()
+
+
+@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.layout in ("bshd", "thd_gaps")][:3], ids=str)
+def test_opcheck_softcap(cfg):
+    """The softcap setting through the schema, the fakes and autograd (forward and backward)."""
+    case = to_device(build_case(cfg))
+    case.args = case.args.replace(softcap=2.5)
+    torch.library.opcheck(torch.ops.fusedattn.fwd.default, _fwd_args(case), test_utils=opcheck_tests(case.dtype))
+    torch.library.opcheck(torch.ops.fusedattn.bwd.default, _bwd_args(case, "bias" in case.leaves))

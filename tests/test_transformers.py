@@ -32,6 +32,7 @@ from transformers import AttentionInterface, StaticCache  # noqa: E402
 
 from conftest import DEVICE, tol_check  # noqa: E402
 from fusedattn import FwdArgs  # noqa: E402
+from fusedattn._ops import FWD_ARGUMENTS  # noqa: E402
 from fusedattn.integrations import transformers as fi  # noqa: E402
 
 REGISTERED_ON_IMPORT = fi.NAME in AttentionInterface._global_mapping
@@ -54,6 +55,9 @@ MODELS = {
 }
 
 
+_DROPOUT_P_AT = FWD_ARGUMENTS.index("dropout_p")  # from the registered schema
+
+
 class OpCalls(TorchDispatchMode):
     """Records the dropout_p of every fusedattn forward operator call under it."""
 
@@ -63,7 +67,7 @@ class OpCalls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.fusedattn.fwd.default:
-            self.dropout_ps.append(args[20])  # schema position of dropout_p
+            self.dropout_ps.append(args[_DROPOUT_P_AT])
         return func(*args, **(kwargs or {}))
 
 

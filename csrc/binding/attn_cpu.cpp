@@ -7,7 +7,7 @@
 namespace fusedattn::binding {
 namespace {
 
-struct CpuEngine {
+struct CpuBackend {
   static constexpr bool kWritesRngZeros = false;
   struct Scope {
     explicit Scope(const at::Tensor&) {}
@@ -19,8 +19,8 @@ struct CpuEngine {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedattn, CPU, m) {
-  m.impl("fwd", &fwd_impl<CpuEngine>);
-  m.impl("bwd", &bwd_impl<CpuEngine>);
+  m.impl("fwd", &fwd_impl<CpuBackend>);
+  m.impl("bwd", &bwd_impl<CpuBackend>);
 }
 
 }  // namespace fusedattn::binding

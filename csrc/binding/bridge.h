@@ -11,6 +11,7 @@
 
 #include "fusedattn/api.h"
 #include "fusedattn/cat.h"
+#include "fusedattn/overrides.h"
 
 namespace fusedattn::binding {
 
@@ -66,6 +67,13 @@ inline void raise_if_error(const Status& st) {
     TORCH_CHECK_NOT_IMPLEMENTED(false, "fusedattn: unsupported configuration: ", st.message);
   }
   TORCH_CHECK_VALUE(false, "fusedattn: ", st.message);
+}
+
+// The FUSEDATTN_* switches, parsed once; a malformed one fails every call (on any device).
+inline const Overrides& checked_overrides() {
+  const ProcessOverrides& o = process_overrides();
+  raise_if_error(o.status);
+  return o.values;
 }
 
 inline at::Tensor empty_like_shape(const OutputShape& s, const at::TensorOptions& opts) {

@@ -5,28 +5,17 @@
 #include <string>
 
 #include "bridge.h"
+#include "op_spec.h"
 
 namespace fusedattn::binding {
 
+// The optional tensor inputs and the settings of one call, by name (op_spec.h's lists).
 struct OpTensors {
-  const std::optional<at::Tensor>& bias;
-  const std::optional<at::Tensor>& softmax_offset;
-  const std::optional<at::Tensor>& attn_mask;
-  const std::optional<at::Tensor>& alibi_slopes;
-  const std::optional<at::Tensor>& cu_seqlens_q;
-  const std::optional<at::Tensor>& cu_seqlens_kv;
-  const std::optional<at::Tensor>& cu_seqlens_q_padded;
-  const std::optional<at::Tensor>& cu_seqlens_kv_padded;
+  FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_FIELD_OPTIONAL)
 };
 
 struct OpSettings {
-  const std::string& q_format;
-  const std::string& kv_format;
-  const std::string& mask_type;
-  int64_t window_left, window_right, bottom_right_diagonal;
-  const std::string& softmax_type;
-  double scale, dropout_p;
-  int64_t max_seqlen_q, max_seqlen_kv;
+  FUSEDATTN_SETTINGS(FUSEDATTN_FIELD_SETTING)
 };
 
 inline FwdArgs make_args(const OpSettings& s, bool return_max_logit) {
@@ -39,6 +28,7 @@ inline FwdArgs make_args(const OpSettings& s, bool return_max_logit) {
   a.window_right = s.window_right;
   a.bottom_right_diagonal = static_cast<int>(s.bottom_right_diagonal);
   a.scale = s.scale;
+  a.softcap = s.softcap;
   a.dropout_p = s.dropout_p;
   a.max_seqlen_q = s.max_seqlen_q;
   a.max_seqlen_kv = s.max_seqlen_kv;

@@ -1,5 +1,5 @@
 // CUDA implementation of fusedattn::copy_to_kv_cache: kv_cache_impl.h's flow
-// with the CUDA append kernel (csrc/cuda/kv_append.cu) on the current stream of
+// with the CUDA append kernel (csrc/cuda/kv_cache/append.cu) on the current stream of
 // new_k's device. No host synchronisation and no allocation, so the op captures
 // in CUDA graphs. Compiled only with the CUDA engine (FUSEDATTN_WITH_CUDA).
 #if defined(FUSEDATTN_WITH_CUDA)

@@ -38,6 +38,7 @@ template <class Engine>
 void kv_append_impl(const at::Tensor& new_k, const at::Tensor& new_v, at::Tensor& k_cache, at::Tensor& v_cache,
                     const at::Tensor& page_table, const at::Tensor& cu_new_lens, const at::Tensor& cache_seqlens,
                     const std::string& qkv_format) {
+  checked_overrides();
   const typename Engine::Scope scope(new_k);
   const KvAppendArgs args =
       make_kv_append_args(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens, cache_seqlens, qkv_format);

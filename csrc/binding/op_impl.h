@@ -25,18 +25,14 @@ using OptT = std::optional<at::Tensor>;
 
 template <class Engine>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& bias, const OptT& softmax_offset,
-    const OptT& attn_mask, const OptT& alibi_slopes, const OptT& cu_seqlens_q, const OptT& cu_seqlens_kv,
-    const OptT& cu_seqlens_q_padded, const OptT& cu_seqlens_kv_padded, const OptT& rng_state,
-    const std::string& q_format, const std::string& kv_format, const std::string& mask_type, int64_t window_left,
-    int64_t window_right, int64_t bottom_right_diagonal, const std::string& softmax_type, double scale,
-    double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv, bool return_max_logit, const OptT& page_table) {
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_PARAM_OPTIONAL) const OptT& rng_state,
+    FUSEDATTN_SETTINGS(FUSEDATTN_PARAM_SETTING) bool return_max_logit, const OptT& page_table) {
+  checked_overrides();
   const typename Engine::Scope scope(q);
-  const OpSettings settings{q_format,     kv_format, mask_type, window_left,  window_right, bottom_right_diagonal,
-                            softmax_type, scale,     dropout_p, max_seqlen_q, max_seqlen_kv};
+  const OpSettings settings{FUSEDATTN_SETTINGS(FUSEDATTN_NAME_SETTING)};
   const FwdArgs args = make_args(settings, return_max_logit);
-  const OpTensors opt{bias,         softmax_offset, attn_mask,           alibi_slopes,
-                      cu_seqlens_q, cu_seqlens_kv,  cu_seqlens_q_padded, cu_seqlens_kv_padded};
+  const OpTensors opt{FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_NAME_OPTIONAL)};
   const FwdInputs in = make_inputs(q, k, v, opt, rng_state, page_table);
 
   CheckedProblem prob;
@@ -69,21 +65,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_impl(
 template <class Engine>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_impl(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& softmax_lse, const at::Tensor& rng_state, const OptT& bias, const OptT& softmax_offset,
-    const OptT& attn_mask, const OptT& alibi_slopes, const OptT& cu_seqlens_q, const OptT& cu_seqlens_kv,
-    const OptT& cu_seqlens_q_padded, const OptT& cu_seqlens_kv_padded, const std::string& q_format,
-    const std::string& kv_format, const std::string& mask_type, int64_t window_left, int64_t window_right,
-    int64_t bottom_right_diagonal, const std::string& softmax_type, double scale, double dropout_p,
-    int64_t max_seqlen_q, int64_t max_seqlen_kv, bool need_dbias) {
+    const at::Tensor& softmax_lse, const at::Tensor& rng_state, FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_PARAM_OPTIONAL)
+        FUSEDATTN_SETTINGS(FUSEDATTN_PARAM_SETTING) bool need_dbias) {
+  checked_overrides();
   const typename Engine::Scope scope(q);
-  const OpSettings settings{q_format,     kv_format, mask_type, window_left,  window_right, bottom_right_diagonal,
-                            softmax_type, scale,     dropout_p, max_seqlen_q, max_seqlen_kv};
+  const OpSettings settings{FUSEDATTN_SETTINGS(FUSEDATTN_NAME_SETTING)};
   BwdArgs args;
   args.fwd = make_args(settings, false);
   args.need_dbias = need_dbias;
   args.deterministic = at::globalContext().deterministicAlgorithms();
-  const OpTensors opt{bias,         softmax_offset, attn_mask,           alibi_slopes,
-                      cu_seqlens_q, cu_seqlens_kv,  cu_seqlens_q_padded, cu_seqlens_kv_padded};
+  const OpTensors opt{FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_NAME_OPTIONAL)};
   BwdInputs in;
   in.fwd = make_inputs(q, k, v, opt, rng_state);
   in.dout = to_ref(dout, "dout");

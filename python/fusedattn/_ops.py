@@ -39,7 +39,8 @@ class FwdArgs:
     ``window_left/right`` use TransformerEngine's convention (-1 = unbounded);
     ``bottom_right_diagonal=None`` takes the mask type's default.
     ``max_seqlen_q/kv`` matter only for thd and may be left None: nothing on the op
-    path then reads cu_seqlens on the host.
+    path then reads cu_seqlens on the host. ``softcap`` > 0 caps the scaled scores as
+    ``softcap * tanh(s / softcap)`` before bias, ALiBi and masks (0: off).
     """
 
     scale: float
@@ -51,12 +52,13 @@ class FwdArgs:
     bottom_right_diagonal: Optional[bool] = None
     softmax_type: str = "vanilla"
     dropout_p: float = 0.0
+    softcap: float = 0.0
     max_seqlen_q: Optional[int] = None
     max_seqlen_kv: Optional[int] = None
     return_max_logit: bool = False
 
     def op_args(self) -> tuple:
-        """The op schema's non-tensor arguments, in schema order."""
+        """The op schema's settings in schema order (SETTINGS; tests/test_contract.py checks the order)."""
         brd = -1 if self.bottom_right_diagonal is None else int(bool(self.bottom_right_diagonal))
         return (
             self.q_format,
@@ -67,27 +69,29 @@ class FwdArgs:
             brd,
             self.softmax_type,
             float(self.scale),
+            float(self.softcap),
             float(self.dropout_p),
             -1 if self.max_seqlen_q is None else self.max_seqlen_q,
             -1 if self.max_seqlen_kv is None else self.max_seqlen_kv,
         )
 
     @classmethod
-    def from_op_args(cls, q_format, kv_format, mask_type, window_left, window_right, brd,
-                     softmax_type, scale, dropout_p, max_seqlen_q, max_seqlen_kv,
-                     return_max_logit=False) -> "FwdArgs":
+    def from_op_values(cls, values: dict, return_max_logit=False) -> "FwdArgs":
+        """The args of an op call from its settings by name (the inverse of op_args)."""
+        brd = values["bottom_right_diagonal"]
         return cls(
-            scale=scale,
-            q_format=q_format,
-            kv_format=kv_format,
-            mask_type=mask_type,
-            window_left=window_left,
-            window_right=window_right,
+            scale=values["scale"],
+            q_format=values["q_format"],
+            kv_format=values["kv_format"],
+            mask_type=values["mask_type"],
+            window_left=values["window_left"],
+            window_right=values["window_right"],
             bottom_right_diagonal=None if brd < 0 else bool(brd),
-            softmax_type=softmax_type,
-            dropout_p=dropout_p,
-            max_seqlen_q=None if _is_minus_one(max_seqlen_q) else max_seqlen_q,
-            max_seqlen_kv=None if _is_minus_one(max_seqlen_kv) else max_seqlen_kv,
+            softmax_type=values["softmax_type"],
+            dropout_p=values["dropout_p"],
+            softcap=values["softcap"],
+            max_seqlen_q=None if _is_minus_one(values["max_seqlen_q"]) else values["max_seqlen_q"],
+            max_seqlen_kv=None if _is_minus_one(values["max_seqlen_kv"]) else values["max_seqlen_kv"],
             return_max_logit=return_max_logit,
         )
 
@@ -100,17 +104,25 @@ def _is_minus_one(x) -> bool:
     return isinstance(x, int) and x == -1
 
 
+# The operators' argument lists, read from the registered schemas (csrc/binding/op_spec.h writes
+# them once): positions below are derived, never counted by hand.
+def _schema_names(op) -> tuple:
+    return tuple(a.name for a in op.default._schema.arguments)
+
+
+def _settings_of(op) -> tuple:
+    """Names of the op's non-tensor arguments, in schema order."""
+    tensor = torch._C.OptionalType.ofTensor()
+    return tuple(a.name for a in op.default._schema.arguments if not a.type.isSubtypeOf(tensor))
+
+
+FWD_ARGUMENTS = _schema_names(torch.ops.fusedattn.fwd)
+BWD_ARGUMENTS = _schema_names(torch.ops.fusedattn.bwd)
+# The settings FwdArgs.op_args() returns: every non-tensor argument but the op's own last flag
+# (fwd: return_max_logit, bwd: need_dbias).
+SETTINGS = _settings_of(torch.ops.fusedattn.fwd)[:-1]
 # Optional tensor inputs of both operators, in schema order after q, k, v.
-OPTIONAL_INPUTS = (
-    "bias",
-    "softmax_offset",
-    "attn_mask",
-    "alibi_slopes",
-    "cu_seqlens_q",
-    "cu_seqlens_kv",
-    "cu_seqlens_q_padded",
-    "cu_seqlens_kv_padded",
-)
+OPTIONAL_INPUTS = FWD_ARGUMENTS[3:FWD_ARGUMENTS.index("rng_state")]
 
 
 def draw_rng_state(device: torch.device) -> torch.Tensor:
@@ -140,12 +152,12 @@ _FWD_TENSOR_NAMES = ("k", "v", "core_attention_bias", "softmax_offset", "attenti
                      "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "rng_state")
 
 
-def _out_shapes(q, v, args: FwdArgs):
+def _out_shapes(q, v, q_format: str):
     d_v = v.shape[-1]
-    if args.q_format == "thd":
+    if q_format == "thd":
         t_q, h_q = q.shape[0], q.shape[1]
         return (t_q, h_q, d_v), (h_q, t_q), h_q
-    if args.q_format == "sbhd":
+    if q_format == "sbhd":
         s_q, b, h_q = q.shape[0], q.shape[1], q.shape[2]
         return (s_q, b, h_q, d_v), (b, h_q, s_q), h_q
     b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
@@ -155,19 +167,16 @@ def _out_shapes(q, v, args: FwdArgs):
 @torch.library.register_fake("fusedattn::fwd")
 def _fwd_fake(q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
               cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, q_format, kv_format, mask_type,
-              window_left, window_right, bottom_right_diagonal, softmax_type, scale, dropout_p,
+              window_left, window_right, bottom_right_diagonal, softmax_type, scale, softcap, dropout_p,
               max_seqlen_q, max_seqlen_kv, return_max_logit, page_table=None):
     _check_devices(q, "the same device as q", zip(_FWD_TENSOR_NAMES + ("page_table",),
                                (k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
                                 cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state, page_table)))
-    args = FwdArgs.from_op_args(q_format, kv_format, mask_type, window_left, window_right,
-                                bottom_right_diagonal, softmax_type, scale, dropout_p,
-                                max_seqlen_q, max_seqlen_kv, return_max_logit)
-    out_shape, lse_shape, h_q = _out_shapes(q, v, args)
+    out_shape, lse_shape, h_q = _out_shapes(q, v, q_format)
     out = q.new_empty(out_shape)
     lse = q.new_empty(lse_shape, dtype=torch.float32)
     rng = q.new_empty((2,), dtype=torch.int64)
-    max_logit = q.new_empty((h_q,) if args.return_max_logit else (0,), dtype=torch.float32)
+    max_logit = q.new_empty((h_q,) if return_max_logit else (0,), dtype=torch.float32)
     return out, lse, rng, max_logit
 
 
@@ -175,7 +184,7 @@ def _fwd_fake(q, k, v, bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens
 def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, bias, softmax_offset, attn_mask,
               alibi_slopes, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
               q_format, kv_format, mask_type, window_left, window_right, bottom_right_diagonal,
-              softmax_type, scale, dropout_p, max_seqlen_q, max_seqlen_kv, need_dbias):
+              softmax_type, scale, softcap, dropout_p, max_seqlen_q, max_seqlen_kv, need_dbias):
     _check_devices(q, "the same device as q", zip(("dout", "out", "softmax_lse") + _FWD_TENSOR_NAMES,
                                (dout, out, softmax_lse, k, v, bias, softmax_offset, attn_mask, alibi_slopes,
                                 cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, rng_state)))
@@ -195,19 +204,20 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, bias, softmax_offset, 
 # Autograd. q, k, v and out are saved by reference (save_for_backward keeps the
 # very tensors, no copies), together with lse and rng_state.
 
-_N_FWD_TENSOR_INPUTS = 3 + len(OPTIONAL_INPUTS) + 1  # q, k, v, optionals, rng_state
-_N_FWD_SETTINGS = 12  # q_format .. return_max_logit; page_table follows
+_FWD_SETTINGS_AT = FWD_ARGUMENTS.index(SETTINGS[0])
+_FWD_PAGE_TABLE_AT = FWD_ARGUMENTS.index("page_table")
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[0:3]
     optionals = inputs[3:3 + len(OPTIONAL_INPUTS)]
-    args = FwdArgs.from_op_args(*inputs[_N_FWD_TENSOR_INPUTS:_N_FWD_TENSOR_INPUTS + _N_FWD_SETTINGS])
+    values = dict(zip(SETTINGS, inputs[_FWD_SETTINGS_AT:_FWD_SETTINGS_AT + len(SETTINGS)]))
+    args = FwdArgs.from_op_values(values, return_max_logit=inputs[_FWD_SETTINGS_AT + len(SETTINGS)])
     out, lse, rng_state_out, max_logit = output
     ctx.mark_non_differentiable(lse, rng_state_out, max_logit)
     ctx.save_for_backward(q, k, v, out, lse, rng_state_out, *optionals)
     ctx.fwd_args = args
-    ctx.paged = len(inputs) > _N_FWD_TENSOR_INPUTS + _N_FWD_SETTINGS and inputs[-1] is not None
+    ctx.paged = len(inputs) > _FWD_PAGE_TABLE_AT and inputs[_FWD_PAGE_TABLE_AT] is not None
 
 
 def _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs_grad):

@@ -284,8 +284,8 @@ def test_hopper_forward_forced_kernel_runs(s):
 # ---------------------------------------------------------------------------
 # The Hopper backward is on unless FUSEDATTN_HOPPER_BWD=0 (read once per process, as the
 # library reads it).
-_HOPPER_BWD_ENV = os.environ.get("FUSEDATTN_HOPPER_BWD", "").strip()
-HOPPER_BWD = _HOPPER_BWD_ENV == "" or (_HOPPER_BWD_ENV.lstrip("+-").isdigit() and int(_HOPPER_BWD_ENV) != 0)
+# (the values of fusedattn/overrides.h: on / 1 / unset, or off / 0)
+HOPPER_BWD = os.environ.get("FUSEDATTN_HOPPER_BWD", "") in ("", "on", "1")
 needs_hopper_bwd = pytest.mark.skipif(not HOPPER_BWD, reason="FUSEDATTN_HOPPER_BWD=0")
 
 

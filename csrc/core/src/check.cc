@@ -116,6 +116,13 @@ Status check_window(const FwdArgs& args) {
   return Status::Ok();
 }
 
+// 0 is off; a cap must also survive the fp32 engines' conversion (neither 0 nor inf in float).
+Status check_softcap(double c) {
+  const float f = static_cast<float>(c);
+  if (c == 0.0 || (std::isfinite(c) && c > 0.0 && f > 0.f && std::isfinite(f))) return Status::Ok();
+  return Status::Invalid(cat("softcap must be 0 (off) or a finite positive value within float32's range; got ", c));
+}
+
 Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
   const TensorRef& q = in.q;
   if (!q.defined() || !in.k.defined() || !in.v.defined()) {
@@ -222,6 +229,7 @@ Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
 
   FUSEDATTN_RETURN_IF_ERROR(check_window(args));
   if (!std::isfinite(args.scale)) return Status::Invalid(cat("softmax_scale must be finite; got ", args.scale));
+  FUSEDATTN_RETURN_IF_ERROR(check_softcap(args.softcap));
   if (!(args.dropout_p >= 0.0 && args.dropout_p < 1.0)) {
     return Status::Invalid(cat("attention_dropout must be in [0, 1); got ", args.dropout_p));
   }

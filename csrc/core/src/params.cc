@@ -1,5 +1,6 @@
 // The one place where engine parameters are filled from a validated call.
 #include "fusedattn/api.h"
+#include "fusedattn/visibility.h"
 #include "layout.h"
 
 namespace fusedattn {
@@ -50,9 +51,12 @@ void fill_common(const FwdArgs& args, const FwdInputs& in, const Problem& prob, 
     pk.num_pages = in.k.sizes[0];
   }
 
+  // Windows in visibility.h's form: causal types are window_right = 0, and a side wider than both
+  // sequences together constrains nothing (clamp_window: the one clamp, so kernels can use int32).
   MaskParams& m = p->mask;
-  m.window_left = args.window_left;
-  m.window_right = mask_is_causal(args.mask_type) ? 0 : args.window_right;
+  const int64_t reach = prob.s_q + prob.s_kv;
+  m.window_left = clamp_window(args.window_left, reach);
+  m.window_right = mask_is_causal(args.mask_type) ? 0 : clamp_window(args.window_right, reach);
   // TransformerEngine's rule: top-left causal types force top-left alignment,
   // bottom-right ones force bottom-right, the others default to bottom-right.
   if (args.mask_type == MaskType::kCausal || args.mask_type == MaskType::kPaddingCausal) {
@@ -80,6 +84,7 @@ void fill_common(const FwdArgs& args, const FwdInputs& in, const Problem& prob, 
   p->dropout.p = static_cast<float>(args.dropout_p);
   p->dropout.rng_state = args.dropout_p > 0 ? ptr<int64_t>(in.rng_state) : nullptr;
   p->scale = args.scale;
+  p->softcap = args.softcap;
 }
 
 void set_lse(const TensorRef& lse, Format q_format, float** data, int64_t* sb, int64_t* sh, int64_t* ss) {

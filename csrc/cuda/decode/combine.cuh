@@ -9,14 +9,15 @@
 #include "decode.h"
 #include "epilogue.cuh"
 #include "launch.cuh"
-#include "simt/aux_kernels.cuh"
-#include "simt/common.cuh"
+#include "common/aux_kernels.cuh"
+#include "common/host.h"
+#include "common/seq.cuh"
 #include "tile.h"
 
 namespace fusedattn {
 namespace decode {
 
-using simt::SeqInfo;
+using gpu::SeqInfo;
 
 // Merges the splits' partials (KernelArgs::ws_o / ws_lse) of every output row (b, i, h) and writes
 // it (out and lse; zeros and -inf for a padded bshd/sbhd row, nothing for a thd row past the
@@ -80,10 +81,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
         x[k][q] = sp < a.splits && c < dv ? *reinterpret_cast<const float4*>(orow + c) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
-    const SeqInfo si = simt::seq_info(p, b);
+    const SeqInfo si = gpu::seq_info(p, b);
     if (i >= si.len_q) {  // the same for the whole block
       if (!p.seqlens.q_is_thd && warp == 0) {
-        T* row = out + simt::row_base(p.out, b, i, h);
+        T* row = out + gpu::row_base(p.out, b, i, h);
         for (int c = lane * 4; c < dv; c += 128) store4<T>(row, p.out.stride_d, c, a.out_vec, 0.f, 0.f, 0.f, 0.f);
         if (lane == 0) p.lse[int64_t(b) * p.lse_stride_b + int64_t(h) * p.lse_stride_h + int64_t(i) * p.lse_stride_s] =
             -INFINITY;
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
     if (warp == 0) {
       float fct, lse;
       finalize_row(p, h, den, mx, &fct, &lse);
-      T* row = out + simt::row_base(p.out, b, si.tok_q + i, h);
+      T* row = out + gpu::row_base(p.out, b, si.tok_q + i, h);
 #pragma unroll
       for (int q = 0; q < CH; ++q) {
         const int c = (lane + 32 * q) * 4;
@@ -149,20 +150,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
   }
 }
 
-// lse[h, t] = -inf over a thd lse [h_q, t_q]; max_logit[h] = -inf.
-static __global__ void decode_fill_lse_kernel(float* lse, int64_t stride_h, int64_t stride_s, int h, int64_t ntok) {
-  const int64_t n = ntok * h;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    lse[(e / ntok) * stride_h + (e % ntok) * stride_s] = -INFINITY;
-  }
-}
-
-static __global__ void decode_fill_neg_inf_kernel(float* x, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    x[e] = -INFINITY;
-  }
-}
-
 // Before the decode kernel: thd outputs are zero-filled with lse -inf (tokens
 // of no sequence, gaps; the kernels then write the sequences' rows), and
 // max_logit starts at -inf for the kernels' atomic max.
@@ -171,16 +158,16 @@ Status launch_init_outputs(const FwdParams& p, void* stream) {
   const Problem& pr = p.prob;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (p.seqlens.q_is_thd && pr.t_q > 0) {
-    simt::zero_rows_kernel<T><<<simt::aux_blocks(pr.t_q * pr.h_q * pr.d_v), simt::kAuxThreads, 0, st>>>(
+    gpu::zero_rows_kernel<T><<<gpu::aux_blocks(pr.t_q * pr.h_q * pr.d_v), gpu::kAuxThreads, 0, st>>>(
         p.out, 1, pr.t_q, static_cast<int>(pr.h_q), static_cast<int>(pr.d_v));
-    FUSEDATTN_RETURN_IF_ERROR(simt::check_launch("decode zero-fill"));
-    decode_fill_lse_kernel<<<simt::aux_blocks(pr.t_q * pr.h_q), simt::kAuxThreads, 0, st>>>(
-        p.lse, p.lse_stride_h, p.lse_stride_s, static_cast<int>(pr.h_q), pr.t_q);
-    FUSEDATTN_RETURN_IF_ERROR(simt::check_launch("decode lse fill"));
+    FUSEDATTN_RETURN_IF_ERROR(gpu::check_launch("decode zero-fill"));
+    gpu::fill_lse_kernel<<<gpu::aux_blocks(pr.t_q * pr.h_q), gpu::kAuxThreads, 0, st>>>(
+        p.lse, p.lse_stride_h, p.lse_stride_s, static_cast<int>(pr.h_q), pr.t_q, -INFINITY);
+    FUSEDATTN_RETURN_IF_ERROR(gpu::check_launch("decode lse fill"));
   }
   if (p.max_logit != nullptr && pr.h_q > 0) {
-    decode_fill_neg_inf_kernel<<<1, simt::kAuxThreads, 0, st>>>(p.max_logit, pr.h_q);
-    FUSEDATTN_RETURN_IF_ERROR(simt::check_launch("decode max_logit fill"));
+    gpu::fill_kernel<<<1, gpu::kAuxThreads, 0, st>>>(p.max_logit, pr.h_q, -INFINITY);
+    FUSEDATTN_RETURN_IF_ERROR(gpu::check_launch("decode max_logit fill"));
   }
   return Status::Ok();
 }
@@ -197,10 +184,10 @@ Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream) {
                            : (few ? decode_combine_kernel<T, 1, kFew> : decode_combine_kernel<T, 1, kAll>);
   if (!a.pdl || !built_with_dependency_wait()) {
     kernel<<<blocks, kCombineWarps * 32, 0, st>>>(p, a);
-    return simt::check_launch("decode combine kernel");
+    return gpu::check_launch("decode combine kernel");
   }
   launch_programmatic(kernel, blocks, dim3(kCombineWarps * 32), 0, st, p, a);
-  return simt::check_launch("decode combine kernel (programmatic launch)");
+  return gpu::check_launch("decode combine kernel (programmatic launch)");
 }
 
 }  // namespace decode

@@ -7,11 +7,13 @@
 // the call captures in a CUDA graph; the keys a split covers are derived on
 // the device from the actual cache length.
 //
-// Plan (host) -> workspace bytes -> launch (decode kernel [+ combine]).
+// plan_fwd (host) -> workspace bytes -> run_fwd (decode kernel [+ combine]).
 #pragma once
 
 #include <cstddef>
+#include <string>
 
+#include "common/device.h"
 #include "fastdiv.h"
 #include "fusedattn/cuda_api.h"
 
@@ -38,28 +40,16 @@ struct KernelArgs {
   bool pdl_main = false;
 };
 
-struct Plan {
-  bool applies = false;
-  const char* why = "";  // when it does not
-  int d = 0;             // head-dim bucket: 64, 128, 256
-  int wm = 1;            // row warps: 16 * wm rows per block
-  int chunks = 1;        // row chunks per (sequence, KV head)
-  int splits = 1;
-  size_t ws_o_off = 0, ws_lse_off = 0, bytes = 0;
-};
+// "" and a filled plan (CudaPlan::decode, the workspace) when the engine takes the call, else why
+// not. The split count comes from the shapes and the device's SM count.
+std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan);
 
-// The plan for a call (sm_count <= 0: the current device's).
-Plan make_plan(const FwdParams& p, int sm_count);
-
-// Workspace of a call the decode engine takes (0 otherwise).
-size_t fwd_workspace_bytes(const FwdParams& p);
-
-// Takes the call when the plan applies (sets *handled).
-Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled);
+// Launch a call planned here (launch.workspace of at least plan.workspace_bytes).
+Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch);
 
 // Typed launchers (decode_<dtype>_hd<D>.cu).
 template <class T, int D>
-Status launch_decode(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream);
+Status launch_decode(const FwdParams& p, const DecodeSchedule& plan, const KernelArgs& a, void* stream);
 template <class T>
 Status launch_combine(const FwdParams& p, const KernelArgs& a, void* stream);
 template <class T>

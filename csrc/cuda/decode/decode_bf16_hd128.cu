@@ -5,6 +5,6 @@
 
 namespace fusedattn {
 namespace decode {
-template Status launch_decode<__nv_bfloat16, 128>(const FwdParams&, const Plan&, const KernelArgs&, void*);
+template Status launch_decode<__nv_bfloat16, 128>(const FwdParams&, const DecodeSchedule&, const KernelArgs&, void*);
 }  // namespace decode
 }  // namespace fusedattn

@@ -21,13 +21,15 @@
 #include "epilogue.cuh"
 #include "launch.cuh"
 #include "ptx.cuh"
-#include "simt/common.cuh"
+#include "common/host.h"
+#include "common/numeric.cuh"
+#include "common/seq.cuh"
 #include "tile.h"
 
 namespace fusedattn {
 namespace decode {
 
-using simt::SeqInfo;
+using gpu::SeqInfo;
 
 template <class T, int D, int WM>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, const KernelArgs a) {
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const int32_t entry0 = one_page ? __ldg(pt) : 0;
   const int dqk = static_cast<int>(pr.d_qk), dv = static_cast<int>(pr.d_v);
 
-  const SeqInfo si = simt::seq_info(p, b);
+  const SeqInfo si = gpu::seq_info(p, b);
 
   // Valid rows of the block: r < rows and query i = r / group < len_q. The
   // keys any of them may see form [lo, hi) (bounds grow with i).
@@ -80,8 +82,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const int i_last = min(static_cast<int>(a.div_group.div(r_end - 1)), si.len_q - 1);
   int lo = 0, hi = 0;
   if (i_first <= i_last) {
-    lo = simt::key_range(si, i_first).lo;
-    hi = simt::key_range(si, i_last).hi;
+    lo = gpu::key_range(si, i_first).lo;
+    hi = gpu::key_range(si, i_last).hi;
   }
   // This split's tiles [t0, t0 + n).
   int t0 = 0, n = 0;
@@ -154,8 +156,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
         const int r = r_first + (k0 + k) * kRowStep;
         const uint32_t so = swz<RB>(r, cc);
         const bool kin = k_col && ov[k].x >= 0, vin = v_col && ov[k].y >= 0;
-        cp_async16(kb + so, kin ? kg_c + ov[k].x : kg, kin ? 16 : 0);
-        cp_async16(vb + so, vin ? vg_c + ov[k].y : vg, vin ? 16 : 0);
+        cp_async16_l2(kb + so, kin ? kg_c + ov[k].x : kg, kin ? 16 : 0);
+        cp_async16_l2(vb + so, vin ? vg_c + ov[k].y : vg, vin ? 16 : 0);
       }
     }
   };
@@ -188,8 +190,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     const int r = row0 + lr, i = static_cast<int>(a.div_group.div(r));
     const bool in = r < a.rows && i < si.len_q && c * 8 < dqk;
     const T* src =
-        in ? qg + simt::row_base(p.q, b, si.tok_q + i, hk * group + static_cast<int>(a.div_group.mod(r))) + c * 8 : qg;
-    cp_async16(qb + swz<RB>(lr, c), src, in ? 16 : 0);
+        in ? qg + gpu::row_base(p.q, b, si.tok_q + i, hk * group + static_cast<int>(a.div_group.mod(r))) + c * 8 : qg;
+    cp_async16_l2(qb + swz<RB>(lr, c), src, in ? 16 : 0);
   }
 #pragma unroll
   for (int x = 0; x < S - 1; ++x) {
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     rhi[rr] = 0;
     slope[rr] = 0.f;
     if (r < a.rows && i < si.len_q) {
-      const simt::KeyRange kr = simt::key_range(si, i);
+      const gpu::KeyRange kr = gpu::key_range(si, i);
       rlo[rr] = kr.lo;
       rhi[rr] = kr.hi;
       if (p.bias.type == BiasType::kAlibi) {
@@ -277,8 +279,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
           for (int nj = 0; nj < KS / 16; ++nj) {
             uint32_t kf[4];
             ldsm_x4(k_addr.p[k4] + kq * 128 + kv_off + nj * 16 * RB, kf);
-            mma16816<T>(s[2 * nj], qa, kf[0], kf[1]);
-            mma16816<T>(s[2 * nj + 1], qa, kf[2], kf[3]);
+            mma<T>(s[2 * nj], qa, kf[0], kf[1]);
+            mma<T>(s[2 * nj + 1], qa, kf[2], kf[3]);
           }
         }
       }
@@ -292,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
           const int rr = e >> 1;
           const int j = jw + nt * 8 + 2 * t4 + (e & 1);
           float xv = s[nt][e] * a.scale_log2;
-          if (has_alibi) xv -= slope[rr] * fabsf(static_cast<float>(j - ri[rr] - si.diag));
+          if (has_alibi) xv -= slope[rr] * static_cast<float>(si.vis.alibi_distance(ri[rr], j));
           if (!full && !(j >= rlo[rr] && j < rhi[rr])) xv = -INFINITY;
           s[nt][e] = xv;
         }
@@ -344,8 +346,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
         for (int dn = 0; dn < D / 16; ++dn) {
           uint32_t vf[4];
           ldsm_x4_t(v_addr.at(dn) + kv_off + nj * 16 * RB, vf);
-          mma16816<T>(o[2 * dn], pa, vf[0], vf[1]);
-          mma16816<T>(o[2 * dn + 1], pa, vf[2], vf[3]);
+          mma<T>(o[2 * dn], pa, vf[0], vf[1]);
+          mma<T>(o[2 * dn + 1], pa, vf[2], vf[3]);
         }
       }
     }
@@ -410,7 +412,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     if (i >= si.len_q) {
       // A padded bshd/sbhd row (thd rows past a sequence belong to others).
       if (!split_mode && !q_thd) {
-        store4<T>(out + simt::row_base(p.out, b, i, h), p.out.stride_d, c, a.out_vec, 0.f, 0.f, 0.f, 0.f);
+        store4<T>(out + gpu::row_base(p.out, b, i, h), p.out.stride_d, c, a.out_vec, 0.f, 0.f, 0.f, 0.f);
       }
       continue;
     }
@@ -431,7 +433,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     } else {
       float fct, lse;
       finalize_row(p, h, L, row_m[lr], &fct, &lse);
-      store4<T>(out + simt::row_base(p.out, b, si.tok_q + i, h), p.out.stride_d, c, a.out_vec, acc.x * fct,
+      store4<T>(out + gpu::row_base(p.out, b, si.tok_q + i, h), p.out.stride_d, c, a.out_vec, acc.x * fct,
                 acc.y * fct, acc.z * fct, acc.w * fct);
     }
   }
@@ -452,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
       finalize_row(p, h, L, mx, &fct, &lse);
       lse_row[(si.tok_q + i) * p.lse_stride_s] = lse;
     }
-    if (p.max_logit != nullptr && L > 0.f) simt::atomic_max_float(p.max_logit + h, mx * kLn2);
+    if (p.max_logit != nullptr && L > 0.f) gpu::atomic_max_float(p.max_logit + h, mx * kLn2);
   }
 
 }
@@ -460,25 +462,25 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
 // ---- launchers ------------------------------------------------------------------
 
 template <class T, int D, int WM>
-Status launch_variant(const FwdParams& p, const Plan& plan, const KernelArgs& a, cudaStream_t stream) {
+Status launch_variant(const FwdParams& p, const DecodeSchedule& plan, const KernelArgs& a, cudaStream_t stream) {
   using C = Tile<D, WM>;
   const auto kernel = decode_kernel<T, D, WM>;
   static std::atomic<uint64_t> smem_ready{0};
-  FUSEDATTN_RETURN_IF_ERROR(simt::prepare_smem(kernel, C::kSmemBytes, "decode", &smem_ready));
+  FUSEDATTN_RETURN_IF_ERROR(gpu::prepare_smem(kernel, C::kSmemBytes, "decode", &smem_ready));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(p.prob.h_kv * plan.chunks),
                   static_cast<unsigned>(p.prob.b));
   if (!a.pdl_main || !built_with_dependency_wait()) {
     kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, a);
-    return simt::check_launch("decode kernel");
+    return gpu::check_launch("decode kernel");
   }
   launch_programmatic(kernel, grid, dim3(kThreads), C::kSmemBytes, stream, p, a);
-  return simt::check_launch("decode kernel (programmatic launch)");
+  return gpu::check_launch("decode kernel (programmatic launch)");
 }
 
 template <class T, int D>
-Status launch_decode(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream) {
+Status launch_decode(const FwdParams& p, const DecodeSchedule& plan, const KernelArgs& a, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (plan.wm) {
+  switch (plan.row_warps) {
     case 1: return launch_variant<T, D, 1>(p, plan, a, st);
     case 2: return launch_variant<T, D, 2>(p, plan, a, st);
     default: return launch_variant<T, D, 4>(p, plan, a, st);

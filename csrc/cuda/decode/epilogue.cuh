@@ -6,7 +6,9 @@
 #include "decode.h"
 #include "fusedattn/params.h"
 #include "ptx.cuh"
-#include "simt/common.cuh"
+#include "common/host.h"
+#include "common/numeric.cuh"
+#include "common/seq.cuh"
 
 namespace fusedattn {
 namespace decode {
@@ -45,10 +47,10 @@ __device__ __forceinline__ void store4(T* row, int64_t stride_d, int c, bool vec
     w.y = pack2<T>(x2, x3);
     *reinterpret_cast<uint2*>(row + c) = w;
   } else {
-    row[(c + 0) * stride_d] = simt::from_acc<T>(x0);
-    row[(c + 1) * stride_d] = simt::from_acc<T>(x1);
-    row[(c + 2) * stride_d] = simt::from_acc<T>(x2);
-    row[(c + 3) * stride_d] = simt::from_acc<T>(x3);
+    row[(c + 0) * stride_d] = gpu::from_acc<T>(x0);
+    row[(c + 1) * stride_d] = gpu::from_acc<T>(x1);
+    row[(c + 2) * stride_d] = gpu::from_acc<T>(x2);
+    row[(c + 3) * stride_d] = gpu::from_acc<T>(x3);
   }
 }
 

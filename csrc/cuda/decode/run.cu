@@ -1,53 +1,21 @@
-// The decode engine's host side: whether it takes a call, its split count and
+// The decode engine's host side: whether it takes a call, its schedule (split count) and
 // workspace (from shapes and the device alone), and the launches.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
+#include <string>
 
+#include "common/rows.h"
 #include "decode.h"
-#include "simt/common.cuh"
+#include "fusedattn/overrides.h"
+#include "fusedattn/visibility.h"
 #include "tile.h"
 
 namespace fusedattn {
 namespace decode {
 namespace {
-
-// Multiprocessors, shared memory per multiprocessor and compute capability of the current device
-// (attribute queries: no synchronisation, legal during graph capture; cached).
-struct DeviceInfo {
-  int sms = 0;
-  int smem_per_sm = 0;
-  int major = 0;
-};
-
-DeviceInfo device_info() {
-  static std::atomic<int> sms_cache[64], smem_cache[64], major_cache[64];
-  DeviceInfo info;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return info;
-  const bool cached = dev >= 0 && dev < 64;
-  if (cached && sms_cache[dev].load(std::memory_order_relaxed) > 0) {
-    info.sms = sms_cache[dev].load(std::memory_order_relaxed);
-    info.smem_per_sm = smem_cache[dev].load(std::memory_order_relaxed);
-    info.major = major_cache[dev].load(std::memory_order_relaxed);
-    return info;
-  }
-  if (cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) info.sms = 0;
-  if (cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-    info.smem_per_sm = 0;
-  }
-  if (cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) info.major = 0;
-  if (cached && info.sms > 0) {
-    smem_cache[dev].store(info.smem_per_sm, std::memory_order_relaxed);
-    major_cache[dev].store(info.major, std::memory_order_relaxed);
-    sms_cache[dev].store(info.sms, std::memory_order_relaxed);
-  }
-  return info;
-}
 
 template <int D>
 size_t smem_of(int wm) {
@@ -90,94 +58,77 @@ int choose_splits(int64_t units, int64_t tiles, int64_t cap) {
   return best;
 }
 
-// FUSEDATTN_DECODE_SPLITS=n fixes the split count (capped by the key tiles
-// and kMaxSplits), for measuring choose_splits' model against the device;
-// read once per process.
-int forced_splits() {
-  static const int n = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_SPLITS");
-    return e == nullptr ? 0 : std::clamp(std::atoi(e), 0, kMaxSplits);
-  }();
-  return n;
-}
+// FUSEDATTN_DECODE_SPLITS=n (fusedattn/overrides.h) fixes the split count (capped by the key tiles),
+// for measuring choose_splits' model against the device.
+static_assert(kMaxSplits == Overrides::kMaxDecodeSplits, "the parser's bound is the engine's");
+int forced_splits() { return process_overrides().values.decode_splits; }
 
-Plan no(const char* why) {
-  Plan p;
-  p.why = why;
-  return p;
-}
-
-// Programmatic dependent launches on sm_90+ (FUSEDATTN_DECODE_PDL, read once per process):
+// Programmatic dependent launches on sm_90+ (FUSEDATTN_DECODE_PDL, fusedattn/overrides.h):
 // 2 (the default): the decode kernel is a programmatic dependent of whatever precedes it on the
 // stream (it waits for that work before its first global access, so only its launch overlaps), and
 // the combine one of the decode kernel (its launch overlaps the decode blocks' epilogues).
 // 1: the combine only. 0: plain launches. Measured (H200, bench_decode.py, per call): batch 1 /
 // ctx 8192 16.8 us plain, 15.3 with the combine's, 15.2 with both; batch 8 70.7 -> 68.9 us
 // from 1 to 2.
-int pdl_mode() {
-  static const int mode = [] {
-    const char* e = std::getenv("FUSEDATTN_DECODE_PDL");
-    return e == nullptr || *e == '\0' ? 2 : std::clamp(std::atoi(e), 0, 2);
-  }();
-  return mode;
-}
+int pdl_mode() { return process_overrides().values.decode_pdl; }
 
 }  // namespace
 
-Plan make_plan(const FwdParams& p, int sm_count) {
+std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
   const Problem& pr = p.prob;
-  if (p.paged.page_table == nullptr) return no("not a paged KV cache");
-  if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return no("dtype is not float16/bfloat16");
-  if (pr.device != DeviceType::kCUDA) return no("not a CUDA tensor");
+  if (p.paged.page_table == nullptr) return "not a paged KV cache";
+  if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return "dtype is not float16/bfloat16";
   if (p.bias.type == BiasType::kPostScaleBias || p.mask.mask.data != nullptr || p.dropout.p > 0.f) {
-    return no("bias, explicit mask or dropout");
+    return "bias, explicit mask or dropout";
   }
+  if (p.softcap > 0) return "softcap";
   const int64_t dmax = std::max(pr.d_qk, pr.d_v);
-  if (dmax > 256 || dmax <= 0) return no("head dim above 256");
-  if (!simt::rows_vectorizable<__half>(p.q) || !simt::rows_vectorizable<__half>(p.k) ||
-      !simt::rows_vectorizable<__half>(p.v)) {
-    return no("q, k, v need a unit head-dim stride and 16-byte aligned rows");
+  if (dmax > 256) return "head dim above 256";
+  if (!gpu::rows16(p.q) || !gpu::rows16(p.k) || !gpu::rows16(p.v)) {
+    return "q, k, v need a unit head-dim stride and 16-byte aligned rows";
   }
-  if (p.paged.page_size <= 0 || p.paged.max_pages <= 0 || p.paged.num_pages <= 0) return no("empty page pool");
-  if (pr.b <= 0 || pr.s_q <= 0 || pr.h_q <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return no("empty problem");
-  if (pr.s_kv >= (int64_t(1) << 30) || pr.s_q >= (int64_t(1) << 30)) return no("sequence extent >= 2^30");
+  if (p.paged.page_size <= 0 || p.paged.max_pages <= 0 || p.paged.num_pages <= 0) return "empty page pool";
+  if (pr.b <= 0 || pr.s_q <= 0 || pr.h_q <= 0) return "empty problem";
+  if (pr.s_q + pr.s_kv >= kMaxPositionSum32) return "s_q + s_kv >= 2^30 (positions in int32)";
   const int64_t group = pr.h_q / pr.h_kv;
   const int64_t rows = pr.s_q * group;
-  if (rows >= (int64_t(1) << 30) || pr.s_q * pr.h_q >= (int64_t(1) << 31)) return no("too many query rows");
-  Plan pl;
-  pl.wm = rows <= 16 ? 1 : (rows <= 32 ? 2 : 4);
-  pl.chunks = static_cast<int>((rows + 16 * pl.wm - 1) / (16 * pl.wm));
-  if (pr.h_kv * pl.chunks > 65535 || pr.b > 65535) return no("grid too large");
-  pl.d = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
+  if (rows >= (int64_t(1) << 30) || pr.s_q * pr.h_q >= (int64_t(1) << 31)) return "too many query rows";
+  DecodeSchedule sc;
+  sc.row_warps = rows <= 16 ? 1 : (rows <= 32 ? 2 : 4);
+  sc.chunks = static_cast<int>((rows + 16 * sc.row_warps - 1) / (16 * sc.row_warps));
+  if (pr.h_kv * sc.chunks > 65535 || pr.b > 65535) return "grid too large";
+  sc.head_dim = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
 
-  const DeviceInfo dev = device_info();
-  const int sms = sm_count > 0 ? sm_count : (dev.sms > 0 ? dev.sms : 1);
-  const int64_t cap = int64_t(sms) * blocks_per_sm(pl.d, pl.wm, dev.smem_per_sm);
+  const int sms = dev.sm_count > 0 ? dev.sm_count : 1;
+  const int64_t cap = int64_t(sms) * blocks_per_sm(sc.head_dim, sc.row_warps, dev.smem_per_sm);
   const int64_t tiles = std::max<int64_t>(1, (pr.s_kv + kBlockN - 1) / kBlockN);
-  pl.splits = choose_splits(pr.b * pr.h_kv * pl.chunks, tiles, cap);
-  if (const int forced = forced_splits(); forced > 0) pl.splits = static_cast<int>(std::min<int64_t>(forced, tiles));
-  if (pl.splits > 1) {
+  sc.splits = choose_splits(pr.b * pr.h_kv * sc.chunks, tiles, cap);
+  if (const int forced = forced_splits(); forced > 0) sc.splits = static_cast<int>(std::min<int64_t>(forced, tiles));
+  size_t bytes = 0;
+  if (sc.splits > 1) {
     const auto up = [](size_t x) { return (x + 255) / 256 * 256; };
-    const size_t prow = static_cast<size_t>(pl.splits) * pr.b * pr.h_kv * rows;
-    pl.ws_o_off = 0;
-    pl.ws_lse_off = up(prow * pr.d_v * sizeof(float));
-    pl.bytes = pl.ws_lse_off + up(prow * sizeof(float));
+    const size_t prow = static_cast<size_t>(sc.splits) * pr.b * pr.h_kv * rows;
+    sc.ws_o_off = 0;
+    sc.ws_lse_off = up(prow * pr.d_v * sizeof(float));
+    bytes = sc.ws_lse_off + up(prow * sizeof(float));
   }
-  pl.applies = true;
-  return pl;
-}
-
-size_t fwd_workspace_bytes(const FwdParams& p) {
-  const Plan pl = make_plan(p, 0);
-  return pl.applies ? pl.bytes : 0;
+  const bool sm90 = dev.major >= 9;
+  sc.pdl = sc.splits > 1 && pdl_mode() >= 1 && sm90;
+  sc.pdl_main = pdl_mode() >= 2 && sm90;
+  *plan = CudaPlan{};
+  plan->engine = CudaEngine::kDecode;
+  plan->sm_count = dev.sm_count;
+  plan->workspace_bytes = bytes;
+  plan->decode = sc;
+  return "";
 }
 
 namespace {
 
 template <class T>
-Status run_typed(const FwdParams& p, const Plan& plan, const KernelArgs& a, void* stream) {
+Status run_typed(const FwdParams& p, const DecodeSchedule& plan, const KernelArgs& a, void* stream) {
   FUSEDATTN_RETURN_IF_ERROR(launch_init_outputs<T>(p, stream));
-  switch (plan.d) {
+  switch (plan.head_dim) {
     case 64: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 64>(p, plan, a, stream))); break;
     case 128: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 128>(p, plan, a, stream))); break;
     default: FUSEDATTN_RETURN_IF_ERROR((launch_decode<T, 256>(p, plan, a, stream))); break;
@@ -188,38 +139,28 @@ Status run_typed(const FwdParams& p, const Plan& plan, const KernelArgs& a, void
 
 }  // namespace
 
-Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
-  *handled = false;
-  // The device's own SM count, as fwd_workspace_bytes used: the workspace the
-  // binding allocated fits this plan.
-  Plan plan = make_plan(p, 0);
-  if (!plan.applies) return Status::Ok();
-  if (plan.splits > 1 && (launch.workspace == nullptr || launch.workspace_bytes < plan.bytes)) {
-    plan.splits = 1;  // a caller that skipped the workspace query: one split needs none
-    plan.bytes = 0;
-  }
+Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
+  const DecodeSchedule& sc = plan.decode;
   KernelArgs a;
   a.group = static_cast<int>(p.prob.h_q / p.prob.h_kv);
   a.rows = static_cast<int>(p.prob.s_q * a.group);
-  a.splits = plan.splits;
+  a.splits = sc.splits;
   a.scale_log2 = p.scale * 1.4426950408889634f;
-  a.out_vec = simt::rows_vectorizable<__half>(p.out);
+  a.out_vec = gpu::rows16(p.out);
   a.div_hkv = FastDiv(static_cast<uint32_t>(p.prob.h_kv));
   a.div_group = FastDiv(static_cast<uint32_t>(a.group));
-  a.div_splits = FastDiv(static_cast<uint32_t>(plan.splits));
+  a.div_splits = FastDiv(static_cast<uint32_t>(sc.splits));
   a.div_ps = FastDiv(static_cast<uint32_t>(p.paged.page_size));
   a.div_hq = FastDiv(static_cast<uint32_t>(p.prob.h_q));
-  const bool sm90 = device_info().major >= 9;
-  a.pdl = plan.splits > 1 && pdl_mode() >= 1 && sm90;
-  a.pdl_main = pdl_mode() >= 2 && sm90;
-  if (plan.splits > 1) {
+  a.pdl = sc.pdl;
+  a.pdl_main = sc.pdl_main;
+  if (sc.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
-    a.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_off);
-    a.ws_lse = reinterpret_cast<float*>(ws + plan.ws_lse_off);
+    a.ws_o = reinterpret_cast<float*>(ws + sc.ws_o_off);
+    a.ws_lse = reinterpret_cast<float*>(ws + sc.ws_lse_off);
   }
-  *handled = true;
-  if (p.prob.dtype == DType::kFloat16) return run_typed<__half>(p, plan, a, launch.stream);
-  return run_typed<__nv_bfloat16>(p, plan, a, launch.stream);
+  if (p.prob.dtype == DType::kFloat16) return run_typed<__half>(p, sc, a, launch.stream);
+  return run_typed<__nv_bfloat16>(p, sc, a, launch.stream);
 }
 
 }  // namespace decode

@@ -1,10 +1,13 @@
-// Which scores a query sees: the one place the kernels ask, for a whole tile (which key tiles a
-// query tile runs, which query tiles a key tile meets) and for one score. Today: keys past s_kv
-// never, and with CAUSAL the top-left diagonal (key j visible to query i iff j <= i). A sliding
-// window, per-sequence bounds (varlen) and a softcap belong here too.
+// Which scores a query sees: the one place the Hopper kernels ask, for a whole tile (which key tiles
+// a query tile runs, which query tiles a key tile meets) and for one score, by the library's one rule
+// (fusedattn/visibility.h). Today: keys past s_kv never, and with CAUSAL the top-left diagonal (key j
+// visible to query i iff j <= i). A sliding window, per-sequence bounds (varlen) and a softcap
+// belong here too.
 #pragma once
 
 #include <cmath>
+
+#include "fusedattn/visibility.h"
 
 namespace fusedattn {
 namespace hopper {
@@ -58,14 +61,19 @@ struct TileMask {
   __device__ __forceinline__ bool past_keys(const int& key) const { return key >= s_kv; }
   __device__ __forceinline__ bool above_diagonal(int q, int key) const { return CAUSAL && key > q; }
 
+  // The Hopper path's visibility (fusedattn/visibility.h): no window but causal's (top-left, or
+  // bottom-right with s_q = s_kv, the same diagonal). Rows past s_q are not bounded here (they are not
+  // stored).
+  __device__ __forceinline__ Visibility<int> visibility() const {
+    return Visibility<int>::make(-1, CAUSAL ? 0 : -1, false, s_q, s_kv);
+  }
   // Forward: key tile n (BN keys) of S in a consumer thread's accumulator fragment (rows row_base
-  // and row_base + 8 of a warpgroup whose first row is wg_row0; columns 8j + 2qd + e): scores the
-  // query does not see become -inf. Tiles without a key tail or a diagonal are left alone.
+  // and row_base + 8 of a warpgroup whose 64 rows start at wg_row0; columns 8j + 2qd + e): scores the
+  // query does not see become -inf. Tiles all of whose keys every row sees are left alone.
   template <int BN>
   __device__ __forceinline__ void apply(float (&sacc)[BN / 2], int n, int row_base, int wg_row0, int qd) const {
-    const bool tail = (n + 1) * BN > s_kv;
-    const bool diag = CAUSAL && ((n + 1) * BN - 1 > wg_row0);
-    if (tail || diag) {
+    const Visibility<int> vis = visibility();
+    if (!vis.keys_all_visible(wg_row0, wg_row0 + 63, n * BN, BN)) {
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -74,9 +82,7 @@ struct TileMask {
           for (int e = 0; e < 2; ++e) {
             const int col = n * BN + 8 * j + 2 * qd + e;
             const int row = row_base + 8 * hf;
-            bool masked = col >= s_kv;
-            if (CAUSAL) masked = masked || (col > row);
-            if (masked) sacc[4 * j + 2 * hf + e] = -INFINITY;
+            if (!vis.key_visible(row, col)) sacc[4 * j + 2 * hf + e] = -INFINITY;
           }
         }
       }

@@ -1,24 +1,23 @@
-// The Hopper path's entry points (hooks declared in fusedattn/cuda_api.h):
-// which calls it takes, which kernel runs them, and the launches. Built only for
-// sm_90a (cmake/cuda.cmake compiles this directory on its own, for that target
-// alone); without it the weak defaults in csrc/cuda/tc_default.cu take no call.
-// The kernels' host entries (kernels.h) are instantiated from kernels.list.
+// The Hopper path's entry points (hopper.h): which calls it takes, which kernel
+// runs them, and the launches. Built only for sm_90a (cmake/cuda.cmake compiles
+// this directory on its own, for that target alone); without it the dispatch
+// never asks. The kernels' host entries (kernels.h) are instantiated from
+// kernels.list.
 //
 // Forward, on by default: four variants of fwd_kernel.cuh (one tile per CTA
 // ("v2"), persistent, and at d = 64 three-consumer and persistent
 // three-consumer), chosen per call by tuning.h;
-// FUSEDATTN_HOPPER_FWD=v2|persistent|three_consumer|three_consumer_persistent
-// forces one (the three-consumer ones only where d = 64) for A/B timing and for
-// the tests, which run every variant on every shape.
+// FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h) forces one (the three-consumer
+// ones only where d = 64) for A/B timing and for the tests.
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
 // 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), no_mask or top-left causal (a bottom-right causal mask too
 // when s_q = s_kv, where the diagonals coincide), vanilla softmax, no bias,
-// ALiBi, dropout, padding, thd, sliding window, max_logit or KV cache. Every
+// ALiBi, dropout, padding, thd, sliding window, max_logit, softcap or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
 // Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
-// (FUSEDATTN_HOPPER_BWD=0 turns it off): the forward's calls restricted to
+// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls restricted to
 // s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
 // and the gradients), no dbias. Deterministic mode (torch.use_deterministic_
 // algorithms) at d = 64 and 128 runs the variant whose dQ reduce-adds take turns
@@ -27,12 +26,13 @@
 // as does everything else.
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <string>
 
+#include "common/rows.h"
 #include "fusedattn/cat.h"
-#include "fusedattn/cuda_api.h"
+#include "fusedattn/overrides.h"
+#include "fusedattn/visibility.h"
+#include "hopper/hopper.h"
 #include "hopper/kernels.h"
 #include "hopper/tuning.h"
 
@@ -40,95 +40,51 @@ namespace fusedattn {
 namespace hopper {
 namespace {
 
-// Whether the current device has compute capability 9.0; asked on every call,
-// so the answer is kept per device index.
-bool device_is_sm90() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev >= 0 && dev < kMaxDevices && cached[dev].load(std::memory_order_relaxed) != 0) {
-    return cached[dev].load(std::memory_order_relaxed) == 1;
-  }
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                  major == 9 && minor == 0;
-  if (dev >= 0 && dev < kMaxDevices) cached[dev].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
-}
-
-// FUSEDATTN_HOPPER_FWD: unset, "" or "auto" lets tuning.h choose; read once. An unknown value
-// is an error at the first Hopper forward, not a silent fallback.
-struct FwdOverride {
-  bool set = false, valid = true;
-  FwdVariant variant = FwdVariant::kOneTile;
-  std::string raw;
-};
-const FwdOverride& fwd_override() {
-  static const FwdOverride o = [] {
-    FwdOverride r;
-    const char* e = std::getenv("FUSEDATTN_HOPPER_FWD");
-    r.raw = e == nullptr ? "" : e;
-    if (r.raw.empty() || r.raw == "auto") return r;
-    r.set = true;
-    if (r.raw == "v2") r.variant = FwdVariant::kOneTile;
-    else if (r.raw == "persistent") r.variant = FwdVariant::kPersistent;
-    else if (r.raw == "three_consumer") r.variant = FwdVariant::kThreeConsumer;
-    else if (r.raw == "three_consumer_persistent") r.variant = FwdVariant::kThreeConsumerPersistent;
-    else r.valid = false;
-    return r;
-  }();
-  return o;
-}
-
-// FUSEDATTN_HOPPER_CAUSAL_CHUNK=C: the causal tile order of the v2 and three-consumer forwards and
-// of the backward deals its CTAs in chunks of C groups (tile_scheduler.cuh's chunked_tile); 1 is group by
-// group, the order before the chunks; unset, "", "auto" or 0 lets tuning.h choose. For A/B timing;
-// read once. Anything else is an error at the first Hopper call.
-struct ChunkOverride {
-  int chunk = 0;
-  bool valid = true;
-  std::string raw;
-};
-const ChunkOverride& chunk_override() {
-  static const ChunkOverride o = [] {
-    ChunkOverride r;
-    const char* e = std::getenv("FUSEDATTN_HOPPER_CAUSAL_CHUNK");
-    r.raw = e == nullptr ? "" : e;
-    if (r.raw.empty() || r.raw == "auto") return r;
-    char* end = nullptr;
-    const long v = std::strtol(r.raw.c_str(), &end, 10);
-    r.valid = end != r.raw.c_str() && *end == '\0' && v >= 0 && v <= 65535;
-    r.chunk = r.valid ? static_cast<int>(v) : 0;
-    return r;
-  }();
-  return o;
-}
-Status chunk_override_error() {
-  return Status::Invalid(
-      cat("FUSEDATTN_HOPPER_CAUSAL_CHUNK=", chunk_override().raw, " (expected auto or a group count 0-65535)"));
-}
-
-std::string check_rows(const SeqTensor& t, const char* name) {
-  if (t.data == nullptr) return cat(name, " is null");
-  if (t.stride_d != 1) return cat(name, " has head-dim stride ", t.stride_d);
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return cat(name, " is not 16-byte aligned");
-  if (t.stride_b % 8 != 0 || t.stride_s % 8 != 0 || t.stride_h % 8 != 0) {
-    return cat(name, " has strides that are not multiples of 16 bytes (the tensor-memory accelerator needs them)");
-  }
-  return "";
-}
+// FUSEDATTN_HOPPER_FWD and FUSEDATTN_HOPPER_CAUSAL_CHUNK (fusedattn/overrides.h): a forced forward
+// variant and the causal tile order's chunk (0: tuning.h's choice), for A/B timing and the tests.
+const Overrides& overrides() { return process_overrides().values; }
 
 detail::MapDesc map_of(const SeqTensor& t, const Problem& pr, int64_t s, int64_t h, int64_t d) {
   return detail::MapDesc{t.data,     static_cast<int>(pr.b), static_cast<int>(s), static_cast<int>(h),
                          static_cast<int>(d), t.stride_b, t.stride_s, t.stride_h};
 }
 
-// sm_count: the device's multiprocessors (CudaLaunch::sm_count), the persistent kernel's grid.
+// The variant a forward call runs: tuning.h's choice or FUSEDATTN_HOPPER_FWD's, on the tiles it can
+// take. The persistent kernels need the SM count, and their tile indices (one round past the last)
+// must fit in int; a call without either takes the same tiles one per CTA (v2, three-consumer),
+// which covers every shape plan_fwd admits.
+FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
+  const int d = static_cast<int>(pr.d_qk);
+  FwdVariant variant = choose_fwd_variant(d, causal, pr.s_kv);
+  switch (overrides().hopper_fwd) {
+    case HopperFwdChoice::kAuto: break;
+    case HopperFwdChoice::kV2: variant = FwdVariant::kOneTile; break;
+    case HopperFwdChoice::kPersistent: variant = FwdVariant::kPersistent; break;
+    case HopperFwdChoice::kThreeConsumer: variant = FwdVariant::kThreeConsumer; break;
+    case HopperFwdChoice::kThreeConsumerPersistent: variant = FwdVariant::kThreeConsumerPersistent; break;
+  }
+  if ((variant == FwdVariant::kThreeConsumer || variant == FwdVariant::kThreeConsumerPersistent) && d != 64) {
+    variant = choose_fwd_variant(d, causal, pr.s_kv);
+  }
+  const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
+  if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
+    variant = FwdVariant::kOneTile;
+  }
+  const int64_t tiles192 = (pr.s_q + 191) / 192 * pr.h_q * pr.b;
+  if (variant == FwdVariant::kThreeConsumerPersistent &&
+      (sm_count <= 0 || tiles192 + 2 * int64_t{sm_count} > 0x7fffffff)) {
+    variant = FwdVariant::kThreeConsumer;
+  }
+  return variant;
+}
+
+bool is_causal(const MaskParams& m) { return m.window_left < 0 && m.window_right == 0; }
+
 template <typename T, int D>
-Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st) {
+Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   const Problem& pr = p.prob;
+  const bool causal = is_causal(p.mask);
+  const int sm_count = plan.sm_count;
   Sm90Args a{};
   a.q = map_of(p.q, pr, pr.s_q, pr.h_q, D);
   a.k = map_of(p.k, pr, pr.s_kv, pr.h_kv, D);
@@ -149,29 +105,9 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   k.h_kv = static_cast<int>(pr.h_kv);
   k.scale_log2 = p.scale * 1.4426950408889634f;
   a.causal = causal;
-  if (!chunk_override().valid) return chunk_override_error();
-  a.causal_chunk = chunk_override().chunk;
+  a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
-  const FwdOverride& o = fwd_override();
-  if (!o.valid) {
-    return Status::Invalid(cat("FUSEDATTN_HOPPER_FWD=", o.raw,
-                               " (expected auto, v2, persistent, three_consumer or three_consumer_persistent)"));
-  }
-  FwdVariant variant = o.set ? o.variant : choose_fwd_variant(D, causal, pr.s_kv);
-  if ((variant == FwdVariant::kThreeConsumer || variant == FwdVariant::kThreeConsumerPersistent) && D != 64)
-    variant = choose_fwd_variant(D, causal, pr.s_kv);
-  // The persistent kernels need the SM count, and their tile indices (one round past the last) must
-  // fit in int; a call without either takes the same tiles one per CTA (v2, three-consumer), which
-  // covers every shape fwd_support admits.
-  const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
-  if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
-    variant = FwdVariant::kOneTile;
-  }
-  const int64_t tiles192 = (pr.s_q + 191) / 192 * pr.h_q * pr.b;
-  if (variant == FwdVariant::kThreeConsumerPersistent &&
-      (sm_count <= 0 || tiles192 + 2 * int64_t{sm_count} > 0x7fffffff)) {
-    variant = FwdVariant::kThreeConsumer;
-  }
+  const FwdVariant variant = static_cast<FwdVariant>(plan.kernel);
   cudaError_t e;
   if (variant == FwdVariant::kPersistent) {
     e = run_fwd_persistent<T, D>(a, sm_count, st);
@@ -186,10 +122,10 @@ Status run_kernel(const FwdParams& p, bool causal, int sm_count, cudaStream_t st
   return Status::Ok();
 }
 
-// Why a call is not taken ("" when it is), naming the setting.
-std::string fwd_support(const FwdParams& p) {
+// Why a call is not taken ("" when it is), naming the setting: the path's own limits (the core has
+// validated the call).
+std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
-  if (pr.device != DeviceType::kCUDA) return "not a CUDA tensor";
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
   if (pr.d_qk != pr.d_v || (pr.d_qk != 64 && pr.d_qk != 128 && pr.d_qk != 256)) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (the Hopper kernels take d_qk = d_v = 64, 128 or 256)");
@@ -204,44 +140,32 @@ std::string fwd_support(const FwdParams& p) {
   if (p.softmax.type != SoftmaxType::kVanilla) return "off-by-one or learnable softmax";
   if (p.dropout.p > 0.f) return "dropout";
   if (p.max_logit != nullptr) return "max_logit";
-  const bool causal = p.mask.window_left < 0 && p.mask.window_right == 0;
+  if (p.softcap > 0) return "softcap";
+  const bool causal = is_causal(p.mask);
   if (!(p.mask.window_left < 0 && p.mask.window_right < 0) && !causal) return "sliding window";
   if (causal && p.mask.bottom_right && pr.s_q != pr.s_kv) return "bottom-right causal with s_q != s_kv";
-  if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q >= (int64_t{1} << 30) || pr.s_kv >= (int64_t{1} << 30)) {
+  if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q + pr.s_kv >= kMaxPositionSum32) {
     return "batch, heads or sequence beyond the grid";
   }
-  if (pr.b <= 0 || pr.s_q <= 0 || pr.s_kv <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return "empty problem";
+  if (pr.s_q <= 0 || pr.s_kv <= 0) return "an empty sequence dim";
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
-    std::string r = check_rows(*t, name);
+    std::string r = gpu::rows16_problem(*t, name);  // the tensor-memory accelerator's layout
     if (!r.empty()) return r;
   }
-  if (p.out.data == nullptr || p.out.stride_d != 1 || reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0) {
-    return "out needs a unit head-dim stride";
-  }
-  if (p.lse == nullptr) return "softmax_lse is null";
-  if (!device_is_sm90()) return "not a compute-capability 9.0 device";
+  if (p.out.stride_d != 1 || reinterpret_cast<uintptr_t>(p.out.data) % 4 != 0) return "out needs a unit head-dim stride";
+  if (!(dev.major == 9 && dev.minor == 0)) return "not a compute-capability 9.0 device";
   if (!kernels_loadable()) return "this build has no sm_90a code (build with TORCH_CUDA_ARCH_LIST=9.0a)";
   return "";
-}
-
-// FUSEDATTN_HOPPER_BWD=0 sends every backward to the sm80-class kernels (A/B
-// timing, triage); read once.
-bool bwd_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDATTN_HOPPER_BWD");
-    return e == nullptr || *e == '\0' || std::atoi(e) != 0;
-  }();
-  return on;
 }
 
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
 
-std::string bwd_support(const BwdParams& p) {
-  if (!bwd_enabled()) return "the Hopper backward is off (FUSEDATTN_HOPPER_BWD=0)";
+std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
+  if (!overrides().hopper_bwd) return "the Hopper backward is off (FUSEDATTN_HOPPER_BWD=off)";
   const FwdParams& f = p.fwd;
-  std::string r = fwd_support(f);
+  std::string r = fwd_support(f, dev);
   if (!r.empty()) return r;
   const Problem& pr = f.prob;
   if (p.deterministic && pr.d_qk == 256) {
@@ -293,9 +217,8 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.h = static_cast<int>(pr.h_q);
   a.h_kv = static_cast<int>(pr.h_kv);
   a.scale = f.scale;
-  a.causal = f.mask.window_right == 0;
-  if (!chunk_override().valid) return chunk_override_error();
-  a.causal_chunk = chunk_override().chunk;
+  a.causal = is_causal(f.mask);
+  a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
   cudaError_t e;
   if constexpr (D == 256) {
@@ -309,22 +232,34 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
 
 }  // namespace
 
-size_t bwd_workspace_bytes(const BwdParams& p) {
-  if (!bwd_support(p).empty()) return 0;
+std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  std::string why = fwd_support(p, dev);
+  if (!why.empty()) return why;
+  *plan = CudaPlan{};
+  plan->engine = CudaEngine::kHopper;
+  plan->sm_count = dev.sm_count;
+  plan->kernel = static_cast<int>(fwd_variant(p.prob, is_causal(p.mask), dev.sm_count));
+  return "";
+}
+
+std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  std::string why = bwd_support(p, dev);
+  if (!why.empty()) return why;
   const Problem& pr = p.fwd.prob;
   const int b = static_cast<int>(pr.b), s = static_cast<int>(pr.s_q), h = static_cast<int>(pr.h_q);
   const int d = static_cast<int>(pr.d_qk);
-  return p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
+  *plan = CudaPlan{};
+  plan->engine = CudaEngine::kHopper;
+  plan->sm_count = dev.sm_count;
+  plan->workspace_bytes = p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
+  plan->deterministic = p.deterministic;  // bwd_support declines deterministic calls it cannot order
+  return "";
 }
 
-Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) {
-  *handled = false;
-  const size_t need = hopper::bwd_workspace_bytes(p);  // qualified: ADL also finds fusedattn::bwd_workspace_bytes
-  if (need == 0 || launch.workspace == nullptr || launch.workspace_bytes < need) return Status::Ok();
-  *handled = true;
+Status run_bwd(const BwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
   auto st = static_cast<cudaStream_t>(launch.stream);
   const bool f16 = p.fwd.prob.dtype == DType::kFloat16;
-  const int sms = launch.sm_count;
+  const int sms = plan.sm_count;
   switch (p.fwd.prob.d_qk) {
     case 64:
       return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, sms, st)
@@ -338,21 +273,13 @@ Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) 
   }
 }
 
-Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
-  *handled = false;
-  if (!fwd_support(p).empty()) return Status::Ok();
-  *handled = true;
-  const bool causal = p.mask.window_right == 0;
+Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
   auto st = static_cast<cudaStream_t>(launch.stream);
   const bool f16 = p.prob.dtype == DType::kFloat16;
-  const int sms = launch.sm_count;
   switch (p.prob.d_qk) {
-    case 64:
-      return f16 ? run_kernel<__half, 64>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 64>(p, causal, sms, st);
-    case 128:
-      return f16 ? run_kernel<__half, 128>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 128>(p, causal, sms, st);
-    default:
-      return f16 ? run_kernel<__half, 256>(p, causal, sms, st) : run_kernel<__nv_bfloat16, 256>(p, causal, sms, st);
+    case 64: return f16 ? run_kernel<__half, 64>(p, plan, st) : run_kernel<__nv_bfloat16, 64>(p, plan, st);
+    case 128: return f16 ? run_kernel<__half, 128>(p, plan, st) : run_kernel<__nv_bfloat16, 128>(p, plan, st);
+    default: return f16 ? run_kernel<__half, 256>(p, plan, st) : run_kernel<__nv_bfloat16, 256>(p, plan, st);
   }
 }
 

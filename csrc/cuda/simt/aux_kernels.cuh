@@ -1,34 +1,12 @@
-// Small kernels around the attention kernels: zero-filling thd outputs (gaps
-// between sequences), the backward's dO.O row sums, the learnable softmax
-// offset's gradient and the fp32/fp64 workspace -> output conversions.
+// Small kernels around the SIMT backward: the dO.O row sums, the learnable softmax offset's
+// gradient and the fp32/fp64 workspace -> output conversions (the fills are common/aux_kernels.cuh).
 #pragma once
 
 #include "common.cuh"
+#include "common/aux_kernels.cuh"
 
 namespace fusedattn {
 namespace simt {
-
-constexpr int kAuxThreads = 256;
-
-inline int aux_blocks(int64_t n) {
-  const int64_t b = ceil_div(n, kAuxThreads);
-  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
-}
-
-// Zeros every [b, token, head, d] element of a q/k/v-like tensor (strided;
-// nb = 1 for thd). Used for thd outputs, whose gaps no attention block
-// covers; the attention kernels then overwrite the rows of the sequences.
-template <class T>
-__global__ void zero_rows_kernel(SeqTensor t, int64_t nb, int64_t ntok, int h, int d) {
-  const int64_t n = nb * ntok * h * d;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = e % d, r = e / d;
-    const int64_t hh = r % h, bt = r / h;
-    const int64_t tok = bt % ntok, b = bt / ntok;
-    static_cast<T*>(t.data)[b * t.stride_b + tok * t.stride_s + hh * t.stride_h + c * t.stride_d] =
-        from_acc<T>(AccT<T>(0));
-  }
-}
 
 // Row index of (b, i) in the backward's workspaces: the token for thd q,
 // b * s_q + i otherwise.

@@ -99,9 +99,7 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
                       p.v.stride_d, fl.v_vec, kv_valid, BK, dv, dv, A(1));
 
   // Query rows that can see any key of the tile.
-  int i_lo = 0, i_hi = si.len_q;
-  if (si.wr >= 0) i_lo = max(0, k0 - si.diag - si.wr);
-  if (si.wl >= 0) i_hi = min(si.len_q, k_end - 1 - si.diag + si.wl + 1);
+  const int i_lo = si.vis.row_lo(k0), i_hi = si.vis.row_hi(k_end - 1);
 
   A dk[RK][CV2][VEC], dvv[RK][CV2][VEC];
 #pragma unroll
@@ -113,6 +111,8 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
 
   DeviceDropout<A> drop;
   drop.init(p.dropout);
+  SoftCap<A> cap;
+  cap.init(p);
   const A scale_l2 = static_cast<A>(p.scale) * Consts<A>::kLog2e;
   const PairTensor& db = bp.dbias;
 
@@ -191,15 +191,22 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
           const int j = k0 + VS * tx + u;
           pd[u] = ds[u] = A(0);
           if (full || visible(p, kr, b, h, i, j)) {
-            const A x = s[r][u] * scale_l2 + lb.at(b, h, i, j, si.diag);
+            A x = s[r][u] * scale_l2, dcap = A(1);
+            if (cap.on) {
+              const A t = cap.tanh_of(x);
+              x = cap.cap * t;
+              dcap = A(1) - t * t;
+            }
+            x += lb.at(b, h, i, j, si.vis);
             const A pe = fast_exp2(x - lse_s[row]);
             pd[u] = pe * f[u];
             ds[u] = pe * (dp[r][u] * f[u] - dd_s[row]);
-            if (dbias_acc != nullptr) {
+            if (dbias_acc != nullptr) {  // the bias is added after the cap: its gradient is dS itself
               const int64_t bb = db.sizes[0] == 1 ? 0 : b, hh = db.sizes[1] == 1 ? 0 : h;
               const int64_t ii = db.sizes[2] == 1 ? 0 : i, jj = db.sizes[3] == 1 ? 0 : j;
               atomicAdd(dbias_acc + ((bb * db.sizes[1] + hh) * db.sizes[2] + ii) * db.sizes[3] + jj, ds[u]);
             }
+            ds[u] *= dcap;
           }
         }
         sts<VS>(Ps + row * KS + VS * tx, pd);
@@ -295,8 +302,8 @@ Status launch_bwd_tile(const BwdParams& bp, cudaStream_t stream, AccT<T>* dq_acc
   const auto kernel = bwd_kv_kernel<T, DPAD>;
   static std::atomic<uint64_t> smem_ready{0};
   FUSEDATTN_RETURN_IF_ERROR(prepare_smem(kernel, L::kSmemBytes, "backward", &smem_ready));
-  const BwdFlags fl{rows_vectorizable<T>(p.q), rows_vectorizable<T>(p.k), rows_vectorizable<T>(p.v),
-                    rows_vectorizable<T>(bp.dout)};
+  const BwdFlags fl{gpu::rows16(p.q), gpu::rows16(p.k), gpu::rows16(p.v),
+                    gpu::rows16(bp.dout)};
   const dim3 grid(static_cast<unsigned>(ceil_div(p.prob.s_kv, C::BK)), static_cast<unsigned>(p.prob.h_kv),
                   static_cast<unsigned>(p.prob.b));
   kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(bp, fl, dq_acc, dsum, dbias_acc);
@@ -309,12 +316,7 @@ Status launch_bwd(const BwdParams& bp, const CudaLaunch& launch) {
   const FwdParams& p = bp.fwd;
   const Problem& pr = p.prob;
   cudaStream_t stream = static_cast<cudaStream_t>(launch.stream);
-  FUSEDATTN_RETURN_IF_ERROR(check_grid(pr.h_q, pr.b, "backward"));
-  const BwdWorkspace w = bwd_workspace(bp, sizeof(A));
-  if (launch.workspace_bytes < w.bytes || (w.bytes > 0 && launch.workspace == nullptr)) {
-    return Status::Invalid("fusedattn CUDA backward: workspace of " + std::to_string(launch.workspace_bytes) +
-                           " bytes given, " + std::to_string(w.bytes) + " needed");
-  }
+  const BwdWorkspace w = bwd_workspace(bp, sizeof(A));  // plan_bwd's size; run_bwd_cuda checked the launch's
   char* ws = static_cast<char*>(launch.workspace);
   A* dq_acc = reinterpret_cast<A*>(ws + w.dq_off);
   A* dsum = reinterpret_cast<A*>(ws + w.dsum_off);

@@ -4,7 +4,7 @@
 // Per key tile: K^T -> smem, S = Q K^T in registers, mask / bias / ALiBi,
 // running max and sum, P (dropped and rescaled) -> smem, V -> smem (reusing
 // K^T's buffer), O += P V in registers. Q is pre-scaled by scale * log2(e) so
-// that the softmax runs on exp2.
+// that the softmax runs on exp2 (a softcap, common.cuh's SoftCap, works in those units).
 #pragma once
 
 #include "aux_kernels.cuh"
@@ -14,21 +14,6 @@
 
 namespace fusedattn {
 namespace simt {
-
-// lse[h, t] = value for every head and token of a thd lse ([h_q, t_q]).
-// (static: every forward translation unit has its own copy of these two.)
-static __global__ void fill_lse_kernel(float* lse, int64_t stride_h, int64_t stride_s, int h, int64_t ntok, float value) {
-  const int64_t n = ntok * h;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    lse[(e / ntok) * stride_h + (e % ntok) * stride_s] = value;
-  }
-}
-
-static __global__ void fill_float_kernel(float* p, int64_t n, float value) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    p[e] = value;
-  }
-}
 
 template <class T, int DPAD>
 struct FwdLayout {
@@ -93,6 +78,8 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
 
   LogitBias<T, A> lb;
   lb.init(p, b, h);
+  SoftCap<A> cap;
+  cap.init(p);
   DeviceDropout<A> drop;
   drop.init(p.dropout);
   const int64_t bh = int64_t(b) * pr.h_q + h;
@@ -165,7 +152,7 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
       for (int u = 0; u < VS; ++u) {
         const int j = j0 + VS * tx + u;
         if (full || visible(p, kr, b, h, i, j)) {
-          const A x = s[r][u] + lb.at(b, h, i, j, si.diag);
+          const A x = (cap.on ? cap.cap * cap.tanh_of(s[r][u]) : s[r][u]) + lb.at(b, h, i, j, si.vis);
           mx = fmax(mx, x);
           s[r][u] = x;
         } else {
@@ -287,7 +274,7 @@ Status launch_fwd_tile(const FwdParams& p, cudaStream_t stream) {
   const auto kernel = fwd_kernel<T, DPAD>;
   static std::atomic<uint64_t> smem_ready{0};
   FUSEDATTN_RETURN_IF_ERROR(prepare_smem(kernel, L::kSmemBytes, "forward", &smem_ready));
-  const FwdFlags fl{rows_vectorizable<T>(p.q), rows_vectorizable<T>(p.k), rows_vectorizable<T>(p.v)};
+  const FwdFlags fl{gpu::rows16(p.q), gpu::rows16(p.k), gpu::rows16(p.v)};
   const dim3 grid(static_cast<unsigned>(ceil_div(p.prob.s_q, C::BQ)), static_cast<unsigned>(p.prob.h_q),
                   static_cast<unsigned>(p.prob.b));
   kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(p, fl);
@@ -298,7 +285,6 @@ template <class T>
 Status launch_fwd(const FwdParams& p, const CudaLaunch& launch) {
   const Problem& pr = p.prob;
   cudaStream_t stream = static_cast<cudaStream_t>(launch.stream);
-  FUSEDATTN_RETURN_IF_ERROR(check_grid(pr.h_q, pr.b, "forward"));
   if (p.seqlens.q_is_thd && pr.t_q > 0) {
     // Tokens of no sequence: zero output, lse -inf (the CPU engine's rule).
     zero_rows_kernel<T><<<aux_blocks(pr.t_q * pr.h_q * pr.d_v), kAuxThreads, 0, stream>>>(
@@ -309,7 +295,7 @@ Status launch_fwd(const FwdParams& p, const CudaLaunch& launch) {
     FUSEDATTN_RETURN_IF_ERROR(check_launch("forward lse fill"));
   }
   if (p.max_logit != nullptr && pr.h_q > 0) {
-    fill_float_kernel<<<1, kAuxThreads, 0, stream>>>(p.max_logit, pr.h_q, -INFINITY);
+    fill_kernel<<<1, kAuxThreads, 0, stream>>>(p.max_logit, pr.h_q, -INFINITY);
     FUSEDATTN_RETURN_IF_ERROR(check_launch("forward max_logit fill"));
   }
   if (pr.s_q == 0 || pr.h_q == 0 || pr.b == 0) return Status::Ok();

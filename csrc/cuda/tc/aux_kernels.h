@@ -131,11 +131,6 @@ __global__ void dbias_convert_kernel(const float* acc, Elem* dbias, int64_t n) {
   }
 }
 
-__global__ void fill_float_kernel(float* p, int n, float v) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < n) p[t] = v;
-}
-
 // Zero the rows of a thd tensor [t, h, d] (and set lse to -inf) at tokens that
 // lie in no sequence: token t belongs to the last sequence b with
 // off[b] <= t, and is inside it when t - off[b] < len(b). One warp per token.

@@ -27,13 +27,10 @@ struct RowRange {
 };
 
 template <int kBlockN>
-__device__ __forceinline__ RowRange key_tile_rows(const KArgs& a, const SeqInfo& sq, int diag, int n_block) {
-  const int n0 = n_block * kBlockN, n_end = min(n0 + kBlockN, sq.len_kv);
+__device__ __forceinline__ RowRange key_tile_rows(const Visibility<int>& vis, int n_block) {
+  const int n0 = n_block * kBlockN, n_end = min(n0 + kBlockN, vis.len_kv);
   if (n_end <= n0) return RowRange{0, 0};
-  RowRange r{0, sq.len_q};
-  if (a.wr >= 0) r.lo = max(0, n0 - diag - a.wr);
-  if (a.wl >= 0) r.hi = min(r.hi, n_end - 1 - diag + a.wl + 1);
-  return r;
+  return RowRange{vis.row_lo(n0), vis.row_hi(n_end - 1)};
 }
 
 // Deterministic dQ (KArgs::dq_lock): the blocks that add into one query tile
@@ -43,11 +40,11 @@ __device__ __forceinline__ RowRange key_tile_rows(const KArgs& a, const SeqInfo&
 // visitor), so block n's turn is n - first(m), where first(m) is the smallest
 // key tile whose rows reach tile m: a binary search over tiles 0..n.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ int dq_turn(const KArgs& a, const SeqInfo& sq, int diag, int n_block, int m) {
+__device__ __forceinline__ int dq_turn(const Visibility<int>& vis, int n_block, int m) {
   int lo = 0, hi = n_block;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    const RowRange r = key_tile_rows<kBlockN>(a, sq, diag, mid);
+    const RowRange r = key_tile_rows<kBlockN>(vis, mid);
     if (r.hi > r.lo && (r.hi + kBlockM - 1) / kBlockM > m) hi = mid; else lo = mid + 1;
   }
   return n_block - lo;
@@ -153,8 +150,8 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
   };
 
   // Query rows that see any key of the tile.
-  const int diag = seq_diag(a, sq);
-  const RowRange rows = key_tile_rows<kBlockN>(a, sq, diag, n_block);
+  const Visibility<int> vis = seq_vis(a, sq);
+  const RowRange rows = key_tile_rows<kBlockN>(vis, n_block);
   const int i_lo = rows.lo, i_hi = rows.hi;
   if (i_hi <= i_lo) {
     zero_tile<kBlockN, kD, kThreads>(dk_ptr(), a.dk_ss, rows_here, a.d_qk, tid);
@@ -294,7 +291,7 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
     }
 
     // P^T and dS^T, element-wise. Rows of the fragments are keys, columns queries.
-    const bool edge = tile_needs_mask(a, mm0, kBlockM, n0, kBlockN, sq.len_kv, diag);
+    const bool edge = !vis.keys_all_visible(mm0, mm0 + kBlockM - 1, n0, kBlockN);
     float slope = 0.f;
     if (kGeneral && a.bias_type == 2) slope = a.alibi[b * a.al_sb + h * a.al_sh];
     const int64_t bh = static_cast<int64_t>(b) * a.h_q + h;
@@ -313,7 +310,7 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
           } else {
             const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
             const int j = n0 + jl, i = mm0 + il0 + (e & 1);
-            const float s2 = general_logit<Elem>(a, st[mt][nt][e], b, h, i, j, sq, diag, edge, slope);
+            const float s2 = general_logit<Elem>(a, st[mt][nt][e], b, h, i, j, sq, vis, edge, slope);
             st[mt][nt][e] = fast_exp2(s2 - ((e & 1) ? l1 : l0));
           }
         }
@@ -327,8 +324,7 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
       const int jt = n0 + jw + (lane >> 2);
       const int tb = mm0 + wm * kSdpCols + 2 * (lane & 3) - jt;
       const int kv_left = sq.len_kv - jt;
-      const int t_lo = a.wr >= 0 ? -diag - a.wr : INT_MIN / 2;
-      const int t_hi = a.wl >= 0 ? a.wl - diag : INT_MAX / 2;
+      const int t_lo = -vis.offset_hi(), t_hi = -vis.offset_lo();
 #pragma unroll
       for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
@@ -480,7 +476,7 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
     int* lock = nullptr;
     if (a.dq_lock != nullptr) {
       lock = a.dq_lock + (static_cast<int64_t>(b) * a.h_q + h) * a.dq_lock_mt + mm0 / kBlockM;
-      if (tid == 0) wait_turn(lock, dq_turn<kBlockM, kBlockN>(a, sq, diag, n_block, mm0 / kBlockM));
+      if (tid == 0) wait_turn(lock, dq_turn<kBlockM, kBlockN>(vis, n_block, mm0 / kBlockM));
       __syncthreads();
     }
     float* dq_tile = a.dq_acc + ((tok0 + mm0) * a.h_q + h) * a.acc_d + dq_toff;

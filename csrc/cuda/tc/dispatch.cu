@@ -10,6 +10,8 @@
 #include <string>
 
 #include "aux_kernels.h"
+#include "common/aux_kernels.cuh"
+#include "common/rows.h"
 #include "fusedattn/cat.h"
 #include "fusedattn/philox.h"
 #include "launch.h"
@@ -36,7 +38,7 @@ const TableEntry kTable[] = {
 };
 
 constexpr int kBuckets[] = {64, 128, 256};
-constexpr int64_t kMaxSeq = int64_t{1} << 29;  // keeps window arithmetic in int32
+constexpr int64_t kMaxSeq = int64_t{1} << 29;  // s_q + s_kv < kMaxPositionSum32: visibility in int32
 
 int head_dim_bucket(const Problem& p) {
   const int64_t d = std::max(p.d_qk, p.d_v);
@@ -57,41 +59,14 @@ const TableEntry* find_kernel(Dir dir, DType dtype, int head_dim, bool general) 
   return nullptr;
 }
 
-// Compute capability major of the current device, cached per device.
-int device_major() {
-  static int cache[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev < 0 || dev >= 64) return 0;
-  if (cache[dev] == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
-    cache[dev] = major;
-  }
-  return cache[dev];
-}
-
-// 16-byte cp.async / vector stores: aligned base, unit stride on d, every
-// other stride a multiple of 8 elements.
-std::string check_seq_tensor(const SeqTensor& t, const char* name) {
-  if (t.data == nullptr) return cat(name, " is null");
-  if (t.stride_d != 1) return cat(name, " has stride ", t.stride_d, " on the head dim (the fast path needs 1)");
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return cat(name, " is not 16-byte aligned");
-  if (t.stride_b % 8 != 0 || t.stride_s % 8 != 0 || t.stride_h % 8 != 0) {
-    return cat(name, " strides (b ", t.stride_b, ", s ", t.stride_s, ", h ", t.stride_h,
-               ") are not multiples of 8 elements");
-  }
-  return "";
-}
-
-std::string common_support(const FwdParams& p, Dir dir) {
+// The engine's own limits (the core has validated the call).
+std::string common_support(const FwdParams& p, const gpu::DeviceAttrs& dev, Dir dir) {
   const Problem& pr = p.prob;
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) {
     return cat("dtype ", dtype_name(pr.dtype), " (tensor-core kernels take float16 and bfloat16)");
   }
-  if (pr.device != DeviceType::kCUDA) return "not a CUDA tensor";
-  const int major = device_major();
-  if (major < 8) return cat("compute capability ", major, ".x (tensor-core kernels need sm_80 or newer)");
+  if (p.softcap > 0) return "softcap (the tensor-core kernels do not cap logits)";
+  if (dev.major < 8) return cat("compute capability ", dev.major, ".x (tensor-core kernels need sm_80 or newer)");
   const int bucket = head_dim_bucket(pr);
   if (bucket == 0) return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (at most 256)");
   const bool general = needs_general(p);
@@ -103,27 +78,13 @@ std::string common_support(const FwdParams& p, Dir dir) {
   if (pr.s_q >= kMaxSeq || pr.s_kv >= kMaxSeq || pr.t_q >= kMaxSeq || pr.t_kv >= kMaxSeq) {
     return cat("sequence/token extent >= 2^29 (s_q=", pr.s_q, ", s_kv=", pr.s_kv, ")");
   }
-  if (pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0) return cat("h_q=", pr.h_q, " not a multiple of h_kv=", pr.h_kv);
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"},
                                 {&p.out, "out"}}) {
-    std::string r = check_seq_tensor(*t, name);
+    std::string r = gpu::rows16_problem(*t, name);
     if (!r.empty()) return r;
   }
-  if (p.lse == nullptr) return "softmax_lse is null";
-  if (p.seqlens.q_is_thd && (p.seqlens.cu_seqlens_q == nullptr || p.seqlens.offsets_q == nullptr)) {
-    return "thd q without cu_seqlens_q";
-  }
-  if (p.seqlens.kv_is_thd && (p.seqlens.cu_seqlens_kv == nullptr || p.seqlens.offsets_kv == nullptr)) {
-    return "thd kv without cu_seqlens_kv";
-  }
-  if (p.dropout.p > 0.f && p.dropout.rng_state == nullptr) return "dropout without rng_state";
-  if (p.bias.type == BiasType::kPostScaleBias && p.bias.bias.data == nullptr) return "post-scale bias without data";
-  if (p.bias.type == BiasType::kAlibi && p.bias.alibi_slopes == nullptr) return "alibi without slopes";
-  if (p.softmax.type == SoftmaxType::kLearnable && p.softmax.offset == nullptr) return "learnable softmax without offset";
   return "";
 }
-
-int clamp_window(int64_t w) { return w < 0 ? -1 : static_cast<int>(std::min<int64_t>(w, int64_t{1} << 30)); }
 
 KArgs make_fwd_kargs(const FwdParams& p) {
   KArgs a{};
@@ -155,8 +116,8 @@ KArgs make_fwd_kargs(const FwdParams& p) {
   a.s_kv = static_cast<int>(pr.s_kv);
   a.d_qk = static_cast<int>(pr.d_qk);
   a.d_v = static_cast<int>(pr.d_v);
-  a.wl = clamp_window(p.mask.window_left);
-  a.wr = clamp_window(p.mask.window_right);
+  a.wl = static_cast<int>(p.mask.window_left);  // clamped to s_q + s_kv < 2^30 (make_fwd_params)
+  a.wr = static_cast<int>(p.mask.window_right);
   a.bottom_right = p.mask.bottom_right;
   const PairTensor& m = p.mask.mask;
   a.mask = static_cast<const uint8_t*>(m.data);
@@ -235,7 +196,9 @@ BwdWorkspace bwd_layout(const BwdParams& p) {
 
 template <typename Elem>
 Status launch_fwd_aux_pre(const KArgs& a, cudaStream_t st) {
-  if (a.max_logit != nullptr) fill_float_kernel<<<(a.h_q + 255) / 256, 256, 0, st>>>(a.max_logit, a.h_q, -INFINITY);
+  if (a.max_logit != nullptr) {
+    gpu::fill_kernel<<<gpu::aux_blocks(a.h_q), gpu::kAuxThreads, 0, st>>>(a.max_logit, int64_t{a.h_q}, -INFINITY);
+  }
   return launch_status("max_logit init");
 }
 
@@ -309,52 +272,46 @@ Status run_bwd_all(const BwdParams& p, KArgs& a, KernelFn main, cudaStream_t st)
 
 }  // namespace
 
-std::string fwd_support(const FwdParams& p) { return common_support(p, Dir::kFwd); }
-
-std::string bwd_support(const BwdParams& p) {
-  std::string r = common_support(p.fwd, Dir::kBwd);
-  if (!r.empty()) return r;
-  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.dout, "dout"}, {&p.dq, "dq"},
-                                {&p.dk, "dk"}, {&p.dv, "dv"}}) {
-    r = check_seq_tensor(*t, name);
-    if (!r.empty()) return r;
-  }
-  if (p.dbias.data != nullptr) {
-    const PairTensor& d = p.dbias;
-    const int64_t* s = d.sizes;
-    if (d.stride_j != 1 || d.stride_i != s[3] || d.stride_h != s[2] * s[3] || d.stride_b != s[1] * s[2] * s[3]) {
-      return "dbias is not contiguous";
-    }
-  }
-  if (p.fwd.softmax.type == SoftmaxType::kLearnable && p.d_softmax_offset == nullptr) {
-    return "learnable softmax without d_softmax_offset";
-  }
+std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  std::string why = common_support(p, dev, Dir::kFwd);
+  if (!why.empty()) return why;
+  *plan = CudaPlan{};
+  plan->engine = CudaEngine::kTensorCore;
+  plan->kernel = static_cast<int>(find_kernel(Dir::kFwd, p.prob.dtype, head_dim_bucket(p.prob), needs_general(p)) - kTable);
+  plan->sm_count = dev.sm_count;
   return "";
 }
 
-size_t fwd_workspace_bytes(const FwdParams&) { return 0; }
-
-size_t bwd_workspace_bytes(const BwdParams& p) {
-  if (!bwd_support(p).empty()) return 0;
-  return bwd_layout(p).total;
+std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  std::string why = common_support(p.fwd, dev, Dir::kBwd);
+  if (!why.empty()) return why;
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.dout, "dout"}, {&p.dq, "dq"},
+                                {&p.dk, "dk"}, {&p.dv, "dv"}}) {
+    why = gpu::rows16_problem(*t, name);
+    if (!why.empty()) return why;
+  }
+  const bool general = needs_general(p.fwd) || p.dbias.data != nullptr;
+  const TableEntry* e = find_kernel(Dir::kBwd, p.fwd.prob.dtype, head_dim_bucket(p.fwd.prob), general);
+  if (e == nullptr) return "no general backward kernel for a dbias in kernels.list";
+  *plan = CudaPlan{};
+  plan->engine = CudaEngine::kTensorCore;
+  plan->kernel = static_cast<int>(e - kTable);
+  plan->sm_count = dev.sm_count;
+  plan->workspace_bytes = bwd_layout(p).total;
+  plan->deterministic = p.deterministic;  // the turn-taking dQ, the ordered dbias and d_softmax_offset sums
+  return "";
 }
 
-Status try_run_fwd(const FwdParams& p, const CudaLaunch& launch, bool* handled) {
-  *handled = false;
-  if (!fwd_support(p).empty()) return Status::Ok();
+Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
   const KArgs a = make_fwd_kargs(p);
-  const TableEntry* e = find_kernel(Dir::kFwd, p.prob.dtype, a.acc_d, needs_general(p));
   auto st = static_cast<cudaStream_t>(launch.stream);
-  *handled = true;
-  if (p.prob.dtype == DType::kFloat16) return run_fwd_all<__half>(p, a, e->fn, st);
-  return run_fwd_all<__nv_bfloat16>(p, a, e->fn, st);
+  const KernelFn fn = kTable[plan.kernel].fn;
+  if (p.prob.dtype == DType::kFloat16) return run_fwd_all<__half>(p, a, fn, st);
+  return run_fwd_all<__nv_bfloat16>(p, a, fn, st);
 }
 
-Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) {
-  *handled = false;
-  if (!bwd_support(p).empty()) return Status::Ok();
+Status run_bwd(const BwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
   const BwdWorkspace w = bwd_layout(p);
-  if (w.total > 0 && (launch.workspace == nullptr || launch.workspace_bytes < w.total)) return Status::Ok();
   KArgs a = make_fwd_kargs(p.fwd);
   a.dout = p.dout.data;
   a.do_sb = p.dout.stride_b; a.do_ss = p.dout.stride_s; a.do_sh = p.dout.stride_h;
@@ -396,13 +353,10 @@ Status try_run_bwd(const BwdParams& p, const CudaLaunch& launch, bool* handled) 
     if (a.softmax_type == 2 && a.d_sink != nullptr) a.dsink_part = reinterpret_cast<float*>(ws + w.dsink_part);
   }
   a.rows_q = rows_q(p.fwd.prob, a.q_thd);
-  const bool general = needs_general(p.fwd) || a.dbias != nullptr;
-  const TableEntry* e = find_kernel(Dir::kBwd, p.fwd.prob.dtype, a.acc_d, general);
-  if (e == nullptr) return Status::Ok();
   auto st = static_cast<cudaStream_t>(launch.stream);
-  *handled = true;
-  if (p.fwd.prob.dtype == DType::kFloat16) return run_bwd_all<__half>(p, a, e->fn, st);
-  return run_bwd_all<__nv_bfloat16>(p, a, e->fn, st);
+  const KernelFn fn = kTable[plan.kernel].fn;
+  if (p.fwd.prob.dtype == DType::kFloat16) return run_bwd_all<__half>(p, a, fn, st);
+  return run_bwd_all<__nv_bfloat16>(p, a, fn, st);
 }
 
 }  // namespace tc

@@ -11,12 +11,15 @@
 
 #include <cmath>
 
+#include "common/numeric.cuh"
+#include "common/ptx.cuh"
 #include "fusedattn/philox.h"
 #include "kargs.h"
-#include "ptx.h"
 
 namespace fusedattn {
 namespace tc {
+
+using namespace gpu;  // the shared sm_80 instruction wrappers (csrc/cuda/common)
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -80,8 +83,8 @@ __device__ __forceinline__ void zero_tile(Elem* g, int64_t row_stride, int rows,
 }
 
 __device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -92,9 +95,9 @@ __device__ __forceinline__ float quad_sum(float x) {
 // plus bias or ALiBi, -inf when not visible. Positions are inside the sequence.
 template <typename Elem>
 __device__ __forceinline__ float general_logit(const KArgs& a, float qk, int b, int h, int i, int j, const SeqInfo& sq,
-                                               int diag, bool check_window, float slope) {
+                                               const Visibility<int>& rule, bool check_window, float slope) {
   bool vis = true;
-  if (check_window) vis = visible(a, i, j, sq.len_kv, diag);
+  if (check_window) vis = rule.key_visible(i, j);
   const bool inside = i < sq.len_q && j < sq.len_kv;
   if (a.mask != nullptr && inside) {
     vis = vis && a.mask[b * a.mk_sb + h * a.mk_sh + i * a.mk_si + j * a.mk_sj] == 0;
@@ -103,7 +106,7 @@ __device__ __forceinline__ float general_logit(const KArgs& a, float qk, int b, 
   if (a.bias_type == 1 && inside) {
     x += to_float(static_cast<const Elem*>(a.bias)[b * a.bs_sb + h * a.bs_sh + i * a.bs_si + j * a.bs_sj]);
   } else if (a.bias_type == 2) {
-    x -= slope * fabsf(static_cast<float>(j - i - diag));
+    x -= slope * static_cast<float>(rule.alibi_distance(i, j));
   }
   return vis ? x * kLog2e : -INFINITY;
 }
@@ -150,11 +153,9 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
   const int rows_here = min(kBlockM, rows_out - m0);
 
   // Keys visible to any in-sequence row of the tile.
-  const int diag = seq_diag(a, sq);
+  const Visibility<int> vis = seq_vis(a, sq);
   const int m_last = min(m0 + kBlockM, sq.len_q) - 1;
-  int j_lo = 0, j_hi = sq.len_kv;
-  if (a.wl >= 0) j_lo = max(j_lo, m0 + diag - a.wl);
-  if (a.wr >= 0) j_hi = min(j_hi, m_last + diag + a.wr + 1);
+  const int j_lo = vis.key_lo(m0), j_hi = vis.key_hi(m_last);
   // Rows with no visible key: lse is the sink logit (off-by-one: 0,
   // learnable: the offset), -inf without one; padded rows are -inf too.
   const float empty_lse = a.softmax_type == 0 ? -INFINITY : a.softmax_type == 1 ? 0.f : a.sink[h];
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
 
     // Logits in the log2 domain, -inf where not visible.
     const int n0 = n * kBlockN;
-    const bool edge = tile_needs_mask(a, m0, kBlockM, n0, kBlockN, sq.len_kv, diag);
+    const bool edge = !vis.keys_all_visible(m0, m0 + kBlockM - 1, n0, kBlockN);
     if (!kGeneral) {
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi)
@@ -257,8 +258,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
         const int jt = n0 + 2 * (lane & 3);
         const int tb = jt - (m0 + warp_row + (lane >> 2));
         const int j_left = sq.len_kv - jt;
-        const int t_lo = a.wl >= 0 ? diag - a.wl : INT_MIN / 2;
-        const int t_hi = a.wr >= 0 ? diag + a.wr : INT_MAX / 2;
+        const int t_lo = vis.offset_lo(), t_hi = vis.offset_hi();
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
           for (int e = 0; e < 4; ++e) {
             const int i = m0 + warp_row + mi * 16 + (lane >> 2) + 8 * (e >> 1);
             const int j = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-            s[mi][nt][e] = general_logit<Elem>(a, s[mi][nt][e], b, h, i, j, sq, diag, edge, slope);
+            s[mi][nt][e] = general_logit<Elem>(a, s[mi][nt][e], b, h, i, j, sq, vis, edge, slope);
           }
     }
 
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
       for (int r = 0; r < 2; ++r) {
         float mx = row_max[mi][r];
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
+        for (int nt = 0; nt < kNT; ++nt) mx = max_nan(mx, max_nan(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
         mx = quad_max(mx);
         const float m_use = mx == -INFINITY ? 0.f : mx;
         const float alpha = fast_exp2(row_max[mi][r] - m_use);

@@ -1,12 +1,13 @@
 // The kernels' view of one call: a flat struct of pointers, element strides
 // and pre-computed scalars, filled on the host from FwdParams / BwdParams in
 // one function (make_kargs in dispatch.cu) and passed by value as a
-// __grid_constant__ parameter. Also the per-sequence and visibility helpers
-// every kernel shares, so the mask rule of params.h is written once here.
+// __grid_constant__ parameter. Also the per-sequence helpers every kernel
+// shares; visibility is fusedattn/visibility.h's rule (seq_vis).
 #pragma once
 
-#include <climits>
 #include <cstdint>
+
+#include "fusedattn/visibility.h"
 
 namespace fusedattn {
 namespace tc {
@@ -34,7 +35,7 @@ struct KArgs {
   int q_thd, kv_thd;
   int b, h_q, h_kv, group, s_q, s_kv, d_qk, d_v;
 
-  // visibility (windows clamped to [-1, 2^30])
+  // visibility (MaskParams' windows: -1 or at most s_q + s_kv)
   int wl, wr, bottom_right;
   const uint8_t* mask;  // bool, true = masked out; null when absent
   int64_t mk_sb, mk_sh, mk_si, mk_sj;
@@ -120,34 +121,10 @@ __device__ __forceinline__ int64_t q_row_token(const KArgs& a, const SeqInfo& sq
   return a.q_thd ? sq.off_q + i : static_cast<int64_t>(b) * a.s_q + i;
 }
 
-// The diagonal of params.h's visibility rule.
-__device__ __forceinline__ int seq_diag(const KArgs& a, const SeqInfo& s) {
-  return a.bottom_right ? s.len_kv - s.len_q : 0;
-}
-
-// Window and length part of the rule (the explicit mask is checked apart).
-__device__ __forceinline__ bool visible(const KArgs& a, int i, int j, int len_kv, int diag) {
-  bool v = j < len_kv;
-  if (a.wr >= 0) v = v && j <= i + diag + a.wr;
-  if (a.wl >= 0) v = v && j >= i + diag - a.wl;
-  return v;
-}
-
-// The same rule as an interval: key j is visible to row i iff lo <= j <= hi.
-__device__ __forceinline__ void visible_range(const KArgs& a, int i, int len_kv, int diag, int* lo, int* hi) {
-  *lo = a.wl >= 0 ? i + diag - a.wl : INT_MIN / 2;
-  *hi = a.wr >= 0 ? min(len_kv - 1, i + diag + a.wr) : len_kv - 1;
-}
-
-// Whether a (rows [m0, m0 + bm), cols [n0, n0 + bn)) tile may hold an
-// invisible element among its in-sequence rows; tiles that cannot skip the
-// per-element checks.
-__device__ __forceinline__ bool tile_needs_mask(const KArgs& a, int m0, int bm, int n0, int bn, int len_kv,
-                                                int diag) {
-  if (n0 + bn > len_kv) return true;
-  if (a.wr >= 0 && n0 + bn - 1 > m0 + diag + a.wr) return true;
-  if (a.wl >= 0 && n0 < m0 + bm - 1 + diag - a.wl) return true;
-  return false;
+// The sequence's visibility rule (fusedattn/visibility.h). Windows arrive clamped to s_q + s_kv
+// (make_fwd_params), which the engine keeps below 2^30, so everything stays inside int.
+__device__ __forceinline__ Visibility<int> seq_vis(const KArgs& a, const SeqInfo& s) {
+  return Visibility<int>::make(a.wl, a.wr, a.bottom_right, s.len_q, s.len_kv);
 }
 
 }  // namespace tc

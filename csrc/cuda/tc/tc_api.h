@@ -1,37 +1,25 @@
-// Entry points of the tensor-core engine (FlashAttention-2-class kernels for
-// fp16/bf16 on sm_80+), called by the CUDA dispatch (launch.cu) before the
-// SIMT engine. The four hooks are declared in fusedattn/cuda_api.h, whose weak
-// defaults (csrc/cuda/tc_default.cu) these strong definitions replace.
+// Entry points of the tensor-core engine (FlashAttention-2-class kernels for fp16/bf16 on sm_80+),
+// asked by the CUDA dispatch (csrc/cuda/dispatch) before the SIMT engine.
 //
-//   try_run_fwd / try_run_bwd: when the call is supported, launch it on
-//     launch.stream, set *handled = true and return the launch status. When it
-//     is not (dtype, head dim, strides, architecture, workspace...), set
-//     *handled = false, launch nothing and return Ok: the caller then runs
-//     the SIMT engine. fwd_support / bwd_support give the reason ("" when
-//     supported), naming the value that is not taken.
-//   fwd_workspace_bytes / bwd_workspace_bytes: the scratch the call needs in
-//     launch.workspace (0 when unsupported).
-// Nothing here synchronises the host; every launch goes to launch.stream.
+//   plan_fwd / plan_bwd: "" and a filled plan (kernel, workspace) when the engine takes the call,
+//     else why not (dtype, head dim, strides, architecture, ...), naming the value not taken.
+//   run_fwd / run_bwd: launch a call planned here on launch.stream, with launch.workspace of at
+//     least plan.workspace_bytes.
+// Nothing here synchronises the host.
 #pragma once
 
-#include <cstddef>
 #include <string>
 
-#include "fusedattn/params.h"
-
+#include "common/device.h"
 #include "fusedattn/cuda_api.h"
 
 namespace fusedattn {
 namespace tc {
 
-Status try_run_fwd(const FwdParams& params, const CudaLaunch& launch, bool* handled);
-Status try_run_bwd(const BwdParams& params, const CudaLaunch& launch, bool* handled);
-
-size_t fwd_workspace_bytes(const FwdParams& params);
-size_t bwd_workspace_bytes(const BwdParams& params);
-
-std::string fwd_support(const FwdParams& params);
-std::string bwd_support(const BwdParams& params);
+std::string plan_fwd(const FwdParams& params, const gpu::DeviceAttrs& dev, CudaPlan* plan);
+std::string plan_bwd(const BwdParams& params, const gpu::DeviceAttrs& dev, CudaPlan* plan);
+Status run_fwd(const FwdParams& params, const CudaPlan& plan, const CudaLaunch& launch);
+Status run_bwd(const BwdParams& params, const CudaPlan& plan, const CudaLaunch& launch);
 
 }  // namespace tc
 }  // namespace fusedattn

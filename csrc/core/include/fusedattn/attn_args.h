@@ -9,7 +9,8 @@
 
 namespace fusedattn {
 
-// Every non-tensor setting of a forward call. Mirrors the Python FwdArgs.
+// Every non-tensor setting of a forward call. Mirrors the Python FwdArgs (the binding fills it by
+// name from the operator arguments of csrc/binding/op_spec.h).
 struct FwdArgs {
   Format q_format = Format::kBSHD;
   Format kv_format = Format::kBSHD;
@@ -19,6 +20,7 @@ struct FwdArgs {
   int bottom_right_diagonal = -1;  // -1: the mask type's default (TransformerEngine's rule)
   SoftmaxType softmax_type = SoftmaxType::kVanilla;
   double scale = 1.0;
+  double softcap = 0.0;  // > 0: logits capped to (-softcap, softcap) (params.h's FwdParams::softcap)
   double dropout_p = 0.0;
   int64_t max_seqlen_q = -1;   // thd only; -1: not given
   int64_t max_seqlen_kv = -1;

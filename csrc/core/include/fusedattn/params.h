@@ -37,13 +37,9 @@ struct SeqlenParams {
   bool q_is_thd = false, kv_is_thd = false;
 };
 
-// Visibility of key j to query i of one sequence with lengths (sq, skv):
-//   j < skv, i < sq,
-//   if window_left  >= 0: j >= i + diag - window_left
-//   if window_right >= 0: j <= i + diag + window_right
-//   where diag = bottom_right ? skv - sq : 0,
-//   and, with an explicit mask, !mask[b, h, i, j].
-// Causal mask types arrive here as window_right == 0.
+// Visibility of keys to queries: fusedattn/visibility.h's rule, with these windows (already clamped
+// there, causal mask types as window_right = 0), the diagonal they are aligned to, and an optional
+// explicit mask (true = masked out).
 struct MaskParams {
   int64_t window_left = -1, window_right = -1;
   bool bottom_right = false;
@@ -51,7 +47,7 @@ struct MaskParams {
 };
 
 // Post-scale bias and ALiBi: added to scale * q.k before the softmax.
-// ALiBi adds -slope * |j - i - diag| with the same diag as MaskParams.
+// ALiBi adds -slope * |j - i - diag| (visibility.h's alibi_distance).
 struct BiasParams {
   BiasType type = BiasType::kNoBias;
   PairTensor bias;  // q's dtype
@@ -101,6 +97,10 @@ struct FwdParams {
   DropoutParams dropout;
   // Kept in double: the fp64 engines compute in double, the others convert once.
   double scale = 1.0;
+  // Logit soft-capping (Gemma 2, flash-attn's softcap), 0: off. As in flash-attn, the cap applies
+  // to the scaled scores and comes before the bias, ALiBi and the masks:
+  //   s = softcap * tanh(scale * q.k / softcap) + bias,  ds/d(scale q.k) = 1 - tanh^2(.)
+  double softcap = 0.0;
   // Where the engine writes {0, 0}, the op's rng_state output of a call without dropout, or null.
   // The CUDA engine takes it so that no separate fill kernel precedes the attention kernels (a
   // decode step is a few microseconds; the decode kernel writes it itself).

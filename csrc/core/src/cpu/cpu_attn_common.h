@@ -3,6 +3,7 @@
 // and the logits tile pipeline (scale, bias, mask).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ struct AttnCtx {
   int64_t B = 0, hq = 0, hkv = 0, group = 1, dqk = 0, dv = 0;
   int64_t dqk_p = 0, dv_p = 0;  // head dims padded to whole vectors
   A scale = 1;
+  A softcap = 0;    // > 0: logits capped (FwdParams::softcap)
+  A cap_scale = 0;  // scale / softcap
   Dropout<A> drop;
   bool has_sink = false;
 
@@ -45,17 +48,13 @@ struct AttnCtx {
     dqk_p = round_up(dqk, kPadElems);
     dv_p = round_up(dv, kPadElems);
     scale = static_cast<A>(params.scale);
+    if (params.softcap > 0) {
+      softcap = static_cast<A>(params.softcap);
+      cap_scale = scale / softcap;
+    }
     drop = Dropout<A>::make(params.dropout);
     has_sink = params.softmax.type != SoftmaxType::kVanilla;
-    if (params.softmax.type == SoftmaxType::kLearnable && params.softmax.offset == nullptr) {
-      return Status::Invalid("learnable softmax needs softmax_offset");
-    }
-    if (params.bias.type == BiasType::kPostScaleBias && params.bias.bias.data == nullptr) {
-      return Status::Invalid("post_scale_bias needs a bias tensor");
-    }
-    if (params.bias.type == BiasType::kAlibi && params.bias.alibi_slopes == nullptr) {
-      return Status::Invalid("alibi needs alibi_slopes");
-    }
+    // The page table's entries are device data the checks could not read: the engine checks them.
     const PagedKV& pk = params.paged;
     if (pk.page_table != nullptr) {
       if (pk.page_size <= 0) return Status::Invalid("paged KV: page_size must be positive");
@@ -72,7 +71,7 @@ struct AttnCtx {
       }
     }
     win.resize(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) win[b] = Window::make(params.mask, lay.seq[b].len_q, lay.seq[b].len_kv);
+    for (int64_t b = 0; b < B; ++b) win[b] = window_of(params.mask, lay.seq[b].len_q, lay.seq[b].len_kv);
     return Status::Ok();
   }
 
@@ -102,14 +101,37 @@ struct AttnCtx {
   // Logits tile for (b, h), rows i0.. (nr), keys j0.. (nj real, ncols computed):
   // S holds q.k on entry; on return the logits are f * S with f the returned
   // factor (1, or the scale left for the softmax's FMA), invisible entries -inf.
-  A finish_logits(int64_t b, int64_t h, int64_t i0, int nr, int64_t j0, int nj, int ncols, A* S) const {
+  // With a softcap, S = softcap * tanh(scale * q.k / softcap) before the bias (params.h), and
+  // dcap (row stride kBlockN), when given, receives 1 - tanh^2, the backward's factor (cap_grad).
+  A finish_logits(int64_t b, int64_t h, int64_t i0, int nr, int64_t j0, int nj, int ncols, A* S,
+                  A* dcap = nullptr) const {
     const Window& w = win[b];
-    const A f = scale_and_bias_tile<T, A>(p->bias, w, b, h, i0, nr, j0, nj, ncols, scale, S, kBlockN);
-    const bool explicit_mask = p->mask.mask.data != nullptr;
-    if (!tile_all_visible(w, explicit_mask, i0, nr, j0, ncols)) {
+    A s_scale = scale;
+    if (softcap > 0) {
+      for (int r = 0; r < nr; ++r) {
+        A* s = S + r * kBlockN;
+        A* d = dcap != nullptr ? dcap + r * kBlockN : nullptr;
+        for (int c = 0; c < ncols; ++c) {
+          const A t = std::tanh(s[c] * cap_scale);
+          s[c] = softcap * t;
+          if (d != nullptr) d[c] = 1 - t * t;
+        }
+      }
+      s_scale = 1;
+    }
+    const A f = scale_and_bias_tile<T, A>(p->bias, w, b, h, i0, nr, j0, nj, ncols, s_scale, S, kBlockN);
+    if (p->mask.mask.data != nullptr || !w.tile_all_visible(i0, nr, j0, ncols)) {
       mask_tile<A>(w, p->mask.mask, b, h, i0, nr, j0, ncols, S, kBlockN);
     }
     return f;
+  }
+
+  // dS <- dS * (1 - tanh^2) (from finish_logits' dcap): the gradient of the capped logits taken
+  // back to scale * q.k. A no-op without a softcap.
+  void cap_grad(A* dS, const A* dcap, int nr, int ncols) const {
+    if (!(softcap > 0)) return;
+    for (int r = 0; r < nr; ++r)
+      for (int c = 0; c < ncols; ++c) dS[r * kBlockN + c] *= dcap[r * kBlockN + c];
   }
 };
 

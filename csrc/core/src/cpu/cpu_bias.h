@@ -1,6 +1,6 @@
 // Logit scaling and the additive terms: s = scale * q.k + bias, with bias a
 // post-scale bias tensor (q's dtype, broadcast dims of stride 0) or ALiBi,
-// -slope * |j - i - diag| on the mask's diagonal.
+// -slope * |j - i - diag| on the mask's diagonal (visibility.h's alibi_distance).
 #pragma once
 
 #include <cstdint>
@@ -38,11 +38,7 @@ A scale_and_bias_tile(const BiasParams& bp, const Window& w, int64_t b, int64_t 
     const A slope = static_cast<A>(bp.alibi_slopes[b * bp.alibi_stride_b + h * bp.alibi_stride_h]);
     for (int r = 0; r < nr; ++r) {
       A* s = S + r * ld;
-      const int64_t base = j0 - (i0 + r) - w.diag;  // j - i - diag at c = 0
-      for (int c = 0; c < ncols; ++c) {
-        const int64_t dist = base + c;
-        s[c] = s[c] * scale - slope * static_cast<A>(dist < 0 ? -dist : dist);
-      }
+      for (int c = 0; c < ncols; ++c) s[c] = s[c] * scale - slope * static_cast<A>(w.alibi_distance(i0 + r, j0 + c));
     }
     return 1;
   }

@@ -77,7 +77,7 @@ struct BwdRun {
   int64_t fused_dq_elems = 0;  // dQ accumulator of one pair (fused schedule)
 
   struct Scratch {
-    Buf<A> s, dp, pd, acc_a, acc_b, dbias, dq;
+    Buf<A> s, dp, pd, acc_a, acc_b, dbias, dq, dcap;
   };
 
   bool init_scratch(Scratch& w) const {
@@ -85,7 +85,7 @@ struct BwdRun {
     const int64_t accn = std::max(kBlockN, kBlockM) * std::max(c.dqk_p, c.dv_p);
     return w.s.alloc(tile) && w.dp.alloc(tile) && w.pd.alloc(tile) && w.acc_a.alloc(accn) && w.acc_b.alloc(accn) &&
            (!dbias_on || w.dbias.alloc(static_cast<size_t>(kBlockM * dbias_w))) &&
-           (!fused || w.dq.alloc(static_cast<size_t>(fused_dq_elems)));
+           (!fused || w.dq.alloc(static_cast<size_t>(fused_dq_elems))) && (!(c.softcap > 0) || w.dcap.alloc(tile));
   }
 
   // ---- staging ------------------------------------------------------------------------
@@ -239,7 +239,7 @@ struct BwdRun {
     A* __restrict PD = w.pd.get();
     gemm<A, false>(nr, ncols, static_cast<int>(c.dqk), qs, c.dqk_p, 1, pp.kt + kt * c.dqk * kBlockN, kBlockN, S,
                    kBlockN);
-    const A f = c.finish_logits(pp.b, h, i0, nr, j0, nj, ncols, S);
+    const A f = c.finish_logits(pp.b, h, i0, nr, j0, nj, ncols, S, w.dcap.get());
     gemm<A, false>(nr, ncols, static_cast<int>(c.dv), dos, c.dv_p, 1, pp.vt + kt * c.dv * kBlockN, kBlockN, dP,
                    kBlockN);
     const int64_t bh = pp.b * c.hq + h;
@@ -295,6 +295,7 @@ struct BwdRun {
         const int64_t i0 = qt * kBlockM;
         const int nr = static_cast<int>(std::min<int64_t>(kBlockM, e.len_q - i0));
         tile_grads(w, pp, h, g, i0, nr, kt, true);
+        c.cap_grad(w.dp.get(), w.dcap.get(), nr, nj);
         const int64_t row0 = g * pp.nq + i0;
         const A* pd = c.drop.on ? w.pd.get() : w.s.get();
         const A* ds = w.dp.get();
@@ -331,8 +332,7 @@ struct BwdRun {
       const int64_t j0 = kt * kBlockN;
       const int nj = static_cast<int>(std::min<int64_t>(kBlockN, e.len_kv - j0));
       tile_grads(w, pp, h, g, i0, nr, kt, false);
-      const A* ds = w.dp.get();
-      gemm<A, true>(nr, static_cast<int>(c.dqk_p), nj, ds, kBlockN, 1, pp.k + j0 * c.dqk_p, c.dqk_p, dq, c.dqk_p);
+      A* ds = w.dp.get();
       if (dbias_acc != nullptr) {
         for (int r = 0; r < nr; ++r) {
           A* acc = dbias_acc + (dbias_row_sum ? 0 : r * dbias_w) + j0;
@@ -340,6 +340,8 @@ struct BwdRun {
           for (int jj = 0; jj < nj; ++jj) acc[jj] += src[jj];
         }
       }
+      c.cap_grad(ds, w.dcap.get(), nr, nj);  // after dbias: the bias is added after the cap
+      gemm<A, true>(nr, static_cast<int>(c.dqk_p), nj, ds, kBlockN, 1, pp.k + j0 * c.dqk_p, c.dqk_p, dq, c.dqk_p);
     }
     for (int r = 0; r < nr; ++r) {
       const int64_t tok = e.tok_q + i0 + r;
@@ -604,28 +606,11 @@ struct BwdRun {
 template <class T>
 Status bwd_typed(const BwdParams& bp, const Executor& exec) {
   const FwdParams& p = bp.fwd;
-  if (p.paged.page_table != nullptr) {
-    return Status::Unsupported("CPU backward: a paged KV cache (page_table) is for inference only");
-  }
   AttnCtx<T> c;
   FUSEDATTN_RETURN_IF_ERROR(c.init(p));
-  // Empty tensors may have no storage.
-  const int64_t q_rows = (c.lay.q_thd ? c.lay.t_q : c.B * c.lay.s_q) * c.hq;
-  const int64_t kv_rows = (c.lay.kv_thd ? c.lay.t_kv : c.B * c.lay.s_kv) * c.hkv;
-  if ((q_rows > 0 && (!p.lse || (c.dv > 0 && (!bp.dout.data || !p.out.data)) || (c.dqk > 0 && !bp.dq.data))) ||
-      (kv_rows > 0 && ((c.dqk > 0 && !bp.dk.data) || (c.dv > 0 && !bp.dv.data)))) {
-    return Status::Invalid("CPU backward: dout, out, lse, dq, dk and dv must be given");
-  }
   BwdRun<T> run{c, bp, p};
   if (bp.dbias.data != nullptr) {
-    const PairTensor& db = bp.dbias;
-    const bool ok = (db.sizes[0] == 1 || db.sizes[0] == c.B) && (db.sizes[1] == 1 || db.sizes[1] == c.hq) &&
-                    (db.sizes[2] == 1 || db.sizes[2] == c.lay.s_q) && db.sizes[3] == c.lay.s_kv;
-    if (!ok) {
-      return Status::Invalid("dbias must have the bias's shape [b|1, h_q|1, s_q|1, s_kv]; got [" +
-                             std::to_string(db.sizes[0]) + ", " + std::to_string(db.sizes[1]) + ", " +
-                             std::to_string(db.sizes[2]) + ", " + std::to_string(db.sizes[3]) + "]");
-    }
+    const PairTensor& db = bp.dbias;  // the bias's shape (bwd_output_shapes)
     run.dbias_on = true;
     run.dbias_w = db.sizes[3];
     // Elements that no visible (b, h, i, j) reaches stay zero.

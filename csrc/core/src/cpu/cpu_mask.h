@@ -1,8 +1,6 @@
-// Visibility of keys to queries inside one sequence: the sliding window
-// (causal is window_right = 0) aligned to the top-left or bottom-right
-// diagonal, the sequence lengths, and an optional explicit boolean mask.
-// Windows give each row a contiguous key range, which lets the engine skip
-// whole key tiles and apply the window to a tile with two fills per row.
+// Visibility on the CPU: fusedattn/visibility.h's rule per sequence (Window), the key / row ranges a
+// tile of rows / keys touches (windows give each row a contiguous key range, which lets the engine
+// skip whole key tiles and apply the window to a tile with two fills per row), and the tile masking.
 #pragma once
 
 #include <algorithm>
@@ -10,34 +8,16 @@
 
 #include "cpu_simd.h"
 #include "fusedattn/params.h"
+#include "fusedattn/visibility.h"
 
 namespace fusedattn {
 namespace cpu {
 
-struct Window {
-  int64_t len_q = 0, len_kv = 0, diag = 0;
-  int64_t wl = -1, wr = -1;  // < 0: unbounded
+using Window = Visibility<int64_t>;
 
-  static Window make(const MaskParams& m, int64_t len_q, int64_t len_kv) {
-    Window w;
-    w.len_q = len_q;
-    w.len_kv = len_kv;
-    w.diag = m.bottom_right ? len_kv - len_q : 0;
-    // A window wider than both sequences constrains nothing; dropping it also
-    // keeps i + diag +- w far from overflow.
-    const int64_t reach = len_q + len_kv + 1;
-    w.wl = m.window_left >= 0 && m.window_left <= reach ? m.window_left : -1;
-    w.wr = m.window_right >= 0 && m.window_right <= reach ? m.window_right : -1;
-    return w;
-  }
-
-  // Keys visible to row i by window and length: [key_lo(i), key_hi(i)), possibly empty.
-  int64_t key_lo(int64_t i) const { return wl >= 0 ? std::min(std::max<int64_t>(0, i + diag - wl), len_kv) : 0; }
-  int64_t key_hi(int64_t i) const { return wr >= 0 ? std::max<int64_t>(0, std::min(len_kv, i + diag + wr + 1)) : len_kv; }
-  // Rows that see key j: [row_lo(j), row_hi(j)).
-  int64_t row_lo(int64_t j) const { return wr >= 0 ? std::min(std::max<int64_t>(0, j - diag - wr), len_q) : 0; }
-  int64_t row_hi(int64_t j) const { return wl >= 0 ? std::max<int64_t>(0, std::min(len_q, j - diag + wl + 1)) : len_q; }
-};
+inline Window window_of(const MaskParams& m, int64_t len_q, int64_t len_kv) {
+  return Window::make(m.window_left, m.window_right, m.bottom_right, len_q, len_kv);
+}
 
 // Key range [lo, hi) seen by any row of [i0, i1) (i1 > i0); lo/hi are monotone in i.
 inline void keys_for_rows(const Window& w, int64_t i0, int64_t i1, int64_t* lo, int64_t* hi) {
@@ -48,11 +28,6 @@ inline void keys_for_rows(const Window& w, int64_t i0, int64_t i1, int64_t* lo, 
 inline void rows_for_keys(const Window& w, int64_t j0, int64_t j1, int64_t* lo, int64_t* hi) {
   *lo = w.row_lo(j0);
   *hi = w.row_hi(j1 - 1);
-}
-
-// Whether every (row, key) of the tile is visible, so masking can be skipped.
-inline bool tile_all_visible(const Window& w, bool explicit_mask, int64_t i0, int nr, int64_t j0, int ncols) {
-  return !explicit_mask && w.key_lo(i0 + nr - 1) <= j0 && w.key_hi(i0) >= j0 + ncols;
 }
 
 // Sets the invisible entries of the logits tile S (rows i0.., keys j0..,

@@ -69,18 +69,7 @@ Status fill_side(const char* side, int64_t batch, const int32_t* cu, const int32
 }  // namespace
 
 Status make_seq_layout(const FwdParams& p, SeqLayout* out) {
-  const Problem& pr = p.prob;
-  if (pr.b < 0 || pr.s_q < 0 || pr.s_kv < 0 || pr.t_q < 0 || pr.t_kv < 0) {
-    return Status::Invalid("CPU attention: negative problem dimension");
-  }
-  if (!(pr.h_q == 0 && pr.h_kv == 0) && (pr.h_q <= 0 || pr.h_kv <= 0 || pr.h_q % pr.h_kv != 0)) {
-    return Status::Invalid("CPU attention: the number of query heads (" + str(pr.h_q) +
-                           ") must be a positive multiple of the number of key/value heads (" + str(pr.h_kv) + ")");
-  }
-  if (pr.d_qk < 0 || pr.d_v < 0) {
-    return Status::Invalid("CPU attention: head dims must be non-negative; got d_qk = " + str(pr.d_qk) +
-                           ", d_v = " + str(pr.d_v));
-  }
+  const Problem& pr = p.prob;  // validated by check_fwd / check_bwd
   SeqLayout lay;
   lay.q_thd = p.seqlens.q_is_thd;
   lay.kv_thd = p.seqlens.kv_is_thd;

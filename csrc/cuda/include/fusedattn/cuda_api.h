@@ -5,64 +5,65 @@
 // `stream`, which makes the engine capturable in CUDA graphs.
 //
 // Order of a call (the binding's):
-//   bytes = fwd_workspace_bytes(params)   -> allocate `bytes` on the device
-//   run_fwd_cuda(params, {stream, workspace, bytes, sm_count})
+//   plan_fwd_cuda(params, &plan)   -> which engine and kernel run it, and the workspace they need
+//   allocate plan.workspace_bytes on the device
+//   run_fwd_cuda(params, plan, {stream, workspace, bytes})
+// The plan is made once per call, on the current device, from shapes, dtype, layout and the
+// device's attributes alone (never from device data), so equal calls get equal plans.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "fusedattn/kv_cache.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn {
 
-struct CudaLaunch {
-  void* stream = nullptr;        // cudaStream_t; null is the legacy default stream
-  void* workspace = nullptr;     // device scratch of at least *_workspace_bytes(params)
-  size_t workspace_bytes = 0;
-  int sm_count = 0;              // multiprocessors of the device (for persistent grids)
+enum class CudaEngine : int8_t { kSimt, kTensorCore, kHopper, kDecode };
+
+// The split-KV decode engine's schedule (csrc/cuda/decode/decode.h).
+struct DecodeSchedule {
+  int head_dim = 0;    // bucket: 64, 128, 256
+  int row_warps = 1;   // 16 * row_warps query rows per block
+  int chunks = 1;      // row chunks per (sequence, KV head)
+  int splits = 1;      // blocks per chunk along the keys
+  size_t ws_o_off = 0, ws_lse_off = 0;  // split partials in the workspace (splits > 1)
+  bool pdl = false, pdl_main = false;   // programmatic launches of the combine / the decode kernel
 };
 
-// Scratch the engine needs for one call (0: none). Depends only on the
-// problem's shapes and dtype, never on device data.
-size_t fwd_workspace_bytes(const FwdParams& params);
-size_t bwd_workspace_bytes(const BwdParams& params);
+struct CudaPlan {
+  CudaEngine engine = CudaEngine::kSimt;
+  size_t workspace_bytes = 0;
+  // Backward: dQ, a broadcast dbias and d_softmax_offset are summed in a fixed order (bitwise
+  // reproducible); BwdParams::deterministic asks for it, and a plan without it is what the binding
+  // reports as a non-deterministic algorithm.
+  bool deterministic = false;
+  int kernel = 0;     // tensor-core: kernel table entry; Hopper forward: hopper::FwdVariant
+  int sm_count = 0;   // the device's multiprocessors
+  DecodeSchedule decode;
+};
 
-// Run on the stream of `launch`. Outputs must be allocated with the shapes of
-// fwd_output_shapes / bwd_output_shapes; the engine writes every element of
-// them (padded rows and thd gaps included). Returns a Status for unsupported
-// configurations and for launch failures (with cudaGetErrorString's message).
-Status run_fwd_cuda(const FwdParams& params, const CudaLaunch& launch);
-Status run_bwd_cuda(const BwdParams& params, const CudaLaunch& launch);
-// Whether run_bwd_cuda honours params.deterministic for this call (the
-// tensor-core engine does; the SIMT engine sums dQ and dbias with atomics).
-bool bwd_deterministic_available(const BwdParams& params);
+struct CudaLaunch {
+  void* stream = nullptr;     // cudaStream_t; null is the legacy default stream
+  void* workspace = nullptr;  // device scratch of at least plan.workspace_bytes
+  size_t workspace_bytes = 0;
+};
+
+// The plan of a call on the current device; Unsupported (with the reason) when no engine takes it.
+Status plan_fwd_cuda(const FwdParams& params, CudaPlan* plan);
+Status plan_bwd_cuda(const BwdParams& params, CudaPlan* plan);
+
+// Run a planned call on the stream of `launch`. Outputs must be allocated with the shapes of
+// fwd_output_shapes / bwd_output_shapes; the engine writes every element of them (padded rows and
+// thd gaps included). Returns a Status for launch failures (with cudaGetErrorString's message).
+Status run_fwd_cuda(const FwdParams& params, const CudaPlan& plan, const CudaLaunch& launch);
+Status run_bwd_cuda(const BwdParams& params, const CudaPlan& plan, const CudaLaunch& launch);
 
 // fusedattn::copy_to_kv_cache on the device (see fusedattn/kv_cache.h): one
 // kernel on launch.stream, no workspace, no host synchronisation. Tokens the
 // CPU engine would reject (lengths, positions past the page table, pages
 // outside the pool) are skipped, never written out of bounds.
 Status run_kv_append_cuda(const KvAppendParams& params, const CudaLaunch& launch);
-
-// Hooks of the tensor-core engine (csrc/cuda/tc). run_*_cuda asks them first;
-// a hook that takes the call sets *handled and returns its status, one that
-// does not leaves *handled false and returns Ok, and the SIMT engine runs.
-// csrc/cuda/tc_default.cu defines weak defaults that handle nothing.
-namespace tc {
-Status try_run_fwd(const FwdParams& params, const CudaLaunch& launch, bool* handled);
-Status try_run_bwd(const BwdParams& params, const CudaLaunch& launch, bool* handled);
-// Scratch the tensor-core engine would need for a call it takes (0 otherwise).
-size_t fwd_workspace_bytes(const FwdParams& params);
-size_t bwd_workspace_bytes(const BwdParams& params);
-}  // namespace tc
-
-// Hooks of the Hopper path (csrc/cuda/hopper, built for sm_90a only): asked
-// before the tensor-core hooks, same contract. Weak defaults in
-// csrc/cuda/tc_default.cu.
-namespace hopper {
-Status try_run_fwd(const FwdParams& params, const CudaLaunch& launch, bool* handled);
-Status try_run_bwd(const BwdParams& params, const CudaLaunch& launch, bool* handled);
-size_t bwd_workspace_bytes(const BwdParams& params);
-}  // namespace hopper
 
 }  // namespace fusedattn

@@ -1,4 +1,4 @@
-// Thin wrappers over the sm_80+ instructions the tensor-core kernels are built
+// Thin wrappers over the sm_80+ instructions the tensor-core and decode kernels are built
 // from: ldmatrix, mma.sync m16n8k16 (fp32 accumulation), cp.async and the
 // swizzled shared-memory addressing that keeps ldmatrix free of bank conflicts.
 // The shared-memory wrappers are asm volatile: the compiler must not move them
@@ -13,7 +13,7 @@
 #include <cstdint>
 
 namespace fusedattn {
-namespace tc {
+namespace gpu {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -226,14 +226,5 @@ __device__ __forceinline__ void atomic_add2_if(float* p, float a, float b, bool 
 #endif
 }
 
-// Float max through integer atomics (works for negative values and -inf).
-__device__ __forceinline__ void atomic_max_float(float* p, float v) {
-  if (v >= 0.f) {
-    atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
-  } else {
-    atomicMin(reinterpret_cast<unsigned int*>(p), __float_as_uint(v));
-  }
-}
-
-}  // namespace tc
+}  // namespace gpu
 }  // namespace fusedattn

@@ -1,0 +1,73 @@
+// A sequence of a call on the device (FwdParams): its lengths from cu_seqlens, its first tokens, and
+// its visibility rule (fusedattn/visibility.h); and the address of a row of a q/k/v-like tensor.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fusedattn/params.h"
+#include "fusedattn/visibility.h"
+
+namespace fusedattn {
+namespace gpu {
+
+// Positions inside a sequence fit in 32 bits (cu_seqlens are int32, and the engine takes
+// s_q + s_kv < kMaxPositionSum32, visibility.h); token offsets and addresses stay 64-bit.
+struct SeqInfo {
+  int len_q, len_kv;      // clamped to [0, s_q] / [0, s_kv]
+  int64_t tok_q, tok_kv;  // token of position 0 (0 for bshd/sbhd)
+  Visibility<int> vis;    // the sequence's visibility rule (window, diagonal, lengths)
+};
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ int clamp_len(int64_t v, int64_t hi) {
+  return static_cast<int>(v < 0 ? 0 : (v > hi ? hi : v));
+}
+
+// Lengths come from cu_seqlens on the device. A length above s_q / s_kv (a
+// max_seqlen smaller than a sequence) is clamped: rows past it stay zero.
+__device__ __forceinline__ SeqInfo seq_info(const FwdParams& p, int b) {
+  const SeqlenParams& sl = p.seqlens;
+  SeqInfo s;
+  s.len_q = sl.cu_seqlens_q ? clamp_len(int64_t(sl.cu_seqlens_q[b + 1]) - sl.cu_seqlens_q[b], p.prob.s_q)
+                            : clamp_len(p.prob.s_q, p.prob.s_q);
+  s.len_kv = sl.cu_seqlens_kv ? clamp_len(int64_t(sl.cu_seqlens_kv[b + 1]) - sl.cu_seqlens_kv[b], p.prob.s_kv)
+                              : clamp_len(p.prob.s_kv, p.prob.s_kv);
+  // thd offsets come from the device too: a sequence is kept inside the token
+  // dim, so inconsistent cu_seqlens give wrong rows, never an out-of-bounds
+  // access (the CPU engine, which can read them, reports them as errors).
+  if (sl.q_is_thd) {
+    s.tok_q = min64(max64(sl.offsets_q[b], 0), p.prob.t_q);
+    s.len_q = static_cast<int>(min64(s.len_q, p.prob.t_q - s.tok_q));
+  } else {
+    s.tok_q = 0;
+  }
+  if (sl.kv_is_thd) {
+    s.tok_kv = min64(max64(sl.offsets_kv[b], 0), p.prob.t_kv);
+    s.len_kv = static_cast<int>(min64(s.len_kv, p.prob.t_kv - s.tok_kv));
+  } else {
+    s.tok_kv = 0;
+  }
+  // Windows arrive clamped to s_q + s_kv (make_fwd_params), so they fit in int.
+  s.vis = Visibility<int>::make(static_cast<int>(p.mask.window_left), static_cast<int>(p.mask.window_right),
+                                p.mask.bottom_right, s.len_q, s.len_kv);
+  return s;
+}
+
+// Keys [lo, hi) that row i may see by lengths and window (empty past len_q).
+struct KeyRange {
+  int lo, hi;
+};
+__device__ __forceinline__ KeyRange key_range(const SeqInfo& s, int i) {
+  if (i >= s.len_q) return {0, 0};
+  return {s.vis.key_lo(i), s.vis.key_hi(i)};
+}
+
+__device__ __forceinline__ int64_t row_base(const SeqTensor& t, int b, int64_t tok, int h) {
+  return b * t.stride_b + tok * t.stride_s + h * t.stride_h;
+}
+
+}  // namespace gpu
+}  // namespace fusedattn
