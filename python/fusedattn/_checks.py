@@ -48,7 +48,7 @@ def dropout(name: str, p) -> float:
 def softcap(name: str, value) -> float:
     """Logit softcapping: 0 (off) or a finite positive cap (the operator also checks its range)."""
     real(name, value)
-    if not (value >= 0.0 and math.isfinite(value)):  # NaN fails too
+    if not 0.0 <= value < math.inf:  # NaN fails too
         raise ValueError(f"{name} must be 0 (off) or a finite positive number; got {value!r}")
     return float(value)
 
