@@ -24,6 +24,7 @@ cmake --build build/cpp
 echo "== CUDA sources: the generated files are current"
 "$PY" csrc/cuda/tc/gen_kernels.py --check
 "$PY" csrc/cuda/hopper/gen_wgmma.py --check
+"$PY" csrc/cuda/hopper/gen_kernels.py --check
 
 echo "== the portable wheel: built once (CUDA engine for sm_80 / sm_90 / sm_90a where nvcc exists)"
 WHEELHOUSE="$ROOT/build/wheelhouse"
