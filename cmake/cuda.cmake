@@ -33,7 +33,9 @@ set(FUSEDATTN_CUDA_JOBS "" CACHE STRING "Most nvcc processes at once (Ninja); em
 # ---- should the engine be built? ------------------------------------------------
 set(_fa_cuda_reason "")
 set(_fa_want_cuda FALSE)
-if(FUSEDATTN_CUDA STREQUAL "OFF" AND NOT FUSEDATTN_CUDA_COMPILE_ONLY)
+if(NOT FUSEDATTN_BUILD_EXTENSION AND NOT FUSEDATTN_CUDA_COMPILE_ONLY)
+  set(_fa_cuda_reason "the extension is not built")
+elseif(FUSEDATTN_CUDA STREQUAL "OFF" AND NOT FUSEDATTN_CUDA_COMPILE_ONLY)
   set(_fa_cuda_reason "FUSEDATTN_CUDA=OFF")
 else()
   if(NOT CMAKE_CUDA_COMPILER)
