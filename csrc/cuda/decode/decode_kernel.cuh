@@ -158,8 +158,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     return e;
   };
   // Key tid of tile x: its K and V rows as element offsets from kg / vg (kNoKey: not in the cache,
-  // zero-filled). A step's new token lives in new_k / new_v: its offset is the distance between the
-  // flat addresses (both tensors hold T, so it is a whole number of elements).
+  // zero-filled). A step's new token i lives in new_k / new_v, at new_k_off + i * stride_s: the
+  // distance between flat addresses (both tensors hold T, so it is a whole number of elements).
+  int64_t new_k_off = 0, new_v_off = 0;
+  if (step) {
+    new_k_off = elem_distance(static_cast<const T*>(a.new_k.data) + gpu::row_base(a.new_k, b, si.tok_q, hk), kg);
+    new_v_off = elem_distance(static_cast<const T*>(a.new_v.data) + gpu::row_base(a.new_v, b, si.tok_q, hk), vg);
+  }
   const auto put_offsets = [&](int x, int64_t pg) {
     const int tok = (t0 + x) * BN + tid;
     longlong2 o;
@@ -167,9 +172,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
       o.x = kNoKey;
       o.y = kNoKey;
     } else if (tok >= c_new) {
-      const int64_t row = si.tok_q + (tok - c_new);
-      o.x = elem_distance(static_cast<const T*>(a.new_k.data) + gpu::row_base(a.new_k, b, row, hk), kg);
-      o.y = elem_distance(static_cast<const T*>(a.new_v.data) + gpu::row_base(a.new_v, b, row, hk), vg);
+      o.x = new_k_off + int64_t(tok - c_new) * a.new_k.stride_s;
+      o.y = new_v_off + int64_t(tok - c_new) * a.new_v.stride_s;
     } else {
       const int64_t slot = a.div_ps.mod(tok);
       o.x = pg * p.k.stride_b + slot * p.k.stride_s + int64_t(hk) * p.k.stride_h;
