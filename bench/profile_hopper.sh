@@ -6,8 +6,8 @@
 #
 #   bench/profile_hopper.sh OUTDIR NAME HARNESS KERNEL_REGEX HARNESS_ARGS...
 # e.g. the library's d = 128 backward at s = 8k, and the v2 forward at the same point:
-#   bench/profile_hopper.sh $OUT bwd_d128 build/bwdh 'bwd_sm90_(dqtma|d256_dqtma)_kernel' one 128 8192 0
-#   bench/profile_hopper.sh $OUT fwd_d128 build/fwdh 'fwd_sm90_v2_kernel' one2 128 8192 0
+#   bench/profile_hopper.sh $OUT bwd_d128 build/bwdh 'bwd_sm90_(d256_)?kernel' one 128 8192 0
+#   bench/profile_hopper.sh $OUT fwd_d128 build/fwdh 'fwd_sm90_kernel' one2 128 8192 0
 # (HARNESS: the binary of tools/hopper/build_bwd.sh or build.sh.)
 set -uo pipefail
 OUT="${1:?usage: bench/profile_hopper.sh OUTDIR NAME HARNESS KERNEL_REGEX HARNESS_ARGS...}"

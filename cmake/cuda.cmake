@@ -152,7 +152,9 @@ if(_fa_want_cuda)
   endif()
   set(_fa_kernel_objects $<TARGET_OBJECTS:fusedattn_cuda_objects>)
   if(_fa_hopper)
-    file(GLOB FUSEDATTN_HOPPER_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/hopper/*.cu)
+    # The hand-written sources and one generated file per line of hopper/kernels.list.
+    file(GLOB FUSEDATTN_HOPPER_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/hopper/*.cu
+         ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/hopper/generated/*.cu)
     add_library(fusedattn_cuda_hopper OBJECT ${FUSEDATTN_HOPPER_SOURCES})
     target_include_directories(fusedattn_cuda_hopper
       PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/csrc/cuda/include ${CMAKE_CURRENT_SOURCE_DIR}/csrc/core/include

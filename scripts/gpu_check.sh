@@ -23,15 +23,11 @@
 #                          BENCH_DECODE=0, BENCH_DECODE_ARGS, and BENCH_DECODE_AB="VAR=value": the
 #                          decode table again with a switch set)
 #   GPU_CHECK_HOPPER       Hopper harness steps on a 9.0 GPU (default "v2 v3 w3 bwd"; bwd-check:
-#                          the backward's check alone; v3 / w3 / bwd2: the persistent forward,
-#                          d=64 with three consumer warpgroups, the backward's dQ by TMA
-#                          reduce-add against the atomic one; bwd-det: the deterministic dQ
-#                          kernel (now the library's deterministic mode); w3-skip: the d = 64
-#                          three-consumer forward with and without skipping the tiles a
-#                          warpgroup's rows never see (SKIP, the default since 2026-12-02);
-#                          w3-sweep: its key-tile sizes side by side; w3p: the persistent
-#                          three-consumer forward (the library's at d = 64 s <= 2k) against the
-#                          one-tile one; "" skips). A backward
+#                          the backward's check alone; v3 / w3: the persistent forward, d=64 with
+#                          three consumer warpgroups; bwd-det: the deterministic mode; w3-skip:
+#                          the d = 64 three-consumer forward with and without skipping the tiles
+#                          a warpgroup's rows never see; w3p: the persistent three-consumer
+#                          forward against the one-tile one; "" skips). A backward
 #                          check that fails at d=256 makes the benchmark time d=256 with
 #                          FUSEDATTN_HOPPER_BWD=0
 #   GPU_CHECK_PREBUILT     a folder holding harness binaries built elsewhere (fwdh: build.sh's,
@@ -82,16 +78,12 @@ fi
 note "architectures" "$TORCH_CUDA_ARCH_LIST"
 
 # ---- Hopper harnesses (9.0 GPUs): the standalone kernels before their library use ----
-# GPU_CHECK_HOPPER lists what to run: fwd (forward v1, the harness baseline: check, bench),
-# v2 (a library forward: check2, bench2 = v1 and v2 side by side), v3 (the persistent
-# forward: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer forward: checkw3,
-# benchw3), bwd (the library's backward: check, bench), bwd-check (check alone), bwd2 (the
-# dQ by TMA reduce-add against atomics: check2, bench2), bwd-det (the deterministic-dQ candidate:
-# checkdet, benchdet), w3-skip (the d = 64 three-consumer forward with SKIP flipped: checkw3s,
-# benchw3s), w3-sweep (its key-tile sizes: sweepw3), w3p (the persistent three-consumer candidate:
-# checkw3p, benchw3p), sweep2 / sweep3 (the v2 / persistent forward's
-# configurations side by side),
-# v2-check / v3-check (check2 / check3 alone); "" skips them.
+# GPU_CHECK_HOPPER lists what to run: v2 (the one-tile forward: check2, bench2), v3 (the persistent
+# forward: check3, bench3 = v2 and v3), w3 (the d=64 three-consumer forward: checkw3, benchw3), bwd
+# (the backward: check, bench), bwd-check (check alone), bwd-det (the deterministic mode: checkdet,
+# benchdet), w3-skip (the d = 64 three-consumer forward with SKIP flipped: checkw3s, benchw3s), w3p
+# (the persistent three-consumer forward: checkw3p, benchw3p), v2-check / v3-check (check2 / check3
+# alone); "" skips them.
 # Their builds (one nvcc each, independent of the package) start now and overlap pip's build.
 status=0
 case "$TORCH_CUDA_ARCH_LIST" in 9.0*) hopper_steps="${GPU_CHECK_HOPPER-v2 v3 w3 bwd}" ;; *) hopper_steps="" ;; esac
@@ -99,7 +91,7 @@ HH="$OUT/hopper_fwd_harness"; HB="$OUT/hopper_bwd_harness"
 pids=()
 need_fwd=0; need_bwd=0
 for step in $hopper_steps; do
-  case "$step" in fwd|v2*|v3*|w3*|sweep*) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
+  case "$step" in v2*|v3*|w3*) need_fwd=1 ;; bwd*) need_bwd=1 ;; esac
 done
 # prebuilt NAME DEST: copy GPU_CHECK_PREBUILT/NAME to DEST if it starts on this machine (an unknown
 # mode makes a harness print the device and exit 2; a binary the loader refuses exits otherwise).
@@ -129,20 +121,15 @@ run_hopper_steps() {
   done
   for step in $hopper_steps; do
     case "$step" in
-      fwd) h="$HH"; runs="check bench" ;;
       v2) h="$HH"; runs="check2 bench2" ;;
       v3) h="$HH"; runs="check3 bench3" ;;
       w3) h="$HH"; runs="checkw3 benchw3" ;;
-      sweep2) h="$HH"; runs="sweep2" ;;
-      sweep3) h="$HH"; runs="sweep3" ;;
       v2-check) h="$HH"; runs="check2" ;;
       v3-check) h="$HH"; runs="check3" ;;
       bwd) h="$HB"; runs="check bench" ;;
       bwd-check) h="$HB"; runs="check" ;;
-      bwd2) h="$HB"; runs="check2 bench2" ;;
       bwd-det) h="$HB"; runs="checkdet benchdet" ;;
       w3-skip) h="$HH"; runs="checkw3s benchw3s" ;;
-      w3-sweep) h="$HH"; runs="sweepw3" ;;
       w3p) h="$HH"; runs="checkw3p benchw3p" ;;
       *) printf 'hopper step %s\tunknown\n' "$step"; continue ;;
     esac

@@ -23,6 +23,7 @@ cmake --build build/cpp
 echo "== CUDA sources: the generated files are current; everything compiles for sm_90 (and the Hopper path for sm_90a)"
 "$PY" csrc/cuda/tc/gen_kernels.py --check
 "$PY" csrc/cuda/hopper/gen_wgmma.py --check
+"$PY" csrc/cuda/hopper/gen_kernels.py --check
 if command -v nvcc >/dev/null 2>&1; then
   # No GPU is needed to compile: this keeps the CUDA engine from rotting on CPU-only CI.
   cmake -S . -B build/cuda-compile -G Ninja -DFUSEDATTN_BUILD_EXTENSION=OFF -DFUSEDATTN_CUDA_COMPILE_ONLY=ON \

@@ -91,3 +91,32 @@ def test_softcap_max_logit_is_capped():
     q = torch.full((1, 4, 1, 8), 3.0, dtype=torch.float64)
     out, ml = attention(q, q, q, FwdArgs(scale=1.0, softcap=5.0, return_max_logit=True))
     assert ml is not None and float(to_host(ml)[0]) == pytest.approx(5.0 * math.tanh(72.0 / 5.0), rel=1e-6)
+
+
+def test_softcap_through_the_module_and_the_function_compiles_in_one_graph():
+    """DotProductAttention(softcap=...) and dot_product_attention(softcap=...) give the operator's capped
+    result (against the float64 capped reference) and trace under torch.compile(fullgraph=True) with no
+    graph break; a bad cap is refused where it is given."""
+    import fusedattn
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 24, 4, 16, generator=gen, dtype=torch.float64) * 3 for _ in range(3))
+    dpa = fusedattn.DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal", softcap=2.0)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) / 4.0
+    s = 2.0 * torch.tanh(s / 2.0)
+    s = s.masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v).reshape(2, 24, 64)
+    got = dpa(q, k, v)
+    assert torch.allclose(got, want, atol=1e-10, rtol=1e-10)
+    fn_out = fusedattn.dot_product_attention(q, k, v, attn_mask_type="causal", softcap=2.0)
+    assert torch.equal(fn_out, got)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(dpa, fullgraph=True)
+    assert torch.allclose(compiled(q, k, v), want, atol=1e-10, rtol=1e-10)
+    assert sum(counters["graph_break"].values()) == 0
+    with pytest.raises(ValueError, match="softcap"):
+        fusedattn.DotProductAttention(4, 16, softcap=-1.0)
+    with pytest.raises(TypeError, match="softcap"):
+        fusedattn.dot_product_attention(q, k, v, softcap="50")

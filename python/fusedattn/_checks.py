@@ -45,6 +45,14 @@ def dropout(name: str, p) -> float:
     return float(p)
 
 
+def softcap(name: str, value) -> float:
+    """Logit softcapping: 0 (off) or a finite positive cap (the operator also checks its range)."""
+    real(name, value)
+    if not 0.0 <= value < math.inf:  # NaN fails too
+        raise ValueError(f"{name} must be 0 (off) or a finite positive number; got {value!r}")
+    return float(value)
+
+
 def window_size(value) -> Optional[Tuple[int, int]]:
     """None, or (left, right): two ints >= -1 (-1 = unbounded) that fit the operator's int64."""
     if value is None:

@@ -71,6 +71,7 @@ def _build_fwd_args(
     max_seqlen_q: Optional[int],
     max_seqlen_kv: Optional[int],
     return_max_logit: bool,
+    softcap: float = 0.0,
 ) -> FwdArgs:
     """Resolve every default of one call into the frozen FwdArgs the operator takes.
 
@@ -98,6 +99,7 @@ def _build_fwd_args(
         max_seqlen_q=max_seqlen_q if q_format == "thd" else None,
         max_seqlen_kv=max_seqlen_kv if kv_format == "thd" else None,
         return_max_logit=bool(return_max_logit),
+        softcap=_checks.softcap("softcap", softcap),
     )
 
 
@@ -333,6 +335,7 @@ def _attention_forward(
     core_attention_bias: Optional[torch.Tensor] = None,
     alibi_slopes: Optional[torch.Tensor] = None,
     return_max_logit: bool = False,
+    softcap: float = 0.0,
     checkpoint_core_attention: bool = False,
     kv_format: Optional[str] = None,
     page_table: Optional[torch.Tensor] = None,
@@ -355,7 +358,7 @@ def _attention_forward(
         window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
         softmax_type=softmax_type, scale=scale, dropout_p=dropout_p,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
-        return_max_logit=return_max_logit,
+        return_max_logit=return_max_logit, softcap=softcap,
     )
     kv_fmt = qkv_format if kv_format is None else kv_format
     attn_mask, cu_seqlens_q, cu_seqlens_kv = _mask_inputs(
@@ -424,6 +427,7 @@ class DotProductAttention(torch.nn.Module):
         softmax_type: str = "vanilla",
         return_max_logit: Optional[bool] = False,
         name: Optional[str] = None,
+        softcap: float = 0.0,
     ) -> None:
         super().__init__()
         if tp_size != 1 or tp_group is not None:
@@ -483,6 +487,8 @@ class DotProductAttention(torch.nn.Module):
         self.cp_comm_type = cp_comm_type
         self.return_max_logit = bool(return_max_logit)
         self.name = name
+        # Logit softcapping (Gemma 2; not a TransformerEngine argument): softcap * tanh(s / softcap).
+        self.softcap = _checks.softcap("softcap", softcap)
 
         self.softmax_type = _checks.string("softmax_type", softmax_type)
         if softmax_type == "learnable":
@@ -606,6 +612,7 @@ class DotProductAttention(torch.nn.Module):
             core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes,
             return_max_logit=self.return_max_logit,
+            softcap=self.softcap,
             checkpoint_core_attention=checkpoint_core_attention,
         )
 
@@ -676,6 +683,7 @@ class DotProductAttention(torch.nn.Module):
             core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes,
             return_max_logit=self.return_max_logit,
+            softcap=self.softcap,
         )
 
     def _check_head_dims(self, query_layer, key_layer, value_layer) -> None:

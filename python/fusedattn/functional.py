@@ -156,6 +156,7 @@ def dot_product_attention(
     core_attention_bias: Optional[torch.Tensor] = None,
     alibi_slopes: Optional[torch.Tensor] = None,
     return_max_logit: bool = False,
+    softcap: float = 0.0,
     qkv_layer: Optional[torch.Tensor] = None,
     kv_layer: Optional[torch.Tensor] = None,
     qkv_interleave_dim: int = -3,
@@ -165,7 +166,8 @@ def dot_product_attention(
     Same arguments and output (heads merged) as the module; what the module
     holds comes in as arguments: ``softmax_scale`` (default ``1/sqrt(d_qk)``),
     ``dropout_p`` (applied whenever > 0), ``softmax_type`` and, for
-    ``"learnable"``, ``softmax_offset`` (fp32 ``[h_q]``). Defaults differ from
+    ``"learnable"``, ``softmax_offset`` (fp32 ``[h_q]``), ``softcap`` (0: off; else the scaled
+    scores become ``softcap * tanh(s / softcap)`` before bias, ALiBi and masks). Defaults differ from
     the module's where a function has no reason to copy them: ``qkv_format="bshd"``
     and ``attn_mask_type="no_mask"``.
     """
@@ -182,5 +184,5 @@ def dot_product_attention(
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
         core_attention_bias_type=core_attention_bias_type,
         core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
-        return_max_logit=return_max_logit,
+        return_max_logit=return_max_logit, softcap=softcap,
     )

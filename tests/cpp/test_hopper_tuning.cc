@@ -1,5 +1,5 @@
 // The Hopper forward's host-side choices (csrc/cuda/hopper/tuning.h, torch- and CUDA-free): the
-// persistent kernel's tile-balance model against tests/gpu/hopper/v3_protocol_model.py's balance()
+// persistent kernel's tile-balance model against tools/hopper/v3_protocol_model.py's balance()
 // on the shapes measured on the H200, and the schedule and variant each of those shapes gets.
 #include <cmath>
 #include <cstdio>
@@ -82,7 +82,7 @@ void test_variants() {
   CHECK(choose_fwd_variant(64, false, 2049) == FwdVariant::kThreeConsumer);
   CHECK(choose_fwd_variant(64, true, 4096) == FwdVariant::kThreeConsumer);
   CHECK(choose_fwd_variant(128, true, 8192) == FwdVariant::kPersistent);
-  CHECK(choose_fwd_variant(128, true, 16384) == FwdVariant::kV2);
+  CHECK(choose_fwd_variant(128, true, 16384) == FwdVariant::kOneTile);
   CHECK(choose_fwd_variant(256, true, 512) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(128, false, 4096) == FwdVariant::kPersistent);
   CHECK(choose_fwd_variant(128, false, 16384) == FwdVariant::kPersistent);
@@ -90,7 +90,7 @@ void test_variants() {
   CHECK(choose_fwd_variant(256, false, 32768) == FwdVariant::kPersistent);
 }
 
-// The same choices as tests/gpu/hopper/bwd_order_model.py's choose_chunk on the benchmark's shapes.
+// The same choices as tools/hopper/bwd_order_model.py's choose_chunk on the benchmark's shapes.
 void test_causal_chunk() {
   CHECK(choose_causal_chunk(16, 128, 132) == 16);  // d = 128, s = 2k: 264 / 16 = 16.5
   CHECK(choose_causal_chunk(32, 64, 132) == 8);    // d = 128, s = 4k

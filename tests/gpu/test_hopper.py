@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -24,7 +25,7 @@ pytestmark = [
 
 # The tuned dispatch (csrc/cuda/hopper/tuning.h) picks the persistent kernel up to s_kv = 1024 at d = 64,
 # causal d = 128 / 256 up to 8192 and non-causal d = 128 / 256 at every length, the three-consumer one
-# beyond 1024 at d = 64, v2 for causal d = 128 / 256 beyond 8192. Every variant also runs forced on all of them
+# beyond 1024 at d = 64, the one-tile ("v2") kernel for causal d = 128 / 256 beyond 8192. Every variant also runs forced on all of them
 # (test_hopper_forward_forced_variant).
 # FUSEDATTN_CUDA_ENGINE=simt or sm80 (scripts/gpu_check.sh's second engine pass) keeps calls off the
 # Hopper kernels: the numerics tests still hold, the tests of which kernel runs do not apply.
@@ -147,8 +148,17 @@ def test_hopper_forward_matches_reference_rising_scores(profile, s, d, causal, d
 
 # FUSEDATTN_HOPPER_FWD forces one forward variant (read once per process, as the library reads it).
 FORCED_FWD = os.environ.get("FUSEDATTN_HOPPER_FWD", "") not in ("", "auto")
-KERNEL_OF = {"v2": "fwd_sm90_v2_kernel", "persistent": "fwd_sm90_v3_kernel",
-             "three_consumer": "fwd_sm90_v2w3_kernel", "three_consumer_persistent": "fwd_sm90_w3p_kernel"}
+# The forward kernel is one template, fwd_sm90_kernel<FwdConfig<T, D, consumer warpgroups, ...>,
+# OneTileScheduler<...> | PersistentScheduler<...>>: a variant is its consumer count and scheduler.
+VARIANT_OF = {("2", "OneTile"): "v2", ("2", "Persistent"): "persistent", ("3", "OneTile"): "three_consumer",
+              ("3", "Persistent"): "three_consumer_persistent"}
+
+
+def _forward_variants(names):
+    """The forward variants whose kernels appear in the profiler's kernel names."""
+    found = re.findall(r"fwd_sm90_kernel<[^<>]*FwdConfig<[^,]+,\s*\d+,\s*(\d+),.*?(OneTile|Persistent)Scheduler",
+                       names)
+    return {VARIANT_OF[f] for f in found}
 
 
 def _forward_kernels(q, k, v, args):
@@ -191,9 +201,9 @@ def test_hopper_forward_causal_schedule(d, s, b, h, sched):
         out, lse, _, _ = torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, None, None, None, None,
                                                  *args.op_args(), False)
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "fwd_sm90_v3_kernel" in e.name]
-    # The demangled name ends "...<T, D, CAUSAL, BN, STAGES, PP, SCHED>(arguments)".
-    assert names and all(n.split("(")[0].replace(" ", "").endswith(f",{sched}>") for n in names), names[:3]
+    names = [e.name for e in prof.events() if "fwd_sm90_kernel" in e.name]
+    # The scheduler's arguments are <CAUSAL, ORDER> (tile_scheduler.cuh's kTilesSnake = 1, kTilesSnakeHeadMajor = 2).
+    assert names and all(re.search(rf"PersistentScheduler<true,\s*{sched}>", n) for n in names), names[:3]
     ref, ref_lse = _reference_by_head(q, k, v, True, scale)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
@@ -224,8 +234,7 @@ def test_hopper_forward_dispatch_follows_tuning(d, s, causal, variant):
     """The variant csrc/cuda/hopper/tuning.h picks for this shape is the kernel that runs."""
     q, k, v = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     names = _forward_kernels(q, k, v, FwdArgs(scale=0.1, mask_type="causal" if causal else "no_mask"))
-    others = [name for key, name in KERNEL_OF.items() if key != variant]
-    assert KERNEL_OF[variant] in names and not any(o in names for o in others), names[:500]
+    assert _forward_variants(names) == {variant}, names[:500]
 
 
 @needs_hopper_engine
@@ -269,7 +278,7 @@ def test_hopper_forward_forced_kernel_runs(s):
     variant = os.environ["FUSEDATTN_HOPPER_FWD"]
     q, k, v = (torch.randn(1, s, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     names = _forward_kernels(q, k, v, FwdArgs(scale=0.1, mask_type="causal"))
-    assert KERNEL_OF[variant] in names, names[:500]
+    assert variant in _forward_variants(names), names[:500]
 
 
 # ---------------------------------------------------------------------------
@@ -377,8 +386,7 @@ def test_hopper_backward_misaligned_dout_falls_back():
 
 @needs_hopper_engine
 @needs_hopper_bwd
-@pytest.mark.parametrize("d,kernel", [(64, "bwd_sm90_dqtma_kernel"), (128, "bwd_sm90_dqtma_kernel"),
-                                      (256, "bwd_sm90_d256_dqtma_kernel")])
+@pytest.mark.parametrize("d,kernel", [(64, "bwd_sm90_kernel"), (128, "bwd_sm90_kernel"), (256, "bwd_sm90_d256_kernel")])
 def test_hopper_backward_kernel_runs(d, kernel):
     q, k, v = (torch.randn(2, 256, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     _, names = _grads_with_kernels(q, k, v, torch.randn_like(q), True, 0.1)
@@ -407,7 +415,7 @@ def test_hopper_backward_deterministic(s, d, causal):
     finally:
         torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
     if HOPPER_ENGINE:
-        det_kernel = "bwd_sm90_dqtma_det_kernel" in names
+        det_kernel = "bwd_sm90_det_kernel" in names
         assert det_kernel == (d != 256) and ("bwd_sm90" in names) == (d != 256), names[:500]
     want = _reference_grads(q, k, v, dout, causal, scale)
     for name, x, y, w in zip(("dq", "dk", "dv"), first, second, want):
@@ -486,7 +494,7 @@ _CHUNK_CHILD = (
 @pytest.mark.skipif(FORCED_FWD, reason="FUSEDATTN_HOPPER_FWD set by the caller")
 def test_hopper_causal_chunk_order(tmp_path):
     """Causal v2 / three-consumer forwards and the backward deal their CTAs in chunks of groups,
-    tile-major inside a chunk (fwd_sm90.cuh's chunked_tile; FUSEDATTN_HOPPER_CAUSAL_CHUNK sets the chunk,
+    tile-major inside a chunk (tile_scheduler.cuh's chunked_tile; FUSEDATTN_HOPPER_CAUSAL_CHUNK sets the chunk,
     1 = group by group). The order changes when a CTA runs, not what it computes: with chunks of 1, 3
     (a shorter last chunk) and the tuned choice, the forward outputs, dk and dv are bitwise equal (dq,
     fp32 reduce-adds in whatever order they land, need not be), and every run, v2 forced with chunks

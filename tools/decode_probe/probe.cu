@@ -67,7 +67,7 @@
 #include <string>
 #include <vector>
 
-#include "../hopper/harness_common.h"  // CK, Rng, Conv; fwd_sm90.cuh: ptx_sm90.cuh wrappers, get_encode_fn
+#include "../hopper/harness_common.h"  // CK, Rng, Conv; the ptx_sm90.cuh wrappers, get_encode_fn
 
 namespace {
 

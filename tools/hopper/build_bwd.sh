@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Build the standalone Hopper (sm_90a) backward-kernel harness.
 #   tools/hopper/build_bwd.sh [OUT_BINARY]   (default /tmp/hopper_bwd_harness)
-# Then: OUT check | OUT bench | OUT one D S CAUSAL
+# Then: OUT check | OUT bench | OUT one D S CAUSAL | OUT checkdet | OUT benchdet | OUT onedet D S CAUSAL
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-/tmp/hopper_bwd_harness}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
-# HARNESS_NVCC_FLAGS adds nvcc flags, e.g. -DFUSEDATTN_HOPPER_STAMPS for the `stamps` mode.
+# HARNESS_NVCC_FLAGS adds nvcc flags.
 # shellcheck disable=SC2086
-"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo ${HARNESS_NVCC_FLAGS:-} \
+"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo -I "$ROOT/csrc/core/include" ${HARNESS_NVCC_FLAGS:-} \
   -o "$OUT" "$ROOT/tools/hopper/bwd_harness.cu" -ldl
 echo "built $OUT"
 # Optional: confirm the main kernels use Hopper wgmma (needs cuobjdump).

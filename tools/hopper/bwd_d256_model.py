@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Index-math model of the d = 256 Hopper backward (csrc/cuda/hopper/bwd_sm90_d256.cuh).
+"""Index-math model of the d = 256 Hopper backward (csrc/cuda/hopper/bwd_kernel_d256.cuh).
 
 No GPU: this replays, in float64 numpy, what every CTA of bwd_sm90_d256_dqtma_kernel (the
 library's) and bwd_sm90_d256_kernel (dQ by atomics, the harness's baseline) does with addresses,
@@ -185,7 +185,7 @@ def tma_load(sm, dst, tensor, c0, head, row0, batch, rows):
 
 # ------------------------------------------------------------------ dQ by TMA reduce-add
 def stage_dq_part(sm, stg, dqf, nj):
-    """stage_dq_part<NJ> (bwd_sm90.cuh): thread t's fragments dqf[t] -> the staging boxes."""
+    """stage_dq_part<NJ> (bwd_common.cuh): thread t's fragments dqf[t] -> the staging boxes."""
     lane = np.arange(128) % 32
     warp = np.arange(128) // 32
     qd = lane & 3

@@ -1,5 +1,5 @@
 # Timing model of the deterministic DQ_TMA Hopper backward (bwd_sm90_dqtma_det_kernel in
-# csrc/cuda/hopper/bwd_sm90.cuh) against the library's DQ_TMA kernel, on the bench grid
+# csrc/cuda/hopper/bwd_common.cuh) against the library's default kernel, on the bench grid
 # (bf16, b*s = 16k, h*d = 2048, h_kv = h) and 132 SMs with one CTA each.
 #
 # What it models. CTAs are dispatched in blockIdx order (x fastest) to the first SM that frees;

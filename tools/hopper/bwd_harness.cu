@@ -1,29 +1,17 @@
-// Standalone check + timer for the Hopper (sm_90a) backward prototype in
-// csrc/cuda/hopper/bwd_sm90.cuh (d = 64, 128) and bwd_sm90_d256.cuh (d = 256).
-// No torch, no library build.
-//   bwd_harness check            the library's kernels (DQ_TMA): gradients vs. a naive fp32 GPU
-//                                reference
+// Standalone check + timer for the Hopper (sm_90a) backward (csrc/cuda/hopper/bwd_launch.cuh:
+// bwd_kernel.cuh at d = 64, 128, bwd_kernel_d256.cuh at d = 256). No torch, no library build.
+//   bwd_harness check            the library's kernels: gradients vs. a naive fp32 GPU reference
 //   bwd_harness bench            TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
 //   bwd_harness one D S CAUSAL   one bench point (for ncu / nsys)
-//   bwd_harness check2           DQ_TMA variant (dQ by TMA reduce-add) vs. the reference and vs.
-//                                the atomic-dQ kernel (dk/dv must be bitwise equal; dq differs by
-//                                fp32 summation order: max rel diff). Atomic dQ: float2 atomics at
-//                                d = 64 / 128, 16-byte red.global.add.v4.f32 at d = 256
-//   bwd_harness bench2           per point: HBWD (atomic dQ) and HBWD2 (DQ_TMA)
-//   bwd_harness one2 D S CAUSAL  one bench2 point
-//   bwd_harness checkdet         DET variant (deterministic dQ, d = 64/128): two runs, the second
-//                                with half the SMs taken by another kernel at first (other CTA
-//                                placement and timing), must give bitwise equal dq, dk, dv and fp32
-//                                dQ accumulators; vs. the reference as check; dk/dv bitwise equal to
-//                                the library's DQ_TMA kernel (whose run-to-run dQ differences under the
-//                                same two runs are printed, to show that the perturbation bites)
-//   bwd_harness benchdet         per point (d = 64/128): HBWD (the library's DQ_TMA kernel) and
-//                                HBWDDET (the DET variant)
+//   bwd_harness checkdet         the deterministic mode (d = 64/128): two runs, the second with half
+//                                the SMs taken by another kernel at first (other CTA placement and
+//                                timing), must give bitwise equal dq, dk, dv and fp32 dQ
+//                                accumulators; vs. the reference as check; dk/dv bitwise equal to the
+//                                default kernel (whose run-to-run dQ differences under the same two
+//                                runs are printed, to show that the perturbation bites)
+//   bwd_harness benchdet         per point (d = 64/128): HBWD (the default kernel) and HBWDDET (the
+//                                deterministic one)
 //   bwd_harness onedet D S CAUSAL  one benchdet point
-//   bwd_harness stamps D S CAUSAL  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS; d = 64, 128)
-//                                one launch of the library's main kernel with per-CTA phase times
-//                                (K/V landed, first query tile done, loop done, reduces done, dK/dV
-//                                stored): where a CTA's fixed cost goes
 // Build: tools/hopper/build_bwd.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -38,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "../../csrc/cuda/hopper/bwd_sm90.cuh"
-#include "../../csrc/cuda/hopper/fwd_sm90_v2.cuh"  // fwd_sm90<T, D> (bench: out / lse)
+#include "../../csrc/cuda/hopper/bwd_launch.cuh"
+#include "../../csrc/cuda/hopper/fwd_kernel.cuh"  // bench: out / lse from the forward
 #include "harness_common.h"
 
 namespace hp = fusedattn::hopper;
@@ -313,7 +301,7 @@ static bool check_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed
   const int c = causal ? 1 : 0;
 
   bool ok = true;
-  cudaError_t le = hp::bwd_sm90<T, D>(rc.args(g.dq, g.dk, g.dv, ws));
+  cudaError_t le = hp::bwd_run<T, D, false>(rc.args(g.dq, g.dk, g.dv, ws), 0);
   if (le != cudaSuccess) {
     std::printf("FAIL %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
                 cudaGetErrorString(le));
@@ -365,7 +353,7 @@ static int run_check() {
         ++n;
         if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, seed++)) ++fails;
       }
-  // d = 256 (bwd_sm90_d256.cuh: 64 x 64 tiles, so 63 / 65 straddle one tile edge).
+  // d = 256 (bwd_kernel_d256.cuh: 64 x 64 tiles, so 63 / 65 straddle one tile edge).
   const int ss256[] = {1, 63, 65, 200, 512, 1024};
   for (int s : ss256)
     for (int causal = 0; causal < 2; ++causal)
@@ -383,7 +371,7 @@ static int run_check() {
   return fails == 0 ? 0 : 1;
 }
 
-// ------------------------------------------------------------------ check2
+// ---------------------------------------------------------------- checkdet
 // Bytes of two device buffers equal?
 static bool same_bytes(const void* a, const void* b, size_t bytes) {
   std::vector<unsigned char> x(bytes), y(bytes);
@@ -392,108 +380,6 @@ static bool same_bytes(const void* a, const void* b, size_t bytes) {
   return x == y;
 }
 
-// Element-wise |a - b| / max(|b|, 1e-3 * max|b|) over two 16-bit tensors (max), and the count of unequal elements.
-template <typename T>
-static double max_rel_diff(const T* a_dev, const T* b_dev, size_t n, size_t* ndiff) {
-  std::vector<T> a(n), b(n);
-  CK(cudaMemcpy(a.data(), a_dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(b.data(), b_dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-  double bmax = 0;
-  for (size_t i = 0; i < n; ++i) bmax = std::max(bmax, std::fabs(static_cast<double>(Conv<T>::to_f(b[i]))));
-  const double floor_ = std::max(1e-3 * bmax, 1e-30);
-  double r = 0;
-  *ndiff = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double x = Conv<T>::to_f(a[i]), y = Conv<T>::to_f(b[i]);
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) ++*ndiff;
-    if (!std::isfinite(x) || !std::isfinite(y)) {
-      r = INFINITY;
-      continue;
-    }
-    r = std::max(r, std::fabs(x - y) / std::max(std::fabs(y), floor_));
-  }
-  return r;
-}
-
-// The DQ_TMA kernel (g) against the atomic-dQ kernel (g0).
-template <typename T, int D>
-static bool check2_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
-  const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
-  const Grads<T> g(rc.nq, rc.nkv), g0(rc.nq, rc.nkv);
-  const size_t wsb = hp::bwd_sm90_workspace_bytes(b, s, h, D);
-  void* ws = nullptr;
-  CK(cudaMalloc(&ws, wsb));
-  CK(cudaMemset(ws, 0xFF, wsb));
-  const int c = causal ? 1 : 0;
-
-  bool ok = true;
-  // The baseline (g0), then the variant (g) on the same inputs.
-  const char* tag = "2";
-  cudaError_t le = hp::bwd_sm90<T, D, false>(rc.args(g0.dq, g0.dk, g0.dv, ws));
-  if (le == cudaSuccess) le = cudaDeviceSynchronize();
-  hp::BwdLaunch L;
-  if (le == cudaSuccess) le = hp::bwd_sm90_prepare<T, D, true>(&L, rc.args(g.dq, g.dk, g.dv, ws));
-  if (le == cudaSuccess) le = hp::bwd_sm90_launch(L);
-  if (le != cudaSuccess) {
-    std::printf("FAIL%s %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", tag, Conv<T>::name(), D, s, c, h, h_kv,
-                cudaGetErrorString(le));
-    ok = false;
-  } else {
-    const cudaError_t se = cudaDeviceSynchronize();
-    if (se != cudaSuccess) {
-      std::printf("FAIL%s %s d=%d s=%d causal=%d h=%d/%d kernel error: %s\n", tag, Conv<T>::name(), D, s, c, h,
-                  h_kv, cudaGetErrorString(se));
-      std::exit(1);
-    }
-    const Err eq = compare(g.dq, rc.rdq, rc.nq), ek = compare(g.dk, rc.rdk, rc.nkv), ev = compare(g.dv, rc.rdv, rc.nkv);
-    const size_t bad = eq.bad + ek.bad + ev.bad;
-    const bool kv_same = same_bytes(g.dk, g0.dk, rc.nkv * sizeof(T)) && same_bytes(g.dv, g0.dv, rc.nkv * sizeof(T));
-    size_t nd = 0;
-    const double rd = max_rel_diff(g.dq, g0.dq, rc.nq, &nd);
-    ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && kv_same;
-    std::printf(
-        "%s%s %s d=%d s=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
-        "vs %s: dk/dv %s, dq max rel diff %.2e (%zu/%zu elements differ)\n",
-        ok ? "PASS" : "FAIL", tag, Conv<T>::name(), D, s, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
-        "default", kv_same ? "bitwise equal" : "DIFFER", rd, nd, rc.nq);
-  }
-  CK(cudaFree(ws));
-  return ok;
-}
-
-template <typename T>
-static bool check2_d(int d, int s, int h_kv, bool causal, uint64_t seed) {
-  if (d == 64) return check2_case<T, 64>(2, s, 4, h_kv, causal, seed);
-  if (d == 128) return check2_case<T, 128>(2, s, 4, h_kv, causal, seed);
-  return check2_case<T, 256>(2, s, 4, h_kv, causal, seed);
-}
-
-// check's cases, DQ_TMA variant (d = 256: 64-row tiles, so 63 / 65 straddle a tile edge).
-static int run_check2() {
-  int fails = 0, n = 0;
-  uint64_t seed = 4321;
-  const int ss[] = {1, 17, 128, 200, 1024};
-  const int ss256[] = {1, 63, 65, 200, 1024};
-  const int hkvs[] = {4, 2};
-  for (int d : {64, 128, 256})
-    for (int i = 0; i < 5; ++i)
-      for (int causal = 0; causal < 2; ++causal)
-        for (int hkv : hkvs) {
-          ++n;
-          if (!check2_d<__nv_bfloat16>(d, d == 256 ? ss256[i] : ss[i], hkv, causal != 0, seed++)) ++fails;
-        }
-  const int s16[] = {17, 200};
-  for (int d : {64, 128, 256})
-    for (int s : s16)
-      for (int causal = 0; causal < 2; ++causal) {
-        ++n;
-        if (!check2_d<__half>(d, s, 2, causal != 0, seed++)) ++fails;
-      }
-  std::printf("check2: %d/%d passed\n", n - fails, n);
-  return fails == 0 ? 0 : 1;
-}
-
-// ---------------------------------------------------------------- checkdet
 // Takes half the SMs for ~50 us (100 KB of shared memory each, so that no 195 KB backward CTA
 // fits beside it): launched just before a backward on another stream, it changes which SMs the
 // backward's CTAs get and when.
@@ -512,7 +398,7 @@ static std::vector<float> run_bwd_once(const hp::BwdLaunch& L, size_t n_acc, boo
                                        cudaStream_t so, int n_sm) {
   if (perturb) occupy_sms<<<std::max(1, n_sm / 2), 32, kOccupySmem, so>>>(50000ull);
   CK(cudaGetLastError());
-  CK(hp::bwd_sm90_launch(L, st));
+  CK(hp::bwd_launch(L, st));
   CK(cudaDeviceSynchronize());  // a watchdog trap lands here (the context is gone): CK exits
   std::vector<float> acc(n_acc);
   CK(cudaMemcpy(acc.data(), L.p.dq_acc, n_acc * sizeof(float), cudaMemcpyDeviceToHost));
@@ -529,7 +415,7 @@ template <typename T, int D>
 static bool checkdet_case(int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   const RefCase<T, D> rc(b, s, h, h_kv, causal, seed);
   const size_t nq = rc.nq, nkv = rc.nkv;
-  // Outputs: [0] the library's DQ_TMA kernel, [1] the same perturbed, [2] DET, [3] DET perturbed.
+  // Outputs: [0] the default kernel, [1] the same perturbed, [2] DET, [3] DET perturbed.
   const Grads<T> g0(nq, nkv), g1(nq, nkv), g2(nq, nkv), g3(nq, nkv);
   const Grads<T>* g[4] = {&g0, &g1, &g2, &g3};
   const size_t wsb = hp::bwd_sm90_det_workspace_bytes(b, s, h, D);
@@ -554,7 +440,7 @@ static bool checkdet_case(int b, int s, int h, int h_kv, bool causal, uint64_t s
     hp::BwdLaunch L;
     const hp::Sm90BwdArgs a = rc.args(g[r]->dq, g[r]->dk, g[r]->dv, ws);
     const cudaError_t pe =
-        r < 2 ? hp::bwd_sm90_prepare<T, D, true>(&L, a) : hp::bwd_sm90_prepare<T, D, true, true>(&L, a);
+        r < 2 ? hp::bwd_prepare<T, D, false>(&L, a) : hp::bwd_prepare<T, D, true>(&L, a);
     if (pe != cudaSuccess) {
       std::printf("FAILDET %s d=%d s=%d causal=%d h=%d/%d prepare error: %s\n", Conv<T>::name(), D, s, c, h, h_kv,
                   cudaGetErrorString(pe));
@@ -573,7 +459,7 @@ static bool checkdet_case(int b, int s, int h, int h_kv, bool causal, uint64_t s
   const bool ok = bad == 0 && eq.rel < 2e-2 && ek.rel < 2e-2 && ev.rel < 2e-2 && det_same && kv_same;
   std::printf(
       "%s %s d=%d s=%d b=%d causal=%d h=%d/%d  dq %.3e (max %.2e)  dk %.3e  dv %.3e  nonfinite=%zu  "
-      "DET run-to-run: %s  dk/dv vs DQ_TMA: %s  DQ_TMA run-to-run: %zu/%zu fp32 dQ differ\n",
+      "DET run-to-run: %s  dk/dv vs default: %s  default run-to-run: %zu/%zu fp32 dQ differ\n",
       ok ? "PASSDET" : "FAILDET", Conv<T>::name(), D, s, b, c, h, h_kv, eq.rel, eq.max_abs, ek.rel, ev.rel, bad,
       det_same ? "bitwise equal" : "DIFFER", kv_same ? "bitwise equal" : "DIFFER", count_diff(acc[0], acc[1]), n_acc);
   CK(cudaFree(ws));
@@ -613,7 +499,7 @@ static int run_checkdet() {
 // Median of 20 CUDA-event-timed launches (after 5 warm-up launches), ms; < 0 on a launch error.
 static double time_bwd(const hp::BwdLaunch& L) {
   for (int i = 0; i < 5; ++i)
-    if (hp::bwd_sm90_launch(L) != cudaSuccess) return -1.0;
+    if (hp::bwd_launch(L, 0) != cudaSuccess) return -1.0;
   CK(cudaDeviceSynchronize());
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -621,7 +507,7 @@ static double time_bwd(const hp::BwdLaunch& L) {
   std::vector<float> ms;
   for (int i = 0; i < 20; ++i) {
     CK(cudaEventRecord(e0));
-    CK(hp::bwd_sm90_launch(L));
+    CK(hp::bwd_launch(L, 0));
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float t = 0.f;
@@ -634,10 +520,9 @@ static double time_bwd(const hp::BwdLaunch& L) {
   return 0.5 * (ms[9] + ms[10]);
 }
 
-// bench: HBWD = the library's kernel. kBench2: HBWD = the atomic-dQ kernel, then an
-// HBWD2 line for the DQ_TMA variant on the same inputs. kBenchDet (d = 64/128): HBWD = the library's
-// DQ_TMA kernel, then an HBWDDET line for the DET variant.
-enum BenchMode { kBench, kBench2, kBenchDet };
+// bench: HBWD = the library's kernel. kBenchDet (d = 64/128): then an HBWDDET line for the
+// deterministic one on the same inputs.
+enum BenchMode { kBench, kBenchDet };
 
 // bench's problem at one point: bf16, b*s = 16k tokens, h*d = 2048, h_kv = h, inputs drawn as in
 // every bench mode (seeded by s and D), outputs and the workspace (det: the deterministic variant's)
@@ -678,15 +563,13 @@ struct BwdBenchInputs {
 };
 template <int D, BenchMode MODE = kBench>
 static bool bench_point(int s, bool causal) {
-  constexpr bool V2 = MODE == kBench2;
-  constexpr bool kHbwdDqTma = !V2;
   using T = __nv_bfloat16;
   const BwdBenchInputs<D> in(s, MODE == kBenchDet);
   const int b = in.b, h = in.h;
   const int c = causal ? 1 : 0;
   // out / lse from the Hopper forward (realistic values; the reference forward is too slow here).
   bool ok = true;
-  cudaError_t fe = hp::fwd_sm90<T, D>(in.fwd_args(causal));
+  cudaError_t fe = hp::fwd_run(hp::fwd_prepare_one_tile<T, D, 2>, in.fwd_args(causal), 0);
   if (fe == cudaSuccess) fe = cudaDeviceSynchronize();
   if (fe != cudaSuccess) {
     std::printf("HBWD d=%d s=%d causal=%d forward (for out/lse) error: %s\n", D, s, c, cudaGetErrorString(fe));
@@ -694,7 +577,7 @@ static bool bench_point(int s, bool causal) {
   }
   hp::BwdLaunch L;
   if (ok) {
-    const cudaError_t pe = hp::bwd_sm90_prepare<T, D, kHbwdDqTma>(&L, in.args(causal));
+    const cudaError_t pe = hp::bwd_prepare<T, D, false>(&L, in.args(causal));
     if (pe != cudaSuccess) {
       std::printf("HBWD d=%d s=%d causal=%d prepare error: %s\n", D, s, c, cudaGetErrorString(pe));
       ok = false;
@@ -708,7 +591,7 @@ static bool bench_point(int s, bool causal) {
   }
   if (ok) {
     std::printf("HBWD d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s\n", D, s, c, med, flops / (med * 1e-3) / 1e12);
-    // The second kernel of bench2 / benchdet on the same inputs, with its ratio to the HBWD line.
+    // benchdet's second kernel on the same inputs, with its ratio to the HBWD line.
     const auto second = [&](const char* tag, cudaError_t pe, const hp::BwdLaunch& L2, const char* vs) {
       const double med2 = pe == cudaSuccess ? time_bwd(L2) : -1.0;
       if (med2 < 0) {
@@ -720,15 +603,10 @@ static bool bench_point(int s, bool causal) {
       std::printf("%s d=%d s=%d causal=%d bwd %.3f ms %.1f TF/s (%.3fx %s)\n", tag, D, s, c, med2,
                   flops / (med2 * 1e-3) / 1e12, med / med2, vs);
     };
-    if constexpr (V2) {
-      hp::BwdLaunch L2;
-      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true>(&L2, in.args(causal));
-      second("HBWD2", pe, L2, "default");
-    }
     if constexpr (MODE == kBenchDet && D != 256) {
       hp::BwdLaunch L2;
-      const cudaError_t pe = hp::bwd_sm90_prepare<T, D, true, true>(&L2, in.args(causal));
-      second("HBWDDET", pe, L2, "DQ_TMA");
+      const cudaError_t pe = hp::bwd_prepare<T, D, true>(&L2, in.args(causal));
+      second("HBWDDET", pe, L2, "default");
     }
   }
   return ok;
@@ -739,14 +617,6 @@ static bool bench_d(int d, int s, bool causal) {
   if (d == 128) return bench_point<128>(s, causal);
   if (d == 256) return bench_point<256>(s, causal);
   std::printf("unsupported d=%d\n", d);
-  return false;
-}
-
-static bool bench2_d(int d, int s, bool causal) {
-  if (d == 64) return bench_point<64, kBench2>(s, causal);
-  if (d == 128) return bench_point<128, kBench2>(s, causal);
-  if (d == 256) return bench_point<256, kBench2>(s, causal);
-  std::printf("bench2: unsupported d=%d (64, 128, 256)\n", d);
   return false;
 }
 
@@ -766,15 +636,6 @@ static int run_benchdet() {
   return ok ? 0 : 1;
 }
 
-static int run_bench2() {
-  bool ok = true;
-  const int ss[] = {512, 1024, 2048, 4096, 8192, 16384};
-  for (int d : {64, 128, 256})
-    for (int s : ss)
-      for (int causal = 0; causal < 2; ++causal) ok = bench2_d(d, s, causal != 0) && ok;
-  return ok ? 0 : 1;
-}
-
 static int run_bench() {
   bool ok = true;
   const int ds[] = {64, 128, 256};
@@ -784,28 +645,6 @@ static int run_bench() {
       for (int causal = 0; causal < 2; ++causal) ok = bench_d(d, s, causal != 0) && ok;
   return ok ? 0 : 1;
 }
-
-#ifdef FUSEDATTN_HOPPER_STAMPS
-// stamps: bench_point's inputs (out / lse from the Hopper forward), the library's DQ_TMA backward.
-template <int D>
-static int run_stamps(int s, bool causal) {
-  using T = __nv_bfloat16;
-  const BwdBenchInputs<D> in(s, false);
-  CK(hp::fwd_sm90<T, D>(in.fwd_args(causal)));
-  hp::BwdLaunch L;
-  CK(hp::bwd_sm90_prepare<T, D, true>(&L, in.args(causal)));
-  const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
-  const std::vector<unsigned long long> hs = collect_stamps(ctas, [&] { CK(hp::bwd_sm90_launch(L)); });
-  const char* names[5] = {"start->K,V landed", "K,V->first q tile done", "first->loop done",
-                          "loop->epilogue (DET: reduces done)", "->dK,dV stored (reduces done)"};
-  char head[160];
-  std::snprintf(head, sizeof(head), "HSTAMP bwd d=%d s=%d causal=%d", D, s, causal ? 1 : 0);
-  // Non-causal CTAs all run n_m query tiles (CTA 0's count).
-  const int per_tile = causal ? 0 : static_cast<int>(hs[hp::kStampCount]) - 1;
-  report_stamps(hs, ctas, names, false, per_tile, head);
-  return 0;
-}
-#endif
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
@@ -820,26 +659,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "check") return run_check();
   if (mode == "bench") return run_bench();
-  if (mode == "check2") return run_check2();
-  if (mode == "bench2") return run_bench2();
   if (mode == "checkdet") return run_checkdet();
-  if (mode == "stamps") {
-#ifdef FUSEDATTN_HOPPER_STAMPS
-    if (argc < 5) {
-      std::fprintf(stderr, "usage: %s stamps D S CAUSAL\n", argv[0]);
-      return 2;
-    }
-    const int d = std::atoi(argv[2]), s = std::atoi(argv[3]);
-    const bool causal = std::atoi(argv[4]) != 0;
-    if (d == 64) return run_stamps<64>(s, causal);
-    if (d == 128) return run_stamps<128>(s, causal);
-    std::fprintf(stderr, "stamps: D must be 64 or 128 (the d = 256 backward has no stamps), not %d\n", d);
-    return 2;
-#else
-    std::fprintf(stderr, "stamps: build with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS\n");
-    return 2;
-#endif
-  }
   if (mode == "benchdet") return run_benchdet();
   if (mode == "onedet") {
     if (argc < 5) {
@@ -847,13 +667,6 @@ int main(int argc, char** argv) {
       return 2;
     }
     return benchdet_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
-  }
-  if (mode == "one2") {
-    if (argc < 5) {
-      std::fprintf(stderr, "usage: %s one2 D S CAUSAL\n", argv[0]);
-      return 2;
-    }
-    return bench2_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
   }
   if (mode == "one") {
     if (argc < 5) {
@@ -863,8 +676,7 @@ int main(int argc, char** argv) {
     return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0) ? 0 : 1;
   }
   std::fprintf(stderr,
-               "usage: %s check | bench | one D S CAUSAL | check2 | bench2 | one2 D S CAUSAL | checkdet | benchdet | "
-               "onedet D S CAUSAL | stamps D S CAUSAL\n",
+               "usage: %s check | bench | one D S CAUSAL | checkdet | benchdet | onedet D S CAUSAL\n",
                argv[0]);
   return 2;
 }

@@ -1,55 +1,24 @@
-// Standalone check + timer for the Hopper (sm_90a) forward prototype in
-// csrc/cuda/hopper/fwd_sm90.cuh (v1), its variant fwd_sm90_v2.cuh (v2, the
-// library's), the persistent fwd_sm90_v3.cuh (v3) and the d = 64 three-consumer
-// fwd_sm90_v2w3.cuh (w3); the library picks among v2, v3 and w3 per call (tuning.h).
-// No torch, no library build.
-//   harness check              v1 correctness vs. a naive fp32 GPU reference
-//   harness bench              v1 TFLOP/s table (bf16, b*s = 16384, h*d = 2048)
-//   harness one D S CAUSAL     one v1 bench point (for ncu)
-//   harness check2             v2 (default configs) on check's cases, plus longer
-//                              sequences and every sweep config on a few cases
-//   harness bench2             bench's table, v1 (HBENCH) and v2 (HBENCH2) on the
-//                              same inputs, plus HDIFF: v2 vs v1 outputs
-//   harness sweep2             v1 and every v2 config (BN/STAGES/ping-pong) on a
-//                              few points (HBENCH / HBENCH2 with cfg=)
-//   harness one2 D S CAUSAL    one v2 (default config) bench point (for ncu)
-//   harness sweep3             the persistent kernel's configs (v3 with the library's schedule
-//                              choice) at the sequence lengths the library runs it at
-//   harness check3             v3 (default configs), every tile schedule (round-robin,
-//                              snake, snake head-major),
-//                              on check2's basic grid and long sequences, plus forced
-//                              small grids (1..16 CTAs, so each CTA loops over many
-//                              tiles): vs the naive reference AND bit for bit vs v2
-//   harness bench3             bench's table, v2 (HBENCH2) and v3 (HBENCH3 cfg=v3:...
-//                              round-robin, v3snake / v3snakehm: the candidates) on the same
-//                              inputs, plus HDIFF3: v3 vs v2 outputs
-//   harness one3 D S CAUSAL    one v3 (default config) bench point (for ncu)
-//   harness checkw3            w3 (fwd_sm90_v2w3.cuh, d=64, 3 consumer warpgroups,
-//                              BM=192; default config and the no-rotation config)
-//                              on check2's d=64 cases plus longer sequences: vs the
-//                              naive reference AND bit for bit vs v2 (same BN=128)
-//   harness benchw3            bench's d=64 rows: v2 (HBENCH2) and w3 (HBENCHW3,
-//                              rotation and no-rotation configs) on the same
-//                              inputs, plus HDIFFW3: w3 vs v2 outputs
-//   harness onew3 S CAUSAL     one w3 (default config) d=64 bench point (for ncu)
-//   harness checkw3s           checkw3's cases with the default config's SKIP flipped (off since
-//                              SKIP became the default: a warpgroup runs every key tile, whether
-//                              its rows see it or not): bit for bit vs v2
-//   harness benchw3s           s >= 1k: v2, w3 default, w3 with SKIP flipped, w3 default again
-//                              (HDIFFW3 each)
-//   harness checkw3p           the persistent three-consumer forward (fwd_sm90_w3p.cuh) vs v2, bit
-//                              for bit: checkw3's shapes, forced small grids (many tiles per CTA),
-//                              both causal schedules, rising score maxima
-//   harness benchw3p           w3 default, w3p, w3 default, w3p (HDIFFW3 each); v3 too at s <= 1k
-//   harness sweepw3            d=64 three-consumer key-tile sizes (64 / 96 / 128) at s = 2k, 4k
-//   harness sweepsus           sweep2's d=128 s=8k and d=256 s=2k points; with HARNESS_SUSTAIN_S=<s>
-//                              (any mode) each variant runs back to back that long before it is
-//                              timed, and its line ends with the SM clock and board power then;
-//                              with HARNESS_ENERGY_S=<s> (any mode timed through bench_point) each
-//                              variant's line ends with its energy per launch, mean board power, pJ
-//                              per FLOP and sustained TF/s over that many seconds of launches (NVML)
-//   harness stamps D S CAUSAL [v2|v3]  (built with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS) one
-//                              v2 or persistent launch's per-tile phase times: where fixed cost goes
+// Standalone check + timer for the Hopper (sm_90a) forward (csrc/cuda/hopper/fwd_kernel.cuh) in the
+// variants the library runs: v2 (one CTA per 128-row query tile), v3 (persistent, the library's
+// causal tile order or a forced one), w3 (d = 64, three consumer warpgroups, one tile per CTA) and
+// w3p (its persistent form). No torch, no library build.
+//   harness check2             v2 vs a naive fp32 GPU reference: the basic grid, longer sequences,
+//                              a 4-byte aligned output, rising score maxima
+//   harness bench2             TFLOP/s table of v2 (bf16, b*s = 16384, h*d = 2048)
+//   harness one2 D S CAUSAL    one v2 bench point (for ncu)
+//   harness check3             v3 (library order, snake, snake head-major) vs the reference and bit
+//                              for bit vs v2, on check2's grid and forced small grids (1..16 CTAs,
+//                              so each CTA loops over many tiles)
+//   harness bench3             bench2's table, v2 and v3 (tuned, snake, snake head-major) on the same
+//                              inputs, HDIFF3: v3 vs v2
+//   harness one3 D S CAUSAL    one v3 bench point (for ncu)
+//   harness checkw3            w3 (and a few other ring depths / no rotation) bit for bit vs v2
+//   harness benchw3            bench2's d = 64 rows: v2, w3 and w3 without rotation
+//   harness onew3 S CAUSAL     one w3 d = 64 bench point (for ncu)
+//   harness checkw3s           checkw3's cases with SKIP flipped; benchw3s: the A/B of SKIP
+//   harness checkw3p           w3p vs v2 bit for bit, forced small grids, both causal orders
+//   harness benchw3p           w3, w3p, w3, w3p per point (and v3 at s <= 1k)
+// HARNESS_SUSTAIN_S / HARNESS_ENERGY_S (harness_common.h) apply to every timed mode.
 // Build: tools/hopper/build.sh [OUT_BINARY]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -64,164 +33,83 @@
 #include <string>
 #include <vector>
 
-#include "../../csrc/cuda/hopper/fwd_sm90.cuh"
-#include "../../csrc/cuda/hopper/fwd_sm90_v2.cuh"
-#include "../../csrc/cuda/hopper/fwd_sm90_v3.cuh"
-#include "../../csrc/cuda/hopper/fwd_sm90_v2w3.cuh"
-#include "../../csrc/cuda/hopper/fwd_sm90_w3p.cuh"
+#include "../../csrc/cuda/hopper/fwd_kernel.cuh"
 #include "harness_common.h"
 
-using fusedattn::hopper::FwdLaunch;
-using fusedattn::hopper::Sm90Args;
+namespace hp = fusedattn::hopper;
+using hp::FwdLaunch;
+using hp::Sm90Args;
 typedef cudaError_t (*PrepFn)(FwdLaunch*, const Sm90Args&);
-typedef cudaError_t (*LaunchFn)(const FwdLaunch&, cudaStream_t);
 
-// A kernel variant under test: its prepare function, a label and its launch
-// (block size): 384 threads for v1/v2/v3, 512 for w3.
+// A kernel variant under test: its prepare function and a label.
 struct Variant {
   PrepFn prep;
   std::string name;
-  LaunchFn launch = fusedattn::hopper::fwd_sm90_launch;
 };
+// The SM count the persistent variants get (the device's; check3 / checkw3p force small grids).
+static int g_v3_sms = 0;
+static Sm90Args with_sms(const Sm90Args& a) {
+  Sm90Args b = a;
+  b.sm_count = g_v3_sms;
+  return b;
+}
 
 template <typename T, int D>
-static Variant v1_variant() {
-  return {fusedattn::hopper::fwd_sm90_prepare<T, D>, "v1"};
-}
-// A config's name tail: BN, stages, ping-pong, and the causal kernels' ping-pong where it differs
-// ("/ppc" or "/noppc").
-static std::string cfg_tag(int bn, int st, bool pp, bool ppc) {
-  return ":bn" + std::to_string(bn) + "/st" + std::to_string(st) + (pp ? "/pp" : "/nopp") +
-         (ppc == pp ? "" : (ppc ? "/ppc" : "/noppc"));
-}
-template <typename T, int D, int BN, int ST, bool PP, bool PPC = PP>
-static Variant v2_cfg_variant() {
-  return {fusedattn::hopper::fwd_sm90_v2_prepare_cfg<T, D, BN, ST, PP, PPC>, "v2" + cfg_tag(BN, ST, PP, PPC)};
+static Variant v2_variant() {
+  return {hp::fwd_prepare_one_tile<T, D, 2>, "v2"};
 }
 template <typename T, int D>
-static Variant v2_variant() {
-  using C = fusedattn::hopper::FwdV2Default<D>;
-  return v2_cfg_variant<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>();
-}
-// v3 takes the SM count (its grid); the harness sets it from the device
-// (check3 overrides it to force many tiles per CTA). g_v3_sched: the tile
-// schedule of check3's pass (fwd_sm90_v3.cuh: kV3RoundRobin, kV3Snake,
-// kV3SnakeHeadMajor).
-static int g_v3_sms = 0;
-static int g_v3_sched = fusedattn::hopper::kV3RoundRobin;
-template <typename T, int D, int BN, int ST, bool PP, int SCHED, bool PPC>
 static cudaError_t v3_prep(FwdLaunch* L, const Sm90Args& a) {
-  return fusedattn::hopper::fwd_sm90_v3_prepare_cfg<T, D, BN, ST, PP, SCHED, PPC>(L, a, g_v3_sms);
+  return hp::fwd_prepare_persistent<T, D, 2>(L, with_sms(a));
 }
-template <typename T, int D, int SCHED>
-static Variant v3_sched_variant() {
-  using C = fusedattn::hopper::FwdV3Default<D>;
-  const char* tag = SCHED == fusedattn::hopper::kV3Snake ? "v3snake"
-                    : SCHED == fusedattn::hopper::kV3SnakeHeadMajor ? "v3snakehm"
-                                                                    : "v3";
-  return {v3_prep<T, D, C::BN, C::STAGES, C::PP, SCHED, C::PP_CAUSAL>,
-          std::string(tag) + cfg_tag(C::BN, C::STAGES, C::PP, C::PP_CAUSAL)};
+// A forced causal tile order (non-causal calls have one).
+template <typename T, int D, int NCONS, int ORDER>
+static cudaError_t persistent_order_prep(FwdLaunch* L, const Sm90Args& a) {
+  if (!a.causal)
+    return hp::fwd_prepare<hp::FwdConfigFor<T, D, NCONS, false>, hp::PersistentScheduler<false, hp::kTilesPlain>>(
+        L, with_sms(a));
+  return hp::fwd_prepare<hp::FwdConfigFor<T, D, NCONS, true>, hp::PersistentScheduler<true, ORDER>>(L, with_sms(a));
 }
 template <typename T, int D>
 static Variant v3_variant() {
-  using namespace fusedattn::hopper;
-  switch (g_v3_sched) {
-    case kV3Snake: return v3_sched_variant<T, D, kV3Snake>();
-    case kV3SnakeHeadMajor: return v3_sched_variant<T, D, kV3SnakeHeadMajor>();
-    default: return v3_sched_variant<T, D, kV3RoundRobin>();
-  }
+  return {v3_prep<T, D>, "v3:tuned"};
 }
-// v3 with a given config and the tile schedule the library would pick for the call
-// (fwd_sm90_v3_prepare_tuned, as the library's run_fwd_persistent): sweep3's variants.
-template <typename T, int D, int BN, int ST, bool PP, bool PPC>
-static cudaError_t v3_lib_prep(FwdLaunch* L, const Sm90Args& a) {
-  return fusedattn::hopper::fwd_sm90_v3_prepare_tuned<T, D, BN, ST, PP, PPC>(L, a, g_v3_sms);
-}
-template <typename T, int D, int BN, int ST, bool PP, bool PPC>
-static Variant v3_lib_variant() {
-  return {v3_lib_prep<T, D, BN, ST, PP, PPC>, "v3lib" + cfg_tag(BN, ST, PP, PPC)};
-}
-// sweep3: the persistent kernel's configurations, the library's default first (d = 64: the stage
-// count and BN = 192; d = 128: 2 stages; d = 256: the causal ping-pong off, as before 2026-12-01).
-template <int D>
-static std::vector<Variant> v3_sweep_variants();
-template <>
-std::vector<Variant> v3_sweep_variants<64>() {
-  using T = __nv_bfloat16;
-  using C = fusedattn::hopper::FwdV2Default<64>;
-  return {v3_lib_variant<T, 64, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(), v3_lib_variant<T, 64, 128, 3, true, true>(),
-          v3_lib_variant<T, 64, 192, 3, true, true>(), v3_lib_variant<T, 64, 192, 2, true, true>()};
-}
-template <>
-std::vector<Variant> v3_sweep_variants<128>() {
-  using T = __nv_bfloat16;
-  using C = fusedattn::hopper::FwdV2Default<128>;
-  return {v3_lib_variant<T, 128, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(), v3_lib_variant<T, 128, 128, 2, true, true>()};
-}
-template <>
-std::vector<Variant> v3_sweep_variants<256>() {
-  using T = __nv_bfloat16;
-  using C = fusedattn::hopper::FwdV2Default<256>;
-  return {v3_lib_variant<T, 256, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>(), v3_lib_variant<T, 256, 80, 2, false, false>()};
+template <typename T, int D, int ORDER>
+static Variant v3_sched_variant() {
+  return {persistent_order_prep<T, D, 2, ORDER>, ORDER == hp::kTilesSnake ? "v3:snake" : "v3:snakehm"};
 }
 
-// w3 (d = 64 only): BN/STAGES, rotation (pp) or none (nopp), and the SKIP candidate (skip).
-template <typename T, int BN, int ST, bool PP, bool SKIP = false>
-static Variant w3_cfg_variant() {
-  return {fusedattn::hopper::fwd_sm90_v2w3_prepare_cfg<T, BN, ST, PP, SKIP>,
-          "w3:bn" + std::to_string(BN) + "/st" + std::to_string(ST) + (PP ? "/pp" : "/nopp") + (SKIP ? "/skip" : ""),
-          fusedattn::hopper::fwd_sm90_v2w3_launch};
+// w3 (d = 64): a configuration of key tiles, ring depth, rotation and SKIP.
+template <typename T, int BN, int ST, bool PP, bool SKIP>
+static cudaError_t w3_cfg_prep(FwdLaunch* L, const Sm90Args& a) {
+  using Cfg = hp::FwdConfig<T, 64, 3, BN, ST, PP, SKIP>;
+  if (a.causal) return hp::fwd_prepare<Cfg, hp::OneTileScheduler<true>>(L, a);
+  return hp::fwd_prepare<Cfg, hp::OneTileScheduler<false>>(L, a);
 }
-// The library's configuration; flip_skip = true: the same with SKIP flipped (the A/B of SKIP).
+template <typename T, int BN, int ST, bool PP, bool SKIP = true>
+static Variant w3_cfg_variant() {
+  return {w3_cfg_prep<T, BN, ST, PP, SKIP>, "w3:bn" + std::to_string(BN) + "/st" + std::to_string(ST) +
+                                                (PP ? "/pp" : "/nopp") + (SKIP ? "/skip" : "")};
+}
+// The library's configuration; flip_skip: the same with SKIP flipped (the A/B of SKIP).
 template <typename T>
 static Variant w3_variant(bool flip_skip = false) {
-  using C = fusedattn::hopper::FwdV2W3Default;
-  return flip_skip ? w3_cfg_variant<T, C::BN, C::STAGES, C::PP, !C::SKIP>()
-                   : w3_cfg_variant<T, C::BN, C::STAGES, C::PP, C::SKIP>();
+  using C = hp::FwdTileConfig<64, 3, true>;
+  if (flip_skip) return w3_cfg_variant<T, C::BN, C::STAGES, C::PP, !C::SKIP>();
+  return {hp::fwd_prepare_one_tile<T, 64, 3>, "w3"};
 }
-// The persistent three-consumer forward (fwd_sm90_w3p.cuh) on g_v3_sms SMs: the schedule tuning.h
-// picks (as the library would), or a given one (checkw3p covers both).
 template <typename T>
-static cudaError_t w3p_lib_prep(FwdLaunch* L, const Sm90Args& a) {
-  return fusedattn::hopper::fwd_sm90_w3p_prepare<T>(L, a, g_v3_sms);
-}
-template <typename T, int SCHED>
-static cudaError_t w3p_sched_prep(FwdLaunch* L, const Sm90Args& a) {
-  using C = fusedattn::hopper::FwdV2W3Default;
-  return fusedattn::hopper::fwd_sm90_w3p_prepare_cfg<T, C::BN, C::STAGES, C::PP, C::SKIP, SCHED>(L, a, g_v3_sms);
+static cudaError_t w3p_prep(FwdLaunch* L, const Sm90Args& a) {
+  return hp::fwd_prepare_persistent<T, 64, 3>(L, with_sms(a));
 }
 template <typename T>
 static Variant w3p_variant() {
-  return {w3p_lib_prep<T>, "w3p:tuned", fusedattn::hopper::fwd_sm90_v2w3_launch};
+  return {w3p_prep<T>, "w3p:tuned"};
 }
-template <typename T, int SCHED>
+template <typename T, int ORDER>
 static Variant w3p_sched_variant() {
-  return {w3p_sched_prep<T, SCHED>, SCHED == fusedattn::hopper::kV3SnakeHeadMajor ? "w3p:snakehm" : "w3p:snake",
-          fusedattn::hopper::fwd_sm90_v2w3_launch};
+  return {persistent_order_prep<T, 64, 3, ORDER>, ORDER == hp::kTilesSnakeHeadMajor ? "w3p:snakehm" : "w3p:snake"};
 }
-// Configurations the sweep times (bf16); the default comes first.
-template <int D>
-static std::vector<Variant> v2_sweep_variants();
-template <>
-std::vector<Variant> v2_sweep_variants<64>() {
-  using T = __nv_bfloat16;
-  return {v2_variant<T, 64>(), v2_cfg_variant<T, 64, 128, 3, true>(), v2_cfg_variant<T, 64, 128, 4, false>(),
-          v2_cfg_variant<T, 64, 192, 3, true>()};
-}
-template <>
-std::vector<Variant> v2_sweep_variants<128>() {
-  using T = __nv_bfloat16;
-  return {v2_variant<T, 128>(), v2_cfg_variant<T, 128, 128, 2, true>(), v2_cfg_variant<T, 128, 128, 3, false>(),
-          v2_cfg_variant<T, 128, 176, 2, true>(), v2_cfg_variant<T, 128, 160, 2, true>(),
-          v2_cfg_variant<T, 128, 192, 2, true>()};
-}
-template <>
-std::vector<Variant> v2_sweep_variants<256>() {
-  using T = __nv_bfloat16;
-  return {v2_variant<T, 256>(), v2_cfg_variant<T, 256, 80, 2, true>(), v2_cfg_variant<T, 256, 64, 2, false>(),
-          v2_cfg_variant<T, 256, 64, 2, true>()};
-}
-
 
 // ------------------------------------------------------------------ helpers
 
@@ -278,7 +166,7 @@ static cudaError_t launch_fast(const Variant& var, const T* q, const T* k, const
   FwdLaunch L;
   cudaError_t e = var.prep(&L, bshd_args<D>(q, k, v, o, lse, b, s, h, h_kv, scale, causal));
   if (e != cudaSuccess) return e;
-  return var.launch(L, 0);
+  return hp::fwd_launch(L, 0);
 }
 
 // ------------------------------------------------------------------- check
@@ -340,8 +228,8 @@ static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool c
   cudaError_t le = launch_fast<T, D>(var, q, k, v, o, lse, b, s, h, h_kv, scale, causal);
   bool ok = true;
   if (le != cudaSuccess) {
-    std::printf("FAIL %s%s%s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", var.name == "v1" ? "" : var.name.c_str(),
-                var.name == "v1" ? "" : " ", Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, cudaGetErrorString(le));
+    std::printf("FAIL %s %s d=%d s=%d causal=%d h=%d/%d launch error: %s\n", var.name.c_str(), Conv<T>::name(), D, s,
+                causal ? 1 : 0, h, h_kv, cudaGetErrorString(le));
     ok = false;
   } else {
     // A kernel fault (watchdog trap, bad address) is sticky: report and stop.
@@ -381,10 +269,9 @@ static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool c
     // max_abs too: |O| <= 1 (v in [-1, 1]) and its rounding is ~4e-3, while a bug confined to a
     // few tiles of a large case (a stale V slot, one wrong rescale) can stay under rel 1e-2.
     ok = nan_count == 0 && rel < 1e-2 && lse_err < 1e-2 && max_abs < 5e-2;
-    std::printf("%s %s%s%s d=%d s=%d causal=%d h=%d/%d%s err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu\n",
-                ok ? "PASS" : "FAIL", var.name == "v1" ? "" : var.name.c_str(), var.name == "v1" ? "" : " ",
-                Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, inputs_tag(in), rel, max_abs,
-                lse_err, nan_count);
+    std::printf("%s %s %s d=%d s=%d causal=%d h=%d/%d%s err=%.3e max_abs=%.3e lse_err=%.3e nan=%zu\n",
+                ok ? "PASS" : "FAIL", var.name.c_str(), Conv<T>::name(), D, s, causal ? 1 : 0, h, h_kv, inputs_tag(in),
+                rel, max_abs, lse_err, nan_count);
   }
   CK(cudaFree(q));
   CK(cudaFree(k));
@@ -396,31 +283,18 @@ static bool check_case(const Variant& var, int b, int s, int h, int h_kv, bool c
   return ok;
 }
 
-// v2 = false: v1; true: v2 with its default config.
 template <typename T>
-static bool check_d(int d, int b, int s, int h, int h_kv, bool causal, uint64_t seed, bool v2 = false) {
+static bool check_d(int d, int b, int s, int h, int h_kv, bool causal, uint64_t seed) {
   switch (d) {
-    case 64: return check_case<T, 64>(v2 ? v2_variant<T, 64>() : v1_variant<T, 64>(), b, s, h, h_kv, causal, seed);
-    case 128: return check_case<T, 128>(v2 ? v2_variant<T, 128>() : v1_variant<T, 128>(), b, s, h, h_kv, causal, seed);
-    case 256: return check_case<T, 256>(v2 ? v2_variant<T, 256>() : v1_variant<T, 256>(), b, s, h, h_kv, causal, seed);
+    case 64: return check_case<T, 64>(v2_variant<T, 64>(), b, s, h, h_kv, causal, seed);
+    case 128: return check_case<T, 128>(v2_variant<T, 128>(), b, s, h, h_kv, causal, seed);
+    case 256: return check_case<T, 256>(v2_variant<T, 256>(), b, s, h, h_kv, causal, seed);
   }
   return false;
 }
 
-template <int D>
-static void check2_sweep(int* n, int* fails, uint64_t* seed) {
-  const int ss[] = {17, 200, 333, 1024};
-  for (const Variant& var : v2_sweep_variants<D>())
-    for (int s : ss)
-      for (int causal = 0; causal < 2; ++causal) {
-        ++*n;
-        if (!check_case<__nv_bfloat16, D>(var, 2, s, 4, 2, causal != 0, (*seed)++)) ++*fails;
-      }
-}
-
-// The basic case grid (d, s, causal, h_kv; bf16, plus a few fp16 cases) for
-// v1 (check) or v2's default configs (check2).
-static void check_grid(bool v2, int* n, int* fails, uint64_t* seed) {
+// The basic case grid (d, s, causal, h_kv; bf16, plus a few fp16 cases).
+static void check_grid(int* n, int* fails, uint64_t* seed) {
   const int ds[] = {64, 128, 256};
   const int ss[] = {1, 17, 128, 200, 1024};
   const int hkvs[] = {2, 4};
@@ -429,34 +303,30 @@ static void check_grid(bool v2, int* n, int* fails, uint64_t* seed) {
       for (int causal = 0; causal < 2; ++causal)
         for (int hkv : hkvs) {
           ++*n;
-          if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, (*seed)++, v2)) ++*fails;
+          if (!check_d<__nv_bfloat16>(d, 2, s, 4, hkv, causal != 0, (*seed)++)) ++*fails;
         }
   const int s16[] = {17, 200};
   for (int d : ds)
     for (int s : s16)
       for (int causal = 0; causal < 2; ++causal) {
         ++*n;
-        if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, (*seed)++, v2)) ++*fails;
+        if (!check_d<__half>(d, 2, s, 4, 2, causal != 0, (*seed)++)) ++*fails;
       }
 }
 
-// v2: the basic grid, then longer sequences (the ring wraps many times), then
-// every sweep config on a few tails.
+// v2: the basic grid, then longer sequences (the ring wraps many times).
 static int run_check2() {
   int fails = 0, n = 0;
   uint64_t seed = 1234;
-  check_grid(true, &n, &fails, &seed);
+  check_grid(&n, &fails, &seed);
   const int ds[] = {64, 128, 256};
   const int slong[] = {2000, 2048};
   for (int d : ds)
     for (int s : slong)
       for (int causal = 0; causal < 2; ++causal) {
         ++n;
-        if (!check_d<__nv_bfloat16>(d, 1, s, 2, 1, causal != 0, seed++, true)) ++fails;
+        if (!check_d<__nv_bfloat16>(d, 1, s, 2, 1, causal != 0, seed++)) ++fails;
       }
-  check2_sweep<64>(&n, &fails, &seed);
-  check2_sweep<128>(&n, &fails, &seed);
-  check2_sweep<256>(&n, &fails, &seed);
   // An output that is only 4-byte aligned: the epilogue's 4-byte store path.
   using T = __nv_bfloat16;
   for (int causal = 0; causal < 2; ++causal) {
@@ -477,14 +347,6 @@ static int run_check2() {
       if (!check_case<H, 128>(v2_variant<H, 128>(), 1, sr, 2, 1, causal != 0, seed++, ramp)) ++fails;
     }
   std::printf("check2: %d/%d passed\n", n - fails, n);
-  return fails == 0 ? 0 : 1;
-}
-
-static int run_check() {
-  int fails = 0, n = 0;
-  uint64_t seed = 1234;
-  check_grid(false, &n, &fails, &seed);
-  std::printf("check: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
@@ -605,9 +467,17 @@ static bool check_vs_v2_case(const Variant& var, int b, int s, int h, int h_kv, 
   return ok;
 }
 
+// check3's order: 0 the library's choice, else that tile order.
+static int g_v3_sched = 0;
+template <typename T, int D>
+static Variant v3_check_variant() {
+  if (g_v3_sched == hp::kTilesSnake) return v3_sched_variant<T, D, hp::kTilesSnake>();
+  if (g_v3_sched == hp::kTilesSnakeHeadMajor) return v3_sched_variant<T, D, hp::kTilesSnakeHeadMajor>();
+  return v3_variant<T, D>();
+}
 template <typename T, int D>
 static bool check3_case(int b, int s, int h, int h_kv, bool causal, int sms, uint64_t seed) {
-  return check_vs_v2_case<T, D>(v3_variant<T, D>(), b, s, h, h_kv, causal, sms, seed);
+  return check_vs_v2_case<T, D>(v3_check_variant<T, D>(), b, s, h, h_kv, causal, sms, seed);
 }
 
 template <typename T>
@@ -673,35 +543,34 @@ static void check3_pass(int& fails, int& n) {
     }
 }
 
-// Every tile schedule (the library runs round-robin; the others are candidates).
+// Every causal tile order: the library's choice, snake, snake head-major.
 static int run_check3() {
-  using namespace fusedattn::hopper;
   int fails = 0, n = 0;
-  for (int sched : {kV3RoundRobin, kV3Snake, kV3SnakeHeadMajor}) {
+  for (int sched : {0, hp::kTilesSnake, hp::kTilesSnakeHeadMajor}) {
     g_v3_sched = sched;
     check3_pass(fails, n);
   }
-  g_v3_sched = kV3RoundRobin;
-  // Rising score maxima (check2's ramp cases), round-robin and snake, at each head dim.
+  g_v3_sched = 0;
+  // Rising score maxima (check2's ramp cases), the library order and snake, at each head dim.
   const CaseInputs ramp{0, 6.f, 4.f};
   uint64_t seed = 9876;
-  for (int sched : {kV3RoundRobin, kV3Snake}) {
+  for (int sched : {0, hp::kTilesSnake}) {
     g_v3_sched = sched;
     for (int causal = 0; causal < 2; ++causal) {
       n += 3;
       using T = __nv_bfloat16;
-      if (!check_vs_v2_case<T, 64>(v3_variant<T, 64>(), 1, 1024, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
-      if (!check_vs_v2_case<T, 128>(v3_variant<T, 128>(), 1, 1024, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
-      if (!check_vs_v2_case<T, 256>(v3_variant<T, 256>(), 1, 2000, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
+      if (!check_vs_v2_case<T, 64>(v3_check_variant<T, 64>(), 1, 1024, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
+      if (!check_vs_v2_case<T, 128>(v3_check_variant<T, 128>(), 1, 1024, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
+      if (!check_vs_v2_case<T, 256>(v3_check_variant<T, 256>(), 1, 2000, 2, 1, causal != 0, 0, seed++, ramp)) ++fails;
     }
   }
-  g_v3_sched = kV3RoundRobin;
+  g_v3_sched = 0;
   std::printf("check3: %d/%d passed\n", n - fails, n);
   return fails == 0 ? 0 : 1;
 }
 
 // ----------------------------------------------------------------- checkw3
-// w3 (d = 64, fwd_sm90_v2w3.cuh) through check_vs_v2_case: bit for bit vs v2's
+// w3 (d = 64, three consumers) through check_vs_v2_case: bit for bit vs v2's
 // default config (same BN = 128).
 template <typename T>
 static bool checkw3_case(const Variant& w3, int b, int s, int h, int h_kv, bool causal, uint64_t seed,
@@ -764,7 +633,8 @@ static int run_checkw3(bool skip = false) {
 
 // ------------------------------------------------------------------- bench
 // Median of 20 timed launches (after 5 warm-ups); < 0 on a launch error.
-static double time_launch(const FwdLaunch& L, LaunchFn launch = fusedattn::hopper::fwd_sm90_launch) {
+static double time_launch(const FwdLaunch& L) {
+  const auto launch = hp::fwd_launch;
   for (int i = 0; i < 5; ++i)
     if (launch(L, 0) != cudaSuccess) return -1.0;
   CK(cudaDeviceSynchronize());
@@ -818,8 +688,7 @@ struct BenchInputs {
   Sm90Args args(bool causal) const { return bshd_args<D>(q, k, v, o, lse, b, s, h, h, scale, causal); }
 };
 
-// vars[0] is the reference for HDIFF (v1 when present). Line tag: HBENCH for
-// v1, HBENCH2 for v2 configs (with cfg= unless only_default), HBENCH3 for v3
+// vars[0] is the reference for HDIFF. Line tag: HBENCH2 for v2 (with cfg= when show_cfg), HBENCH3 for v3
 // (its diff line is HDIFF3, with bitwise=0|1 against vars[0]).
 template <int D>
 static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bool show_cfg) {
@@ -835,11 +704,10 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
   std::vector<float> ref_l, cur_l;
   for (size_t vi = 0; vi < vars.size(); ++vi) {
     const Variant& var = vars[vi];
-    const bool is_v1 = var.name == "v1";
     const bool is_v3 = var.name.compare(0, 2, "v3") == 0;
     const bool is_w3 = var.name.compare(0, 2, "w3") == 0;
-    const char* tag = is_v1 ? "HBENCH" : (is_v3 ? "HBENCH3" : (is_w3 ? "HBENCHW3" : "HBENCH2"));
-    std::string cfg = (show_cfg && !is_v1) ? " cfg=" + var.name : "";
+    const char* tag = is_v3 ? "HBENCH3" : (is_w3 ? "HBENCHW3" : "HBENCH2");
+    std::string cfg = show_cfg ? " cfg=" + var.name : "";
     CK(cudaMemset(o, 0xFF, n * sizeof(T)));
     CK(cudaMemset(lse, 0xFF, nl * sizeof(float)));
     FwdLaunch L;
@@ -850,7 +718,7 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
       ok = false;
       continue;
     }
-    const double med = time_launch(L, var.launch);
+    const double med = time_launch(L);
     if (med < 0.0) {
       std::printf("%s d=%d s=%d causal=%d%s launch error: %s\n", tag, D, s, causal ? 1 : 0, cfg.c_str(),
                   cudaGetErrorString(cudaGetLastError()));
@@ -859,7 +727,7 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
     }
     const std::string clk = sustain_seconds() > 0.0 ? clock_power_now() : "";
     const std::string joules =
-        energy_seconds() > 0.0 ? energy_per_launch([&] { CK(var.launch(L, 0)); }, flops) : "";
+        energy_seconds() > 0.0 ? energy_per_launch([&] { CK(hp::fwd_launch(L, 0)); }, flops) : "";
     std::printf("%s d=%d s=%d causal=%d fwd %.3f ms %.1f TF/s%s%s%s\n", tag, D, s, causal ? 1 : 0, med,
                 flops / (med * 1e-3) / 1e12, cfg.c_str(), clk.c_str(), joules.c_str());
     // Outputs of this variant (all launches wrote the same values) vs vars[0].
@@ -906,33 +774,21 @@ static bool bench_point(int s, bool causal, const std::vector<Variant>& vars, bo
   return ok;
 }
 
-// which: 0 = v1, 1 = v2 default, 2 = v1 + v2 default, 3 = v1 + every v2 sweep config,
-// 4 = v2 default + v3 default (round-robin and snake schedules), 5 = v3 default.
+// which: 1 = v2; 4 = v2 + v3 (tuned, snake, snake head-major); 5 = v3 (tuned).
 template <int D>
 static std::vector<Variant> bench_variants(int which) {
   using T = __nv_bfloat16;
-  std::vector<Variant> vars;
-  if (which >= 4) {
-    if (which == 4) vars.push_back(v2_variant<T, D>());
-    vars.push_back(v3_variant<T, D>());
-    if (which == 4) {
-      vars.push_back(v3_sched_variant<T, D, fusedattn::hopper::kV3Snake>());
-      vars.push_back(v3_sched_variant<T, D, fusedattn::hopper::kV3SnakeHeadMajor>());
-    }
-    return vars;
-  }
-  if (which != 1) vars.push_back(v1_variant<T, D>());
-  if (which == 1 || which == 2) vars.push_back(v2_variant<T, D>());
-  if (which == 3)
-    for (const Variant& v : v2_sweep_variants<D>()) vars.push_back(v);
-  return vars;
+  if (which == 1) return {v2_variant<T, D>()};
+  if (which == 5) return {v3_variant<T, D>()};
+  return {v2_variant<T, D>(), v3_variant<T, D>(), v3_sched_variant<T, D, hp::kTilesSnake>(),
+          v3_sched_variant<T, D, hp::kTilesSnakeHeadMajor>()};
 }
 
-static bool bench_d(int d, int s, bool causal, int which = 0) {
+static bool bench_d(int d, int s, bool causal, int which) {
   switch (d) {
-    case 64: return bench_point<64>(s, causal, bench_variants<64>(which), which == 3 || which == 4);
-    case 128: return bench_point<128>(s, causal, bench_variants<128>(which), which == 3 || which == 4);
-    case 256: return bench_point<256>(s, causal, bench_variants<256>(which), which == 3 || which == 4);
+    case 64: return bench_point<64>(s, causal, bench_variants<64>(which), which == 4);
+    case 128: return bench_point<128>(s, causal, bench_variants<128>(which), which == 4);
+    case 256: return bench_point<256>(s, causal, bench_variants<256>(which), which == 4);
   }
   std::printf("unsupported d=%d\n", d);
   return false;
@@ -948,38 +804,6 @@ static int run_bench(int which) {
   return ok ? 0 : 1;
 }
 
-// The persistent kernel's sweep at the sequence lengths the library runs it at (tuning.h: up to
-// 2k at d = 64 / 128 non-causal, 1k at d = 256 non-causal, 8k causal at d = 128 / 256).
-static int run_sweep3() {
-  bool ok = true;
-  for (int s : {512, 1024, 2048, 4096, 8192})
-    for (int causal = 0; causal < 2; ++causal) {
-      if (s <= 2048) ok = bench_point<64>(s, causal != 0, v3_sweep_variants<64>(), true) && ok;
-      if (s <= 2048 || causal) ok = bench_point<128>(s, causal != 0, v3_sweep_variants<128>(), true) && ok;
-      if (causal) ok = bench_point<256>(s, true, v3_sweep_variants<256>(), true) && ok;
-    }
-  return ok ? 0 : 1;
-}
-
-// sweepsus: a few of sweep2's points, for a run with HARNESS_SUSTAIN_S set: whether the ranking of the
-// configurations holds at the power limit (d = 128 s = 8k, d = 256 s = 2k non-causal: v2's points).
-static int run_sweepsus() {
-  bool ok = bench_d(128, 8192, false, 3);
-  ok = bench_d(128, 8192, true, 3) && ok;
-  ok = bench_d(256, 2048, false, 3) && ok;
-  return ok ? 0 : 1;
-}
-
-static int run_sweep2() {
-  bool ok = true;
-  const int ds[] = {64, 128, 256};
-  const int ss[] = {2048, 4096, 8192, 16384};
-  for (int d : ds)
-    for (int s : ss)
-      for (int causal = 0; causal < 2; ++causal) ok = bench_d(d, s, causal != 0, 3) && ok;
-  return ok ? 0 : 1;
-}
-
 // ---------------------------------------------------------------- checkw3p
 // The persistent three-consumer forward, bit for bit vs v2 (same BN = 128): checkw3's shapes at the
 // device's SM count (mostly one tile per CTA), then forced small grids (sms = 1 / 3 / 7 / 16) so that
@@ -988,12 +812,11 @@ static int run_sweep2() {
 // different lengths and 1-block tiles, uneven tile counts per CTA; both causal schedules; rising score
 // maxima (the softmax's slow path, whose S reissue reads Q before the slot's release) on small grids.
 static int run_checkw3p() {
-  using namespace fusedattn::hopper;
   int fails = 0, n = 0;
   uint64_t seed = 4242;
   const Variant tuned = w3p_variant<__nv_bfloat16>(), tuned16 = w3p_variant<__half>();
-  const Variant scheds[] = {w3p_sched_variant<__nv_bfloat16, kV3Snake>(),
-                            w3p_sched_variant<__nv_bfloat16, kV3SnakeHeadMajor>()};
+  const Variant scheds[] = {w3p_sched_variant<__nv_bfloat16, hp::kTilesSnake>(),
+                            w3p_sched_variant<__nv_bfloat16, hp::kTilesSnakeHeadMajor>()};
   auto one = [&](const Variant& var, bool f16, int b, int s, int h, int hkv, bool causal, int sms,
                  const CaseInputs& in = {}) {
     ++n;
@@ -1039,8 +862,7 @@ static int run_benchw3p() {
   for (int s : {512, 1024, 2048, 4096, 8192, 16384})
     for (int causal = 1; causal >= 0; --causal) {
       std::vector<Variant> vars{w3_variant<T>(), w3p_variant<T>(), w3_variant<T>(), w3p_variant<T>()};
-      using C = fusedattn::hopper::FwdV2Default<64>;
-      if (s <= 1024) vars.push_back(v3_lib_variant<T, 64, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>());
+      if (s <= 1024) vars.push_back(v3_variant<T, 64>());
       ok = bench_point<64>(s, causal != 0, vars, true) && ok;
     }
   return ok ? 0 : 1;
@@ -1067,53 +889,8 @@ static int run_benchw3(int only_s = -1, int only_causal = -1, bool skip = false)
   return ok ? 0 : 1;
 }
 
-// d = 64 three-consumer configurations side by side (bf16, the library's rotation and SKIP): key tiles
-// of 64 / 96 / 128 (the default) with the ring depth that fits, s = 2k / 4k; the default again last
-// (its drift bounds the differences). 192-key tiles spill at 160 registers (576 bytes, C7511). HDIFFW3 against the default: the key-tile size changes the
-// order of the row sums, so max_abs rather than bitwise equality.
-static int run_sweepw3() {
-  using T = __nv_bfloat16;
-  bool ok = true;
-  for (int s : {2048, 4096})
-    for (int causal = 1; causal >= 0; --causal) {
-      const std::vector<Variant> vars{w3_variant<T>(), w3_cfg_variant<T, 64, 6, true, true>(),
-                                      w3_cfg_variant<T, 96, 5, true, true>(), w3_variant<T>()};
-      ok = bench_point<64>(s, causal != 0, vars, true) && ok;
-    }
-  return ok ? 0 : 1;
-}
-
-// ------------------------------------------------------------------ stamps
-// `stamps D S CAUSAL [v2|v3]` (a binary built with -DFUSEDATTN_HOPPER_STAMPS): one launch of v2 or of the
-// persistent kernel (default config and, for v3, the library's schedule; bench's shapes) with the
-// phase stamps of fwd_sm90.cuh, after warm-up launches. Per phase of a work tile (Q wait, S_0, the
-// steady loop, PV_last, stores) the median and mean over tiles, the first tile of each CTA apart
-// from the later ones (v3's tile boundaries), the steady loop's time per kv block, the gap from one
-// CTA's end to the next one's start on an SM (v2), and the kernel's span.
-#ifdef FUSEDATTN_HOPPER_STAMPS
-template <int D>
-static int run_stamps(int s, bool causal, bool persistent) {
-  using T = __nv_bfloat16;
-  using C = fusedattn::hopper::FwdV2Default<D>;
-  const BenchInputs<D> in(s);
-  const Variant var = persistent ? v3_lib_variant<T, D, C::BN, C::STAGES, C::PP, C::PP_CAUSAL>() : v2_variant<T, D>();
-  FwdLaunch L;
-  CK(var.prep(&L, in.args(causal)));
-  const size_t ctas = static_cast<size_t>(L.grid.x) * L.grid.y * L.grid.z;
-  const std::vector<unsigned long long> hs = collect_stamps(ctas, [&] { CK(var.launch(L, 0)); });
-  const char* names[5] = {"tile start->Q landed", "Q->S_0 done", "S_0->loop done", "loop->PV_last done",
-                          "PV_last->stored"};
-  char head[160];
-  std::snprintf(head, sizeof(head), "HSTAMP %s d=%d s=%d causal=%d", var.name.c_str(), D, s, causal ? 1 : 0);
-  // Non-causal tiles all have n_blocks kv blocks; causal ones vary (no per-block figure).
-  const int per_tile = causal ? 0 : (s + C::BN - 1) / C::BN - 1;
-  report_stamps(hs, ctas, names, persistent, per_tile, head);
-  return 0;
-}
-#endif
-
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "check";
+  const std::string mode = argc > 1 ? argv[1] : "check2";
   int dev = 0;
   CK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
@@ -1124,35 +901,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_v3_sms = prop.multiProcessorCount;
-  if (mode == "check") return run_check();
   if (mode == "check2") return run_check2();
-  if (mode == "bench") return run_bench(0);
-  if (mode == "bench2") return run_bench(2);
-  if (mode == "sweep2") return run_sweep2();
-  if (mode == "sweep3") return run_sweep3();
-  if (mode == "sweepsus") return run_sweepsus();
-  if (mode == "sweepw3") return run_sweepw3();
+  if (mode == "bench2") return run_bench(1);
   if (mode == "checkw3p") return run_checkw3p();
   if (mode == "benchw3p") return run_benchw3p();
-  if (mode == "stamps") {
-#ifdef FUSEDATTN_HOPPER_STAMPS
-    if (argc < 5) {
-      std::fprintf(stderr, "usage: %s stamps D S CAUSAL [v2|v3]\n", argv[0]);
-      return 2;
-    }
-    const int d = std::atoi(argv[2]), s = std::atoi(argv[3]);
-    const bool causal = std::atoi(argv[4]) != 0;
-    const bool persistent = argc > 5 && std::string(argv[5]) == "v3";
-    if (d == 64) return run_stamps<64>(s, causal, persistent);
-    if (d == 128) return run_stamps<128>(s, causal, persistent);
-    if (d == 256) return run_stamps<256>(s, causal, persistent);
-    std::fprintf(stderr, "stamps: D must be 64, 128 or 256, not %d\n", d);
-    return 2;
-#else
-    std::fprintf(stderr, "stamps: build with HARNESS_NVCC_FLAGS=-DFUSEDATTN_HOPPER_STAMPS\n");
-    return 2;
-#endif
-  }
   if (mode == "check3") return run_check3();
   if (mode == "bench3") return run_bench(4);
   if (mode == "checkw3") return run_checkw3();
@@ -1166,17 +918,17 @@ int main(int argc, char** argv) {
     }
     return run_benchw3(std::atoi(argv[2]), std::atoi(argv[3]) != 0 ? 1 : 0);
   }
-  if (mode == "one" || mode == "one2" || mode == "one3") {
+  if (mode == "one2" || mode == "one3") {
     if (argc < 5) {
       std::fprintf(stderr, "usage: %s %s D S CAUSAL\n", argv[0], mode.c_str());
       return 2;
     }
-    const int which = mode == "one" ? 0 : (mode == "one2" ? 1 : 5);
+    const int which = mode == "one2" ? 1 : 5;
     return bench_d(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0, which) ? 0 : 1;
   }
   std::fprintf(stderr,
-               "usage: %s check | check2 | bench | bench2 | sweep2 | check3 | bench3 | one D S CAUSAL | one2 D S CAUSAL"
-               " | one3 D S CAUSAL | checkw3 | benchw3 | onew3 S CAUSAL | checkw3s | benchw3s | sweepw3 | checkw3p | benchw3p | sweepsus | stamps D S CAUSAL\n",
+               "usage: %s check2 | bench2 | one2 D S CAUSAL | check3 | bench3 | one3 D S CAUSAL | checkw3 | benchw3 | "
+               "onew3 S CAUSAL | checkw3s | benchw3s | checkw3p | benchw3p\n",
                argv[0]);
   return 2;
 }

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "../../csrc/cuda/hopper/fwd_sm90.cuh"
+#include "../../csrc/cuda/hopper/params.h"
+#include "../../csrc/cuda/hopper/ptx_sm90.cuh"
+#include "../../csrc/cuda/hopper/tma_host.h"
 
 #define CK(...)                                                                              \
   do {                                                                                       \
@@ -154,7 +156,7 @@ static std::string clock_power_now() {
 // HARNESS_ENERGY_S=<seconds>: after its timed launches a variant runs back to back for that long more,
 // with NVML's board energy counter read around those launches (energy_per_launch). Under the board's
 // power limit a kernel's sustained speed follows its energy per FLOP, which bursts do not show
-// (docs/perf-notes.md, eighteenth session); this compares variants on it without the library.
+// (docs/perf-notes.md); this compares variants on it without the library.
 static double energy_seconds() {
   static const double s = [] {
     const char* e = std::getenv("HARNESS_ENERGY_S");
@@ -202,105 +204,3 @@ static std::string energy_per_launch(F&& launch, double flops) {
   return out;
 }
 
-#ifdef FUSEDATTN_HOPPER_STAMPS
-// The phase stamps of one launch of `ctas` CTAs (launch() enqueues it), after 10 unstamped warm-up
-// launches: kStampTiles x kStampSlots words per CTA, zero where nothing was stamped.
-template <typename F>
-static std::vector<unsigned long long> collect_stamps(size_t ctas, F&& launch) {
-  using fusedattn::hopper::kStampSlots;
-  using fusedattn::hopper::kStampTiles;
-  const size_t words = ctas * kStampTiles * kStampSlots;
-  unsigned long long* st = nullptr;
-  CK(cudaMalloc(&st, words * sizeof(unsigned long long)));
-  CK(cudaMemset(st, 0, words * sizeof(unsigned long long)));
-  for (int i = 0; i < 10; ++i) launch();
-  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_phase_stamps, &st, sizeof(st)));
-  launch();
-  CK(cudaDeviceSynchronize());
-  unsigned long long* none = nullptr;
-  CK(cudaMemcpyToSymbol(fusedattn::hopper::g_phase_stamps, &none, sizeof(none)));
-  std::vector<unsigned long long> hs(words);
-  CK(cudaMemcpy(hs.data(), st, words * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  CK(cudaFree(st));
-  return hs;
-}
-
-// The `stamps` modes' report, from the phase stamps (fwd_sm90.cuh) of one launch of `ctas` CTAs: per
-// phase (names[i]: stamp i to i + 1) the median and mean over work tiles, a CTA's first tile apart from
-// its later ones (multi_tile: the persistent kernel, whose kStampCount slot holds each CTA's tile count), the
-// steady loop (phase 2) per iteration when every first tile has per_tile + 1 of them, the boundary
-// from one tile's loop end to the next tile's first GEMM done, the gap from one CTA's end to the next
-// one's start on an SM (single-tile kernels), and the span. Phases are SM cycles, converted at the
-// median ns-per-cycle of the tiles that last 20 us or more by the global timer.
-static void report_stamps(const std::vector<unsigned long long>& hs, size_t ctas, const char* const names[5],
-                          bool multi_tile, int per_tile, const char* head) {
-  using fusedattn::hopper::kStampCount;
-  using fusedattn::hopper::kStampSlots;
-  using fusedattn::hopper::kStampSm;
-  using fusedattn::hopper::kStampTiles;
-  using fusedattn::hopper::kStampTimerEnd;
-  using fusedattn::hopper::kStampTimerStart;
-  auto at = [&](size_t cta, size_t tile, int i) { return hs[(cta * kStampTiles + tile) * kStampSlots + i]; };
-  auto diff = [](unsigned long long a, unsigned long long b) { return static_cast<double>(b) - static_cast<double>(a); };
-  auto median = [](std::vector<double> x) {
-    std::sort(x.begin(), x.end());
-    return x.empty() ? 0.0 : x[x.size() / 2];
-  };
-  auto mean = [](const std::vector<double>& x) {
-    double a = 0.0;
-    for (double y : x) a += y;
-    return x.empty() ? 0.0 : a / x.size();
-  };
-  auto tiles_of = [&](size_t c) { return multi_tile ? std::min<size_t>(at(c, 0, kStampCount), kStampTiles) : size_t{1}; };
-  std::vector<double> ns_per_cycle;
-  for (size_t c = 0; c < ctas; ++c)
-    for (size_t j = 0; j < tiles_of(c); ++j) {
-      const double ns = diff(at(c, j, kStampTimerStart), at(c, j, kStampTimerEnd)), cyc = diff(at(c, j, 0), at(c, j, 5));
-      if (ns >= 20000.0 && cyc > 0.0) ns_per_cycle.push_back(ns / cyc);
-    }
-  const double npc = median(ns_per_cycle);
-  if (npc <= 0.0) {
-    std::printf("%s: no tile lasted 20 us, so cycles cannot be converted to time\n", head);
-    return;
-  }
-  const double us_per_cycle = 1e-3 * npc;
-  std::vector<double> ph[2][5], per_iter, boundary, cta_gap;
-  unsigned long long t_min = ~0ull, t_max = 0;
-  std::vector<std::vector<size_t>> per_sm;
-  for (size_t c = 0; c < ctas; ++c) {
-    const size_t tiles = tiles_of(c);
-    for (size_t j = 0; j < tiles; ++j) {
-      for (int i = 0; i < 5; ++i) ph[j > 0][i].push_back(us_per_cycle * diff(at(c, j, i), at(c, j, i + 1)));
-      if (j > 0) boundary.push_back(us_per_cycle * diff(at(c, j - 1, 3), at(c, j, 2)));
-      t_min = std::min(t_min, at(c, j, kStampTimerStart));
-      t_max = std::max(t_max, at(c, j, kStampTimerEnd));
-    }
-    if (per_tile > 0) per_iter.push_back(us_per_cycle * diff(at(c, 0, 2), at(c, 0, 3)) / per_tile);
-    const size_t sm = static_cast<size_t>(at(c, 0, kStampSm));
-    if (sm >= per_sm.size()) per_sm.resize(sm + 1);
-    per_sm[sm].push_back(c);
-  }
-  std::printf("%s ctas=%zu span %.1f us (SM clock %.0f MHz by the stamps)\n", head, ctas, 1e-3 * diff(t_min, t_max),
-              1e3 / npc);
-  for (int later = 0; later < 2; ++later) {
-    if (ph[later][0].empty()) continue;
-    for (int i = 0; i < 5; ++i)
-      std::printf("HSTAMP   %s %-24s median %7.2f us  mean %7.2f us\n", later ? "later tiles" : "first tile ", names[i],
-                  median(ph[later][i]), mean(ph[later][i]));
-  }
-  if (!per_iter.empty()) std::printf("HSTAMP   steady loop per iteration (first tiles) median %.3f us\n", median(per_iter));
-  if (!boundary.empty())
-    std::printf("HSTAMP   tile boundary (loop done -> next tile's first GEMM done) median %.2f us mean %.2f us\n",
-                median(boundary), mean(boundary));
-  if (!multi_tile) {
-    // Consecutive CTAs on one SM, by that SM's cycle counter.
-    for (auto& list : per_sm) {
-      std::sort(list.begin(), list.end(), [&](size_t a, size_t b) { return at(a, 0, 0) < at(b, 0, 0); });
-      for (size_t i = 1; i < list.size(); ++i)
-        cta_gap.push_back(us_per_cycle * diff(at(list[i - 1], 0, 5), at(list[i], 0, 0)));
-    }
-    std::printf("HSTAMP   gap between consecutive CTAs on an SM median %.2f us mean %.2f us\n", median(cta_gap),
-                mean(cta_gap));
-  }
-}
-#endif

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Float32 model of the Hopper forwards' online softmax with the lazy row max (fwd_sm90_v2.cuh:
+"""Float32 model of the Hopper forwards' online softmax with the lazy row max (softmax.cuh:
 v2_softmax for a row's first key tile and the slow path, v2_softmax_steady for the others),
 against float64 attention, on the score profiles of tests/gpu/test_hopper.py's rising-scores test.
 

@@ -1,4 +1,4 @@
-# Protocol model of the v2 Hopper forward kernel (csrc/cuda/hopper/fwd_sm90_v2.cuh),
+# Protocol model of the v2 Hopper forward kernel (csrc/cuda/hopper/fwd_mainloop.cuh, one tile per CTA),
 # one CTA: the producer thread, the two consumer warpgroups (each one agent; its
 # 4 warps' arrivals count 4), asynchronous TMA completions, in-order wgmma-group
 # completions and the ping-pong named barriers, under random interleavings; the

@@ -1,4 +1,4 @@
-# Protocol model of the v3 Hopper forward kernel (csrc/cuda/hopper/fwd_sm90_v3.cuh):
+# Protocol model of the v3 Hopper forward kernel (csrc/cuda/hopper/fwd_kernel.cuh with the persistent scheduler):
 # one persistent CTA looping over several work tiles. Agents: the producer
 # thread, the two consumer warpgroups (each one agent; its 4 warps' arrivals
 # count 4), asynchronous TMA completions (any order), in-order wgmma-group

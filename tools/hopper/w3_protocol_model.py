@@ -1,5 +1,5 @@
-# Protocol model of the three-consumer Hopper forward (csrc/cuda/hopper/fwd_sm90_v2w3.cuh), one CTA,
-# with SKIP, and of its persistent candidate (fwd_sm90_w3p.cuh: several tiles per CTA, two Q slots): the producer thread, three consumer warpgroups (each one agent; its 4
+# Protocol model of the three-consumer Hopper forward (csrc/cuda/hopper/fwd_kernel.cuh, three consumer warpgroups), one CTA,
+# with SKIP, and of its persistent candidate (the persistent scheduler: several tiles per CTA, two Q slots): the producer thread, three consumer warpgroups (each one agent; its 4
 # warps' arrivals count 4 on the 12-warp empty barriers), asynchronous TMA completions, in-order
 # wgmma-group completions per warpgroup, the 3-way rotation on named barriers 1-3 (consumer c syncs
 # on bar c, 256 threads = its own 128 plus the 128 of pred(c) arriving), and the lazy max's slow path
@@ -68,8 +68,8 @@ NC = 3
 
 def run(tiles, ST, PP, seed, bug=None):
     """tiles: the CTA's work tiles in order, each (n_blocks, n_eff) with n_eff per consumer,
-    1 <= n_eff[c] <= n_blocks. One tile is the one-tile-per-CTA kernel (fwd_sm90_v2w3.cuh); several
-    are the persistent candidate (fwd_sm90_w3p.cuh): two Q slots, each released by every consumer
+    1 <= n_eff[c] <= n_blocks. One tile is the one-tile-per-CTA kernel; several
+    are the persistent kernel: two Q slots, each released by every consumer
     warp after its warpgroup's last S of the tile, K / V rings and the rotation running across
     tiles."""
     rnd = random.Random(seed)

@@ -8,7 +8,8 @@ is why the header is generated rather than written by hand. Families:
   Wgmma<N, F16>::rs_k A from registers, B from shared memory K-major (the forward's S = Q K^T, Q in registers)
   WgmmaTT<N, F16>::ss A and B from shared memory, both MN-major (the backward's dQ = dS K; d=256 dV, dK)
   WgmmaNT<N, F16>::ss A from shared memory K-major, B from shared memory MN-major (d=256 dQ = dS K)
-The lists of N below are the tile widths the kernels instantiate; add one here, not in the header.
+The lists of N below are the widths the kernels instantiate (the forward's BN and D, the backward's
+BM, BN and head-dim parts; tuning.h); add one here, not in the header.
 
     python csrc/cuda/hopper/gen_wgmma.py           # rewrite the header
     python csrc/cuda/hopper/gen_wgmma.py --check   # exit 1 if the header is stale (CI)
@@ -20,7 +21,7 @@ import argparse
 import pathlib
 import sys
 
-SS_N = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
+SS_N = (64, 80, 128)
 RS_N = (64, 128, 256)
 RSK_N = (128,)
 TT_N = (64, 128)
@@ -97,8 +98,8 @@ def render() -> str:
         "",
     ]
     for f16 in (False, True):
-        for n in SS_N:
-            body = wrapper("ss", n, f16, "ss")
+        for n in sorted(set(SS_N) | set(RS_N) | set(RSK_N)):
+            body = wrapper("ss", n, f16, "ss") if n in SS_N else ""
             if n in RS_N:
                 body += wrapper("rs", n, f16, "rs")
             if n in RSK_N:

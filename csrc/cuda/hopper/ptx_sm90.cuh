@@ -1,8 +1,12 @@
-// Thin PTX wrappers for the Hopper (sm_90a) forward kernel: mbarrier, TMA
-// (cp.async.bulk.tensor), wgmma fences, setmaxnreg and the shared-memory
-// matrix descriptor. Written against the PTX ISA 8.x text; no CUTLASS/CuTe.
+// Thin PTX wrappers for the Hopper (sm_90a) kernels: mbarrier, TMA (cp.async.bulk.tensor), wgmma
+// fences, setmaxnreg, named barriers, the shared-memory matrix descriptor and 16-bit packing.
+// Written against the PTX ISA 8.x text; no CUTLASS/CuTe.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <cstring>
 
 namespace fusedattn {
 namespace hopper {
@@ -45,20 +49,16 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   return done != 0;
 }
 
-// Block until the phase with the given parity has completed. On a freshly
-// initialised barrier (current phase 0) waiting for parity 1 returns at once.
-// Watchdog (on unless FUSEDATTN_HOPPER_NO_WATCHDOG), so that a pipeline bug
-// (phase / expect_tx mismatch) cannot hang the one GPU run: after 2^26 failed
-// polls (each a try_wait, which may itself suspend briefly: >= ~1 s in all;
-// legitimate waits here are microseconds)
+// Block until the phase with the given parity has completed. On a freshly initialised barrier
+// (current phase 0) waiting for parity 1 returns at once. Watchdog, so that a pipeline bug (phase /
+// expect_tx mismatch) cannot hang the GPU: after 2^26 failed polls (each a try_wait, which may
+// itself suspend briefly: a second or more in all; legitimate waits are microseconds)
 //   TRAP = true : the thread traps -> "unspecified launch failure";
-//   TRAP = false: the wait gives up and returns false; the caller carries on
-//                 with stale shared memory, so results are garbage (the check
-//                 fails) but the kernel ends. Used on the consumer side, where
-//                 a __trap path made ptxas spill and serialise wgmma (d=256).
+//   TRAP = false: the wait gives up and returns false; the caller carries on with stale shared
+//                 memory, so results are garbage (NaN lse / dK mark them) but the kernel ends.
+//                 The consumers' form: a __trap path there makes ptxas spill and serialise wgmma.
 template <bool TRAP>
 __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
-#ifndef FUSEDATTN_HOPPER_NO_WATCHDOG
   uint32_t polls = 0;
   while (!mbar_try_wait(bar, parity)) {
     if (++polls == (1u << 26)) {
@@ -66,10 +66,6 @@ __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
       return false;
     }
   }
-#else
-  while (!mbar_try_wait(bar, parity)) {
-  }
-#endif
   return true;
 }
 
@@ -148,6 +144,17 @@ __device__ __forceinline__ uint64_t make_smem_desc(uint32_t saddr, uint32_t lbo_
 }
 
 // ------------------------------------------------------------------- math
+template <bool F16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (F16) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -210,22 +217,35 @@ __device__ __forceinline__ bool bar_red_or_imm(bool pred) {
 // warp-uniform: values derived from it (the consumers' shared-memory offsets, hence the wgmma
 // descriptors) can then live in uniform registers. Derived from threadIdx.x directly, ptxas treats
 // them as per-thread and builds descriptors with vector arithmetic and R2UR moves before the HGMMAs
-// (v2 at d = 256 non-causal: 120 R2UR in the kernel, 12 with this; the CUTLASS warp-index idiom).
+// (the CUTLASS warp-index idiom).
 __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 }
 
 // x (the same in every lane) made warp-uniform to ptxas at this point of the program: the volatile
 // move keeps it from being hoisted out of an enclosing loop (where ptxas may park a loop invariant
-// in a vector register), the lane-0 broadcast marks it uniform. The persistent kernel's smem bases
-// per tile: without it, at d = 256 non-causal, its K / V descriptors were rebuilt in vector registers
-// with R2UR moves before every HGMMA.
+// in a vector register), the lane-0 broadcast marks it uniform: the persistent kernels' shared-memory
+// bases per tile, whose wgmma descriptors would otherwise be rebuilt in vector registers.
 __device__ __forceinline__ uint32_t warp_uniform_here(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return __shfl_sync(0xffffffffu, x, 0);
 }
 
-// ---- shared -> global tensor reduce (the backward's DQ_TMA variant) ----
+// 16-bit pair -> two floats (the inverse of pack2).
+template <bool F16>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  if constexpr (F16) {
+    __half2 v;
+    memcpy(&v, &w, 4);
+    return __half22float2(v);
+  } else {
+    __nv_bfloat162 v;
+    memcpy(&v, &w, 4);
+    return __bfloat1622float2(v);
+  }
+}
+
+// ---- shared -> global tensor reduce (the backward's dQ) ----
 // Element-wise reduce-add of a shared-memory box into the global tensor of a
 // 4-D tensor map (element type from the map, e.g. f32). Box elements outside
 // the tensor bounds are not written. Completes through the bulk async-group of
@@ -240,11 +260,6 @@ __device__ __forceinline__ void tma_reduce_add_4d(const void* tmap, uint32_t src
       "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-// Four fp32 adds to 16 consecutive, 16-byte aligned bytes of global memory, one reduction.
-__device__ __forceinline__ void red_add_v4_f32(float* addr, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // At most N committed bulk groups of this thread still reading shared memory.
 template <int N>
@@ -258,6 +273,30 @@ __device__ __forceinline__ void bulk_wait_group() {
 }
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// 32-bit shared-memory store / load by shared-space address.
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+// Acquire load / release store at gpu scope (the deterministic backward's dQ turn counters).
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// Bidirectional generic <-> async proxy fence for global memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 }  // namespace hopper

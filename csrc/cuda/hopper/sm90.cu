@@ -1,11 +1,12 @@
 // The Hopper path's entry points (hopper.h): which calls it takes, which kernel
 // runs them, and the launches. Built only for sm_90a (cmake/cuda.cmake compiles
 // this directory on its own, for that target alone); without it the dispatch
-// never asks. The kernels' host entries live in their own translation units
-// (kernels.h).
+// never asks. The kernels' host entries (kernels.h) are instantiated from
+// kernels.list.
 //
-// Forward, on by default: four kernel variants (v2, persistent, and at d = 64
-// three-consumer and persistent three-consumer), chosen per call by tuning.h;
+// Forward, on by default: four variants of fwd_kernel.cuh (one tile per CTA
+// ("v2"), persistent, and at d = 64 three-consumer and persistent
+// three-consumer), chosen per call by tuning.h;
 // FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h) forces one (the three-consumer
 // ones only where d = 64) for A/B timing and for the tests.
 // Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
@@ -15,12 +16,12 @@
 // ALiBi, dropout, padding, thd, sliding window, max_logit, softcap or KV cache. Every
 // other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
 //
-// Backward (bwd_sm90.cuh; dQ by TMA reduce-add), on by default
+// Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
 // (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls restricted to
 // s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
 // and the gradients), no dbias. Deterministic mode (torch.use_deterministic_
 // algorithms) at d = 64 and 128 runs the variant whose dQ reduce-adds take turns
-// in a fixed order (bwd_sm90.cuh, DET); at d = 256, whose dQ reduce-adds sum
+// in a fixed order (bwd_common.cuh, DET); at d = 256, whose dQ reduce-adds sum
 // in an order that varies from run to run, it goes to the sm80-class backward,
 // as does everything else.
 #include <cuda_runtime.h>
@@ -57,7 +58,7 @@ FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
   FwdVariant variant = choose_fwd_variant(d, causal, pr.s_kv);
   switch (overrides().hopper_fwd) {
     case HopperFwdChoice::kAuto: break;
-    case HopperFwdChoice::kV2: variant = FwdVariant::kV2; break;
+    case HopperFwdChoice::kV2: variant = FwdVariant::kOneTile; break;
     case HopperFwdChoice::kPersistent: variant = FwdVariant::kPersistent; break;
     case HopperFwdChoice::kThreeConsumer: variant = FwdVariant::kThreeConsumer; break;
     case HopperFwdChoice::kThreeConsumerPersistent: variant = FwdVariant::kThreeConsumerPersistent; break;
@@ -67,7 +68,7 @@ FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
   }
   const int64_t tiles = (pr.s_q + 127) / 128 * pr.h_q * pr.b;
   if (variant == FwdVariant::kPersistent && (sm_count <= 0 || tiles + 2 * int64_t{sm_count} > 0x7fffffff)) {
-    variant = FwdVariant::kV2;
+    variant = FwdVariant::kOneTile;
   }
   const int64_t tiles192 = (pr.s_q + 191) / 192 * pr.h_q * pr.b;
   if (variant == FwdVariant::kThreeConsumerPersistent &&
@@ -115,7 +116,7 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   } else if (variant == FwdVariant::kThreeConsumer) {
     e = run_fwd_three_consumer<T>(a, st);
   } else {
-    e = run_fwd_v2<T, D>(a, st);
+    e = run_fwd_one_tile<T, D>(a, st);
   }
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();

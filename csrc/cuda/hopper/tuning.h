@@ -1,8 +1,8 @@
-// Which Hopper forward kernel takes a call. Every variant is correct for every shape the Hopper
-// path admits (the harness compares them bit for bit, tests/gpu runs each one forced); this file
-// only picks the fastest, so it lives apart from the kernels. The thresholds come from the forward
-// harness on the H200 (bench3 / benchw3, bf16, b*s = 16k tokens, h*d = 2048, 2026-11-30; table and
-// ratios in docs/perf-notes.md). The deciding quantity is s_kv, the work of one query tile.
+// The Hopper kernels' tuning: tile sizes, ring depths and per-warpgroup options per head dim, which
+// forward variant takes a call, the persistent kernels' causal tile order and the one-tile causal
+// chunk. Every variant is correct for every shape the Hopper path admits; this header only picks
+// the fastest, with the reason for each choice here and the measurements in docs/perf-notes.md.
+// Host and device code include it (the constants are compile-time).
 #pragma once
 
 #include <cstdint>
@@ -10,52 +10,109 @@
 namespace fusedattn {
 namespace hopper {
 
-enum class FwdVariant {
-  kV2,             // fwd_sm90_v2.cuh: one CTA per 128-row query tile, two consumer warpgroups
-  kPersistent,     // fwd_sm90_v3.cuh: v2's tiles on min(#tiles, #SMs) CTAs that loop over them
-  kThreeConsumer,  // fwd_sm90_v2w3.cuh: d = 64 only, 192-row tiles, three consumer warpgroups
-  // fwd_sm90_w3p.cuh: the three-consumer tiles on min(#tiles, #SMs) CTAs that loop over them.
-  kThreeConsumerPersistent,
+// ---------------------------------------------------------------- forward tiles
+// BN keys per tile, STAGES K / V ring slots, PP: the consumer warpgroups take turns issuing their
+// GEMMs (one's softmax under the others' GEMMs), SKIP: a warpgroup skips the key tiles its rows
+// never see. A CTA's query tile is 64 rows per consumer warpgroup. NCONS = 2 is the general layout
+// (240 registers per consumer thread: O, S, P of a 64-row slice); NCONS = 3 serves d = 64 only.
+template <int D, int NCONS, bool CAUSAL>
+struct FwdTileConfig;
+// d = 64: 128-key tiles (a 64 x 128 S tile is only 4 k-steps, so wider tiles amortise each tile's
+// barriers); 4 stages fit easily (16 KB per K or V slot).
+template <bool CAUSAL>
+struct FwdTileConfig<64, 2, CAUSAL> {
+  static constexpr int BN = 128, STAGES = 4;
+  static constexpr bool PP = true, SKIP = false;
+};
+// d = 128: 128-key tiles, 3 stages (32 KB per slot: a fourth does not fit beside Q).
+template <bool CAUSAL>
+struct FwdTileConfig<128, 2, CAUSAL> {
+  static constexpr int BN = 128, STAGES = 3;
+  static constexpr bool PP = true, SKIP = false;
+};
+// d = 256: O alone takes 128 registers per thread, so 80-key tiles (S 40 + P 20 registers) and 2
+// stages (64 KB Q + 4 x 40 KB). The turns pay off only for causal calls, whose masked diagonal
+// tiles lengthen the softmax that the other warpgroup's GEMMs then hide; without masking the
+// softmax is short beside two 256-wide GEMMs and the turns only add waits.
+template <bool CAUSAL>
+struct FwdTileConfig<256, 2, CAUSAL> {
+  static constexpr int BN = 80, STAGES = 2;
+  static constexpr bool PP = CAUSAL, SKIP = false;
+};
+// d = 64 with three consumers (192-row query tiles): each K / V tile serves 1.5x the rows per load,
+// producer iteration and barrier round trip, which is what bounds d = 64, and two warpgroups' GEMMs
+// cover one's softmax. 160 registers per consumer thread hold O 32 + S 64 + P 32. SKIP: causally,
+// and in a grid's last query tile, some warpgroups' key tiles would be all P = 0.
+template <bool CAUSAL>
+struct FwdTileConfig<64, 3, CAUSAL> {
+  static constexpr int BN = 128, STAGES = 4;
+  static constexpr bool PP = true, SKIP = true;
 };
 
+// Q in registers for the S GEMM (an RS wgmma): the S wgmmas then read only K from shared memory,
+// and the Q slot frees as soon as the fragments are loaded, so a persistent CTA's next Q lands a
+// whole tile earlier; it costs D / 4 registers per thread. Taken where that pays: the persistent
+// two-consumer kernel at d = 128 with 128-key tiles (a one-tile CTA has no next Q to hurry; d = 256
+// has no room beside O; gen_wgmma.py's RSK_N has N = 128).
+constexpr bool fwd_q_in_registers(int d, int bn, int ncons, bool persistent) {
+  return persistent && ncons == 2 && d == 128 && bn == 128;
+}
+
+// ---------------------------------------------------------------- backward tiles
+// BM query rows per iteration, BN keys per CTA (two consumers of 64 keys each; d = 256 splits the
+// head dim instead, see bwd_kernel_d256.cuh), STAGES Q / dO ring slots. d = 64 / 128: the fp32 dK
+// and dV accumulators of 64 keys take D registers per thread, so d = 128 streams 64-row query tiles
+// and d = 64 128-row ones (S^T and dP^T accumulators of BM / 2 registers each).
+template <int D>
+struct BwdTile;
+template <>
+struct BwdTile<64> {
+  static constexpr int BM = 128, BN = 128, STAGES = 2;
+};
+template <>
+struct BwdTile<128> {
+  static constexpr int BM = 64, BN = 128, STAGES = 2;
+};
+template <>
+struct BwdTile<256> {
+  static constexpr int BM = 64, BN = 64, STAGES = 2;
+};
+
+// ---------------------------------------------------------------- forward variant
+enum class FwdVariant {
+  kOneTile,        // one CTA per 128-row query tile, two consumer warpgroups
+  kPersistent,     // the same tiles on min(#tiles, #SMs) CTAs that loop over them
+  kThreeConsumer,  // d = 64 only: one CTA per 192-row query tile, three consumer warpgroups
+  kThreeConsumerPersistent,  // the three-consumer tiles on min(#tiles, #SMs) looping CTAs
+};
+
+// The deciding quantity is s_kv, the work of one query tile. A one-tile CTA pays a prologue
+// (barrier init, tensor-map prefetch, the first Q and K loads) and an epilogue (O normalisation,
+// stores) that overlap nothing; a persistent CTA overlaps them with its next tile, which matters
+// where tiles are short. Causal tiles of one grid have many lengths, which the persistent static
+// schedule balances less well than the hardware's dispatch of one-tile CTAs at long s.
 inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   if (d == 64) {
-    // Persistent vs v2: +25 / +15 / +10% non-causal and +29 / +17 / +10% causal at s = 512 / 1k / 2k
-    // (short tiles: the per-CTA prologue and epilogue are a large share). Three consumers vs v2:
-    // +7 to +13% at s >= 4k, causal or not (each K/V tile serves 192 rows). The three consumers on
-    // the persistent schedule (2026-12-02, harness benchw3p and an operator grid of
-    // FUSEDATTN_HOPPER_FWD=three_consumer_persistent against this rule's predecessor, 3 rounds
-    // each): non-causal 370 / 437 / 519 TFLOP/s at s = 512 / 1k / 2k against the persistent
-    // kernel's 339 / 401 and the three-consumer kernel's 516 (operator +9 / +6.5 / +2.3%); causal
-    // at 2k +3% (harness) / +2.3% (operator) over the three-consumer kernel. Causal at s <= 1k the
-    // persistent kernel stays ahead (harness 307 vs 285 TFLOP/s at 1k, 222 vs 219 at 512), and from
-    // 4k the one-tile-per-CTA three-consumer kernel does (non-causal -2% at 4k, -3 to -7% at
-    // 8k / 16k for the persistent one).
+    // Three consumers win from s = 2k on; on the persistent schedule they also win below it, except
+    // causally at s <= 1k, where the two-consumer persistent kernel's shorter (128-row) tiles
+    // balance better; from 4k on the one-tile-per-CTA three-consumer kernel is ahead.
     if (s_kv <= 1024) return causal ? FwdVariant::kPersistent : FwdVariant::kThreeConsumerPersistent;
     return s_kv <= 2048 ? FwdVariant::kThreeConsumerPersistent : FwdVariant::kThreeConsumer;
   }
-  // Causal at d = 128 / 256 with the schedule choose_v3_schedule picks, against v2: d = 128 +24 /
-  // +19 / +12 / +6 / +3% at s = 512 / 1k / 2k / 4k / 8k, d = 256 +19 / +10 / +13 / +12 / +9%; at 16k
-  // both 1-2% slower (2026-11-30 run 1 of the fifth session). With round-robin tiles it was 2-20%
-  // slower: unequal tile lengths and, at short s, one query tile of every head in a round.
-  if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kV2;
-  // Non-causal d = 128 / 256: the persistent kernel at every length. Against v2, d = 128: +14 / +8 /
-  // +4% at s = 512 / 1k / 2k; with the lazy row max (twelfth session) and Q in registers the harness
-  // has it ahead at every length (+3% at 2k, +2% at 4k, +2 / +3.5% at 8k / 16k). d = 256: +7 / +1.5%
-  // at 512 / 1k, +4.6% at 2k and +4% at 8k with the lazy row max. The operator grid (thirteenth
-  // session, three alternated rounds of FUSEDATTN_HOPPER_FWD=persistent against the old thresholds)
-  // confirmed the rest: d = 128 +1.6 / +4.7% at 8k / 16k, d = 256 +5.8% at 16k (-0.8% at 8k, where
-  // both runs already took it).
+  // d = 128 / 256: persistent everywhere, except causal calls past 8k, where the one-tile kernel's
+  // hardware-dispatched order balances the unequal tiles better.
+  if (causal) return s_kv <= 8192 ? FwdVariant::kPersistent : FwdVariant::kOneTile;
   return FwdVariant::kPersistent;
 }
 
-// The persistent kernel's work-tile schedule for a causal call (fwd_sm90_v3.cuh, kV3Snake and
-// kV3SnakeHeadMajor; non-causal calls have one tile length and one schedule).
+// ---------------------------------------------------------------- persistent causal order
+// Which causal tile order the persistent kernels take (tile_scheduler.cuh's kTilesSnake and
+// kTilesSnakeHeadMajor; non-causal calls have one tile length and one order).
 enum class V3Schedule { kSnake, kSnakeHeadMajor };
 
 // The work-tile grid of a persistent causal call: n_m query tiles of bm rows per (batch, head),
 // n_hb (batch, head) pairs, g CTAs; a query tile m sees min(ceil(s_kv / bn), ceil((m + 1) bm / bn))
-// key tiles (the kernel's v3_decode).
+// key tiles.
 struct V3Grid {
   int64_t n_m = 0, n_hb = 0, s_kv = 0;
   int g = 0, bm = 128, bn = 128;
@@ -64,9 +121,7 @@ struct V3Grid {
 // The busiest CTA's key tiles over the mean under the snake schedule (round j covers tiles
 // [j g, (j + 1) g), odd rounds in reverse CTA order), with the tiles in the head-major causal order
 // (a head's query tiles adjacent, longest first) or the m-major one (longest first over all heads).
-// The same model as tests/gpu/hopper/v3_protocol_model.py's balance(), which matched the measured
-// losses: at d = 128, s = 16k (16 heads, 128 query tiles each, 132 CTAs) head-major gives 1.54,
-// where the rounds drift against the head boundaries, and the kernel ran at 0.68x v2.
+// tools/hopper's v3_protocol_model.py has the same model (balance()).
 inline double v3_snake_imbalance(const V3Grid& gr, bool head_major) {
   const int64_t n_tiles = gr.n_m * gr.n_hb;
   const int64_t full = (gr.s_kv + gr.bn - 1) / gr.bn;
@@ -90,15 +145,12 @@ inline double v3_snake_imbalance(const V3Grid& gr, bool head_major) {
   return total > 0 ? static_cast<double>(busiest) * g / static_cast<double>(total) : 1.0;
 }
 
-// Head-major keeps a round's CTAs on few heads, so they share K/V in L2: at s <= 2k it beat the
-// m-major snake by 10-30% (d = 128 causal: 1.24 / 1.19 / 1.12x v2 against 1.01 / 0.93 / 0.91x at
-// s = 512 / 1k / 2k), and it won even where the model gave it 8% more imbalance (d = 256, s = 1k:
-// 1.10x against 0.83x). Where the model gives it much more (the rounds drifting against the head
-// boundaries: 1.5-1.8 at d = 128 s = 16k and d = 256 s >= 8k), it lost 23-40% and snake wins.
-// Hence: head-major unless its modelled imbalance exceeds snake's by more than 10%. The model costs
-// one pass over the tiles, so it runs for grids of up to 2^17 tiles (a microsecond per thousand
-// tiles on the host) and the last shapes' answers are kept per thread; larger grids take snake,
-// whose modelled imbalance stays within 1% of even on every measured shape.
+// Head-major keeps a round's CTAs on few heads, so they share K / V in L2, which wins even against
+// a little more modelled imbalance; where its rounds drift against the head boundaries the
+// imbalance grows large and the m-major snake wins. Hence head-major unless its modelled imbalance
+// exceeds snake's by more than 10%. The model costs one pass over the tiles, so it runs for grids
+// of up to 2^17 tiles and the last shapes' answers are kept per thread; larger grids take snake,
+// whose modelled imbalance stays near even on long grids.
 inline V3Schedule choose_v3_schedule(const V3Grid& gr) {
   struct Entry {
     V3Grid key;
@@ -124,15 +176,14 @@ inline V3Schedule choose_v3_schedule(const V3Grid& gr) {
   return choice;
 }
 
-// The causal tile order of the non-persistent kernels (fwd_sm90.cuh's chunked_tile: the v2 and
-// three-consumer forwards, the backward): how many groups ((batch, head) forward, (batch, kv head)
-// backward) share a chunk, inside which the blocks go tile-major so that every group's longest tile
-// starts early. With `tiles` tiles per group, a chunk holds about C tiles / 2 times the longest
-// tile's work, and its longest tiles end no later than the rest when that covers every SM once:
-// C >= 2 sms / tiles. The largest power of two at or below that keeps C, hence the rows that
-// concurrent CTAs touch, small; tests/gpu/hopper/bwd_order_model.py gives the backward's idle tail
-// at the end as 0-2% with it against 3-7% group by group (C = 1) on the benchmark's causal shapes at
-// s = 1k-8k, and the same model of the d = 64 three-consumer forward 0.8-1.8% against 3.5-4.9%.
+// ---------------------------------------------------------------- one-tile causal chunk
+// The causal tile order of the one-tile kernels (tile_scheduler.cuh's chunked_tile: the one-tile
+// forwards, the backward): how many groups ((batch, head) forward, (batch, kv head) backward) share
+// a chunk, inside which the blocks go tile-major so that every group's longest tile starts early.
+// With `tiles` tiles per group, a chunk holds about C tiles / 2 times the longest tile's work, and
+// its longest tiles end no later than the rest when that covers every SM once: C >= 2 sms / tiles.
+// The largest power of two at or below that keeps C, hence the rows that concurrent CTAs touch,
+// small (tools/hopper's bwd_order_model.py models the idle tail it removes).
 inline int choose_causal_chunk(int64_t tiles, int64_t groups, int sms) {
   if (sms <= 0 || tiles <= 0 || groups <= 1) return 1;
   const int64_t want = 2 * int64_t{sms} / tiles;

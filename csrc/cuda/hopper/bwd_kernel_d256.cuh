@@ -1,18 +1,13 @@
-// Hopper (sm_90a) FlashAttention backward, head dim 256: the main kernel only.
-// Included by bwd_sm90.cuh (do not include it directly): it reuses that
-// file's pre/post kernels, BwdKParams, workspace layout (fp32 dQ accumulator,
-// lse2, Dsum rows padded to kBwdRowPad), Sm90BwdArgs and host plumbing;
-// bwd_sm90_prepare<T, 256> picks this kernel and BwdSmemD256::kTotal.
-// Same contract as d = 64/128 (bshd contiguous, bf16/fp16, GQA, top-left
-// causal, any s >= 1).
+// The Hopper backward's main kernel at d = 256 (bwd_common.cuh has the shared roles and the
+// overall design; same contract, workspace and pre / post kernels as d = 64 / 128).
 //
 // Why a separate kernel: at d = 256 a 64-key x 256 fp32 dK accumulator alone
 // is 128 registers per consumer thread (dV another 128), so the d = 64/128
 // partition (each consumer owns 64 keys and the full head dim) cannot fit.
 //
 // One CTA per (key tile of BN = 64 keys, kv head, batch), 384 threads; query
-// tiles of BM = 64 rows stream through a 2-stage TMA ring exactly as in
-// bwd_sm90_kernel (producer WG0, setmaxnreg.dec 24; full barrier complete_tx,
+// tiles of BM = 64 rows stream through a 2-stage TMA ring exactly as at d = 64 / 128
+// (producer WG0, setmaxnreg.dec 24; full barrier complete_tx,
 // empty barrier 8 consumer-warp arrivals; lse2 / Dsum row slices by bulk copy).
 // The two consumer warpgroups (setmaxnreg.inc 240), cw = 0, 1, split the work
 // of one (query tile m, key tile n) iteration as follows:
@@ -35,13 +30,11 @@
 //       queries, K-major from sdS; B = K, MN-major), commit;
 //       dK[:, half] += dS^T Q[:, half]  (WgmmaTT: A = dS^T M-major from sdS;
 //       B = Q MN-major), commit; wait_group 1 (dV, dQ done) -> dQ_part into
-//       the workspace's fp32 accumulator (TMA reduce-add, see below, or 16-byte
-//       red.global.add.v4.f32) while dK runs; wait_group 0; each warp releases the stage.
+//       the workspace's fp32 accumulator (TMA reduce-add, below) while dK runs;
+//       wait_group 0; each warp releases the stage.
 //   Epilogue: WG cw stores dK[:, half] * scale, dV[:, half] (plain stores).
 //
-// dQ by TMA reduce-add (bwd_sm90_d256_dqtma_kernel, the library's; bwd_sm90_d256_kernel keeps the
-// reductions from registers above as the harness's baseline): shared memory has no room for 64 KB
-// of fp32 staging, but a stage's Q and dO tiles are 32 KB each, exactly one consumer's 64 x 128 fp32
+// dQ by TMA reduce-add: shared memory has no room for 64 KB of fp32 staging, but a stage's Q and dO tiles are 32 KB each, exactly one consumer's 64 x 128 fp32
 // dQ_part, and are dead once the iteration's wgmmas have read them. Each consumer writes four
 // [64][32] fp32 boxes (128B swizzle, stage_dq_part) and fences; rows >= s_q are out of bounds of
 // the map and skipped by the cp.reduce.async.bulk.tensor adds.
@@ -54,9 +47,8 @@
 //   the Q tile and releases the stage at once; the producer thread issues the four reduces once
 //   the stage's empty barrier completes and refills Q after their reads (bwd_produce, DQ_Q). cw 1's
 //   reduces go out at the very end of an iteration, so a consumer waiting for their reads under its
-//   next wgmmas stalled (sixteenth / seventeenth sessions: 4.5-6% of the kernel's time); the
-//   producer waits for them only where the refill must, and the stage is refilled for the
-//   iteration after next.
+//   next wgmmas would stall; the producer waits for them only where the refill must, and the stage
+//   is refilled for the iteration after next.
 //
 // sP and sdS are double-buffered by iteration parity, so barriers 1 and 2 are
 // the only consumer-consumer synchronisation: WG0 writes sP(i+2) only after
@@ -82,57 +74,16 @@
 // an MN-major N = 128 half starts at chunk 2cw with LBO = rows * 128.
 #pragma once
 
-#include <cstring>  // memcpy (16-bit pair unpacking)
+#include "bwd_common.cuh"
 
 namespace fusedattn {
 namespace hopper {
 
-struct BwdSmemD256 {
-  using Tile = BwdTile<256>;
-  static constexpr int D = 256, BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
-  static constexpr int kKVBytes = BN * D * 2;  // one of K, V
-  static constexpr int kQBytes = BM * D * 2;   // one of Q, dO (per stage)
-  static constexpr int kPBytes = BM * BN * 2;  // one P or dS buffer
-  static constexpr int kRowBytes = BM * 4;     // one lse2 / Dsum slice
-  static constexpr int kK = 0;
-  static constexpr int kV = kK + kKVBytes;
-  static constexpr int kQ = kV + kKVBytes;
-  static constexpr int kdO = kQ + STAGES * kQBytes;
-  static constexpr int kP = kdO + STAGES * kQBytes;
-  static constexpr int kdS = kP + 2 * kPBytes;
-  static constexpr int kL = kdS + 2 * kPBytes;
-  static constexpr int kDs = kL + STAGES * kRowBytes;
-  static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
-  static constexpr int kTotal = kBar + ((kBarBytes + 127) / 128) * 128 + 1024;  // + alignment slack
-  static_assert(BM == 64 && BN == 64, "one wgmma M tile of queries and of keys");
-  static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kP % 1024 == 0 && kdS % 1024 == 0 &&
-                    kPBytes % 1024 == 0 && kL % 16 == 0 && kBar % 8 == 0,
-                "swizzle atoms 1024-aligned");
-  static_assert(BM <= kBwdRowPad, "row slices inside the padded lse2 / Dsum rows");
-  static_assert(kTotal <= 227 * 1024, "shared memory");
-};
+// Two P and two dS tiles, no staging (the dQ_parts are staged in the dead Q and dO tiles).
+using BwdSmemD256 = BwdSmemLayout<256, 4, false>;
+static_assert(BwdSmemD256::BM == 64 && BwdSmemD256::BN == 64, "one wgmma M tile of queries and of keys");
 
 namespace d256 {
-
-__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-
-template <bool F16>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  if constexpr (F16) {
-    __half2 v;
-    memcpy(&v, &w, 4);
-    return __half22float2(v);
-  } else {
-    __nv_bfloat162 v;
-    memcpy(&v, &w, 4);
-    return __bfloat1622float2(v);
-  }
-}
 
 // Byte offset, inside a [64 rows][64] 16-bit block with the 128B swizzle, of the
 // element pair (row, 8j + 2qd .. +1).
@@ -142,82 +93,34 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
 
 }  // namespace d256
 
-// The body of both entries below; DQ_TMA: see "dQ by TMA reduce-add" at the top.
-template <typename T, bool CAUSAL, bool DQ_TMA>
-__device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const CUtensorMap& tmK,
-                                                   const CUtensorMap& tmV, const CUtensorMap& tmdO,
-                                                   const CUtensorMap* tmdQ, const BwdKParams& p) {
+template <typename T, bool CAUSAL_>
+struct BwdConsumerD256 {
+  using Smem = BwdSmemD256;
+  static constexpr bool CAUSAL = CAUSAL_, DET = false, kDqInQ = true;
+  static __device__ __forceinline__ void consume(const BwdCtx<Smem, CAUSAL>& c, const CUtensorMap* tmdQ,
+                                                 const BwdKParams& p, int*);
+};
+
+template <typename T, bool CAUSAL>
+__device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx<Smem, CAUSAL>& c,
+                                                                   const CUtensorMap* tmdQ, const BwdKParams& p,
+                                                                   int*) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
-  using Smem = BwdSmemD256;
   constexpr int D = Smem::D, BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
   constexpr int DCH = D / 64;  // 64-wide chunks per row
   constexpr int DH = D / 2;    // head-dim columns of dK, dV, dQ per consumer
   static_assert(DH == 128 && DCH == 4, "two 64-wide chunks per consumer half");
 
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t sraw = smem_u32(smem_raw);
-  const uint32_t sbase = (sraw + 1023u) & ~1023u;
-  uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
-  const uint32_t sK = sbase + Smem::kK;
-  const uint32_t sV = sbase + Smem::kV;
-  const uint32_t sQ0 = sbase + Smem::kQ;
-  const uint32_t sdO0 = sbase + Smem::kdO;
-  const uint32_t sP0 = sbase + Smem::kP;
-  const uint32_t sdS0 = sbase + Smem::kdS;
-  const uint32_t sL0 = sbase + Smem::kL;
-  const uint32_t sDs0 = sbase + Smem::kDs;
-  const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
-  const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
-  const uint32_t bar0 = sbase + Smem::kBar;
-  const uint32_t bar_kv = bar0;
-  auto bar_full = [&](int s) { return bar0 + 8u * (1 + s); };
-  auto bar_empty = [&](int s) { return bar0 + 8u * (1 + STAGES + s); };
-
-  const int tid = threadIdx.x;
-  const int wg = warpgroup_index();
-  const BwdTileIdx tile = bwd_tile_idx<CAUSAL, false>(p);
-  const int n_blk = tile.n_blk;
-  const int hk = tile.hk;
-  const int batch = tile.batch;
-  const int G = p.h / p.h_kv;
-  const int n_m = (p.s_q + BM - 1) / BM;
-  const int m_start = CAUSAL ? min((n_blk * BN) / BM, n_m) : 0;
-
-  if (tid == 0) {
-    mbar_init(bar_kv, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), kBwdConsumerWarps);
-    }
-    mbar_fence_init();
-    tma_prefetch_desc(&tmQ);
-    tma_prefetch_desc(&tmK);
-    tma_prefetch_desc(&tmV);
-    tma_prefetch_desc(&tmdO);
-    if constexpr (DQ_TMA) tma_prefetch_desc(tmdQ);
-  }
-  __syncthreads();
-
-  if (wg == 0) {
-    // ------------------------------------------------------------ producer
-    setmaxnreg_dec<24>();
-    if (tid == 0) {
-      bwd_produce<Smem, DCH, DQ_TMA>(BwdProducerArgs{sK, sV, sQ0, sdO0, sL0, sDs0, bar0, &tmQ, &tmK, &tmV, &tmdO,
-                                                      n_blk, hk, batch, m_start, n_m, tmdQ},
-                                     p);
-    }
-    return;
-  }
-
-  // -------------------------------------------------------------- consumers
-  setmaxnreg_inc<240>();
-  const int cw = wg - 1;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
-  const int ltid = tid & 127;
-  const int warp = ltid / 32;
-  const int lane = tid & 31;
-  const int qd = lane & 3;
-  const int r0 = lane >> 2;
+  const auto& sh = c.sh;
+  const uint32_t sbase = c.sbase, sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
+  const uint32_t sP0 = sbase + Smem::kTiles;
+  const uint32_t sdS0 = sP0 + 2 * Smem::kTileBytes;
+  const float *gL0 = c.gL0, *gDs0 = c.gDs0;
+  const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
+  const int m_start = c.cta.m_start;
+  const int cw = c.cw;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
+  const int ltid = c.ltid, warp = c.warp, lane = c.lane, qd = c.qd, r0 = c.r0;
   // Accumulator fragment rows of this thread: row_l, row_l + 8 (queries for
   // S / dP / dQ, keys for dK / dV); columns 8j + 2qd (+1).
   const int row_l = warp * 16 + r0;
@@ -227,17 +130,9 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
   const uint32_t sB = cw == 0 ? sK : sV;
 
   float dk[DH / 2], dv[DH / 2];
-#pragma unroll
-  for (int i = 0; i < DH / 2; ++i) {
-    dk[i] = 0.f;
-    dv[i] = 0.f;
-  }
+  bool timed_out = bwd_consumer_start(dk, dv, sh);
 
-  // Watchdog give-ups (see mbar_wait) are reported as NaN dK.
-  bool timed_out = !mbar_wait<false>(bar_kv, 0);
-  __syncwarp();
-
-  // DQ_TMA, thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
+  // Thread ltid 0: the stage whose release (warp 0's arrival on its empty barrier) waits
   // for this thread's reduces to have read their staging tile (-1: none).
   int pend = -1;
 
@@ -250,14 +145,14 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       const uint32_t sQ = sQ0 + s * Smem::kQBytes;
       const uint32_t sdO = sdO0 + s * Smem::kQBytes;
       const uint32_t sA = sA0 + s * Smem::kQBytes;
-      const uint32_t sP = sP0 + (it & 1) * Smem::kPBytes;
-      const uint32_t sdS = sdS0 + (it & 1) * Smem::kPBytes;
+      const uint32_t sP = sP0 + (it & 1) * Smem::kTileBytes;
+      const uint32_t sdS = sdS0 + (it & 1) * Smem::kTileBytes;
 
       // ---------------- (a) S = Q K^T (cw 0) or dP = dO V^T (cw 1): 64 queries x 64 keys
       float acc[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-      timed_out |= !mbar_wait<false>(bar_full(s), ph);
+      timed_out |= !mbar_wait<false>(sh.bar_full(s), ph);
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
@@ -269,12 +164,12 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
         Wgmma<BN, F16>::ss(acc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
       }
       wgmma_commit();
-      // DQ_TMA, cw 0: release the previous tile's stage while these wgmmas run: its reduces have had
-      // the dK wgmmas' time to read the staging tile. (Later, at cw 0's idle wait before barrier 2,
-      // the release cost 7-12%: the dO refill then comes late.)
-      if (DQ_TMA && ltid == 0 && pend >= 0) {
+      // cw 0: release the previous tile's stage while these wgmmas run: its reduces have had the dK
+      // wgmmas' time to read the staging tile (at cw 0's idle wait before barrier 2 the dO refill
+      // would come late).
+      if (ltid == 0 && pend >= 0) {
         bulk_wait_group_read<0>();
-        mbar_arrive(bar_empty(pend));
+        mbar_arrive(sh.bar_empty(pend));
       }
       wgmma_wait<0>();
 #pragma unroll
@@ -284,10 +179,10 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
       const float* Dss = gDs0 + s * BM;
       // ---------------- (b) P -> sP [query][key] (cw 0)
       if (cw == 0) {
-        const bool diag = CAUSAL && (n_blk * BN + BN - 1 > m * BM);
+        const bool diag = c.mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
         // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
         // finite but able to overflow to inf (-> NaN): mask them.
-        const bool ktail = (n_blk + 1) * BN > p.s_kv;
+        const bool ktail = c.mask.has_key_tail((n_blk + 1) * BN);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int ql = row_l + 8 * hf;
@@ -300,8 +195,8 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
               const int idx = 4 * j + 2 * hf + e;
               const int key = n_blk * BN + 8 * j + 2 * qd + e;
               float sv = acc[idx];
-              if (diag && key > q) sv = -INFINITY;
-              if (ktail && key >= p.s_kv) sv = -INFINITY;
+              if (diag && c.mask.above_diagonal(q, key)) sv = -INFINITY;
+              if (ktail && c.mask.past_keys(key)) sv = -INFINITY;
               acc[idx] = fast_exp2(fmaf(sv, sl2, -l2));
             }
             st_shared_b32(sP + d256::swz_pair(ql, j, qd), pack2<F16>(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]));
@@ -334,7 +229,7 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
             const uint32_t off = d256::swz_pair(ql, j, qd);
-            const float2 pv = d256::unpack2<F16>(d256::ld_shared_b32(sP + off));
+            const float2 pv = unpack2<F16>(ld_shared_b32(sP + off));
             const float d0 = pv.x * (acc[4 * j + 2 * hf] - dd);
             const float d1 = pv.y * (acc[4 * j + 2 * hf + 1] - dd);
             st_shared_b32(sdS + off, pack2<F16>(d0, d1));
@@ -377,108 +272,64 @@ __device__ __forceinline__ void bwd_sm90_d256_main(const CUtensorMap& tmQ, const
 #pragma unroll
       for (int i = 0; i < DH / 2; ++i) reg_fence(dq[i]);
 
-      if constexpr (DQ_TMA) {
-        // cw 0 stages its dQ_part in stage s's dO tile once both consumers' dV wgmmas are done
-        // (barrier 3), while the dK wgmmas run, and one thread reduce-adds the four boxes; cw 1
-        // stages in the Q tile once both consumers' dK wgmmas are done (barrier 4), and the
-        // producer reduce-adds it after the stage's release (bwd_produce, DQ_Q).
-        if (cw == 0) {
-          bar_sync_imm<3, 256>();
-          stage_dq_part<DH / 8>(sdO, warp, r0, qd, dq);
-          fence_proxy_async_smem();
-          bar_sync_imm<5, 128>();
-          if (ltid == 0) reduce_dq_part<DH / 32>(tmdQ, sdO, 0, head, m * BM, batch);
-          wgmma_wait<0>();
-          bar_arrive_imm<4, 256>();
-        } else {
-          bar_arrive_imm<3, 256>();
-          wgmma_wait<0>();
-          bar_sync_imm<4, 256>();
-          stage_dq_part<DH / 8>(sQ, warp, r0, qd, dq);
-          fence_proxy_async_smem();
-        }
-      } else {
-        // dQ partial -> fp32 accumulator (rows: queries; cols: d) by 16-byte reductions: lanes qd
-        // and qd ^ 1 swap one fragment pair per 8 columns, so that the even one holds 4 consecutive
-        // columns 8j + 2qd.. of row row_l and the odd one columns 8j + 2qd - 2.. of row row_l + 8.
-        // (Float2 atomics, one per pair, were this path until the sixteenth session.)
-        const bool odd = (qd & 1) != 0;
-        const int qrow = m * BM + row_l + (odd ? 8 : 0);
-        float* dst = p.dq_acc + ((static_cast<size_t>(batch) * p.s_q + min(qrow, p.s_q - 1)) * p.h + head) * D +
-                     cw * DH + 2 * (qd & ~1);
-#pragma unroll
-        for (int j = 0; j < DH / 8; ++j) {
-          const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
-          const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
-          if (qrow < p.s_q) {
-            if (odd)
-              red_add_v4_f32(dst + 8 * j, x0, x1, dq[4 * j + 2], dq[4 * j + 3]);
-            else
-              red_add_v4_f32(dst + 8 * j, dq[4 * j], dq[4 * j + 1], x0, x1);
-          }
-        }
+      // cw 0 stages its dQ_part in stage s's dO tile once both consumers' dV wgmmas are done
+      // (barrier 3), while the dK wgmmas run, and one thread reduce-adds the four boxes; cw 1
+      // stages in the Q tile once both consumers' dK wgmmas are done (barrier 4), and the
+      // producer reduce-adds it after the stage's release (bwd_produce, DQ_Q).
+      if (cw == 0) {
+        bar_sync_imm<3, 256>();
+        stage_dq_part<DH / 8>(sdO, warp, r0, qd, dq);
+        fence_proxy_async_smem();
+        bar_sync_imm<5, 128>();
+        if (ltid == 0) reduce_dq_part<DH / 32>(tmdQ, sdO, 0, head, m * BM, batch);
         wgmma_wait<0>();
+        bar_arrive_imm<4, 256>();
+      } else {
+        bar_arrive_imm<3, 256>();
+        wgmma_wait<0>();
+        bar_sync_imm<4, 256>();
+        stage_dq_part<DH / 8>(sQ, warp, r0, qd, dq);
+        fence_proxy_async_smem();
       }
+
 #pragma unroll
       for (int i = 0; i < DH / 2; ++i) {
         reg_fence(dk[i]);
         reg_fence(dv[i]);
       }
       // All wgmma reading stage s (Q, dO) have completed in this warp, and its
-      // generic reads of the stage's lse2 / Dsum slices are done. DQ_TMA: warp 0's
-      // arrival waits for its reduces' reads of the staging tile (next tile, or below).
+      // generic reads of the stage's lse2 / Dsum slices are done. Warp 0's arrival waits for its
+      // reduces' reads of the staging tile (next tile, or below).
       __syncwarp();
       if (lane == 0) {
-        if (DQ_TMA && cw == 0 && warp == 0)
+        if (cw == 0 && warp == 0)
           pend = s;
         else
-          mbar_arrive(bar_empty(s));
+          mbar_arrive(sh.bar_empty(s));
       }
     }
   }
 
   // ---------------------------------------------------------------- epilogue
-  T* dkp = reinterpret_cast<T*>(p.dk);
-  T* dvp = reinterpret_cast<T*>(p.dv);
-  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
-  const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = n_blk * BN + row_l + 8 * hf;
-    const bool active = key < p.s_kv;
-    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D + cw * DH;
-    store_frag_row<T, DH>(dkp + off, dk, hf, ks, qd, vec16, active);
-    store_frag_row<T, DH>(dvp + off, dv, hf, 1.f, qd, vec16, active);
-  }
-  if constexpr (DQ_TMA) {
-    // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
-    // stores, which they overlap). Then the last release: the producer waits for it before it
-    // reduces cw 1's last staged tile.
-    if (cw == 0 && ltid == 0) {
-      bulk_wait_group<0>();
-      if (pend >= 0) mbar_arrive(bar_empty(pend));
-    }
+  bwd_store_dkdv<T, D, DH>(
+      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd, timed_out);
+  // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
+  // stores, which they overlap). Then the last release: the producer waits for it before it reduces
+  // cw 1's last staged tile.
+  if (cw == 0 && ltid == 0) {
+    bulk_wait_group<0>();
+    if (pend >= 0) mbar_arrive(sh.bar_empty(pend));
   }
 #endif
 }
 
-// dQ by 16-byte fp32 reductions from registers, no staging (the harness's bench2 / check2 baseline).
+// tmdQ: the fp32 map over p.dq_acc (tma_host.h's make_dq_acc_map).
 template <typename T, bool CAUSAL>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_d256_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                         const BwdKParams p) {
-  bwd_sm90_d256_main<T, CAUSAL, false>(tmQ, tmK, tmV, tmdO, nullptr, p);
-}
-
-// dQ by TMA reduce-add (the library's): tmdQ = fp32 map over p.dq_acc, box 32 x 1 x 64 x 1,
-// 128B swizzle.
-template <typename T, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_sm90_d256_dqtma_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                               const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                               const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_sm90_d256_main<T, CAUSAL, true>(tmQ, tmK, tmV, tmdO, &tmdQ, p);
+                         const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
+  bwd_kernel_body<BwdConsumerD256<T, CAUSAL>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
 }
 
 }  // namespace hopper

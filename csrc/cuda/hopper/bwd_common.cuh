@@ -1,0 +1,494 @@
+// The Hopper (sm_90a) backward's shared roles: the producer, the dQ staging and reduce-adds, the
+// deterministic mode's turn-taking, and the pre- and postprocess kernels. Two main kernels use
+// them: bwd_kernel.cuh (d = 64, 128: each consumer warpgroup owns 64 keys and the whole head dim)
+// and bwd_kernel_d256.cuh (d = 256: the consumers split the head dim); bwd_launch.cuh launches.
+//
+//   q, dO, o [b, s_q, h, d]; k, v [b, s_kv, h_kv, d]; lse fp32 [b, h, s_q] (natural log); dq like
+//   q, dk, dv like k. q, k, v through tensor maps with their own strides; o, dO and the gradients
+//   contiguous bshd. GQA: h % h_kv == 0 (a CTA walks all the query heads of its group, so dK / dV
+//   need no cross-CTA reduction).
+//
+// Three kernels per call:
+//  (1) preprocess: per query row Dsum = rowsum(dO * O) (fp32) and lse2 = lse * log2(e) (+inf for
+//      rows with lse = -inf and for the padding rows up to s_pad = roundup(s_q, kBwdRowPad), so
+//      P = 0 there); zeroes the fp32 dQ accumulator [b, s_q, h, d].
+//  (2) main: one CTA per (key tile, kv head, batch), 384 threads: warpgroup 0 the producer (one
+//      thread: K, V once, then Q, dO, lse2, Dsum of each query tile through a STAGES-deep ring),
+//      warpgroups 1, 2 the consumers (S^T, dP^T, P^T, dS^T; dV += P^T dO, dK += dS^T Q in
+//      registers; dQ_part = dS K staged in shared memory and reduce-added into the accumulator by
+//      TMA). Epilogue: dK * scale and dV as 16-bit rows.
+//  (3) postprocess: dq = dQ_acc * scale -> 16-bit.
+//
+// Deterministic mode (DET, d = 64 / 128): the reduce-adds into each (batch, head, query tile m)
+// take turns in a fixed order of key tiles, so every dQ element sums its terms in one order
+// whatever the CTAs' timing (dK, dV are per-CTA register sums and already reproducible).
+//  * Order: key tiles n_last(m), n_last(m) - 1, ..., 0 (n_last: the mask's last key tile that
+//    meets m), the key tiles dispatched in decreasing order (tile_scheduler.cuh's bwd_work). In
+//    that order the tile a CTA waits for (n + 1) reaches every m earlier and was dispatched
+//    earlier, so in steady state nobody waits; in increasing order every CTA of a group would wait
+//    for tile 0, which reaches the later query tiles last (causally).
+//  * Counters: one int32 per (batch, head, m, consumer) after the workspace
+//    (bwd_sm90_det_workspace_bytes), zeroed by the preprocess. One per consumer because the two
+//    consumers' dQ_parts of an iteration are disjoint, so ordering each consumer's reduces on its
+//    own fixes the order for every element, with no barrier between the consumers.
+//  * Protocol (the consumer's issuing thread): after the staging barrier it polls the counter with
+//    ld.acquire.gpu until it equals its turn, executes fence.proxy.async.global, issues and
+//    commits its reduces. The release is deferred to the next tile, right after that tile's
+//    S^T / dP^T wgmmas are issued (or to after the loop), so the reduces complete under other
+//    work: wait_group 0 (writes done and visible to the thread; a bulk completion implies a
+//    generic-async proxy fence), then st.release.gpu of turn + 1.
+//  * Deadlock freedom assumes, as csrc/cuda/tc's deterministic dQ does, that CTAs become resident
+//    in increasing linear block index: a CTA's waits depend only on lower-indexed CTAs of its
+//    group, and a consumer releases a tile's turn before it waits for its next one. CUDA does not
+//    guarantee the order; the watchdog (dq_wait_turn gives up, NaN dK) turns a violation into a
+//    failed check instead of a hang.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "epilogue.cuh"
+#include "mask.cuh"
+#include "params.h"
+#include "ptx_sm90.cuh"
+#include "tile_scheduler.cuh"
+#include "tuning.h"
+#include "wgmma.cuh"
+
+namespace fusedattn {
+namespace hopper {
+
+constexpr int kBwdThreads = 384;
+constexpr int kBwdConsumerWarps = 8;
+
+// A main kernel's shared memory: K, V; STAGES x (Q, dO); kTileBufs 16-bit [BM][BN] tiles (dS^T, or
+// P and dS, each double-buffered by iteration parity); STAGES x (lse2, Dsum) row slices; the
+// barriers; with kStaging one fp32 64 x 64 dQ_part staging tile per consumer (single-buffered).
+// Tiles read by wgmma or TMA start on 1024-byte swizzle atoms.
+template <int D_, int kTileBufs, bool kStaging>
+struct BwdSmemLayout {
+  static constexpr int D = D_;
+  using Tile = BwdTile<D>;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
+  static constexpr int kKVBytes = BN * D * 2;    // one of K, V
+  static constexpr int kQBytes = BM * D * 2;     // one of Q, dO (per stage)
+  static constexpr int kTileBytes = BM * BN * 2;  // one 16-bit [BM][BN] tile
+  static constexpr int kRowBytes = BM * 4;       // one lse2 / Dsum slice
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKVBytes;
+  static constexpr int kQ = kV + kKVBytes;
+  static constexpr int kdO = kQ + STAGES * kQBytes;
+  static constexpr int kTiles = kdO + STAGES * kQBytes;
+  static constexpr int kL = kTiles + kTileBufs * kTileBytes;
+  static constexpr int kDs = kL + STAGES * kRowBytes;
+  static constexpr int kBar = kDs + STAGES * kRowBytes;
+  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
+  static constexpr int kStgBytes = 64 * 64 * 4;  // one consumer's dQ_part staging tile
+  static constexpr int kStg = ((kBar + kBarBytes + 1023) / 1024) * 1024;
+  // + 1024 slack for aligning the dynamic shared-memory base to the swizzle atom
+  static constexpr int kTotal = kStaging ? kStg + 2 * kStgBytes + 1024 : kBar + ((kBarBytes + 127) / 128) * 128 + 1024;
+  static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kTiles % 1024 == 0 && kTileBytes % 1024 == 0,
+                "swizzle atoms 1024-aligned");
+  static_assert(kL % 16 == 0 && kBar % 8 == 0, "bulk-copy and barrier alignment");
+  static_assert(BM <= kBwdRowPad, "row slices inside the padded lse2 / Dsum rows");
+  static_assert(kTotal <= 227 * 1024, "shared memory");
+};
+
+// The shared-memory pieces both main kernels have, from the 1024-aligned base sbase (Smem gives
+// the offsets): K, V, the Q / dO ring, the lse2 / Dsum row slices, and the barriers (K / V full,
+// then STAGES full and STAGES empty ring barriers).
+template <class Smem>
+struct BwdShared {
+  uint32_t sK, sV, sQ0, sdO0, sL0, sDs0;
+  uint32_t bar0;
+  __device__ __forceinline__ uint32_t bar_kv() const { return bar0; }
+  __device__ __forceinline__ uint32_t bar_full(int s) const { return bar0 + 8u * (1 + s); }
+  __device__ __forceinline__ uint32_t bar_empty(int s) const { return bar0 + 8u * (1 + Smem::STAGES + s); }
+};
+template <class Smem>
+__device__ __forceinline__ BwdShared<Smem> bwd_shared(uint32_t sbase) {
+  BwdShared<Smem> sh;
+  sh.sK = sbase + Smem::kK;
+  sh.sV = sbase + Smem::kV;
+  sh.sQ0 = sbase + Smem::kQ;
+  sh.sdO0 = sbase + Smem::kdO;
+  sh.sL0 = sbase + Smem::kL;
+  sh.sDs0 = sbase + Smem::kDs;
+  sh.bar0 = sbase + Smem::kBar;
+  return sh;
+}
+
+// A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work), the G
+// query heads of the group, and the query tiles [m_start, n_m) of each that the key tile meets.
+struct BwdCta {
+  int n_blk, hk, batch, G, n_m, m_start;
+};
+template <int BM, int BN, bool CAUSAL, bool DET>
+__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const TileMask<CAUSAL>& mask) {
+  const BwdWork tile = bwd_work<CAUSAL, DET>(p);
+  BwdCta c;
+  c.n_blk = tile.n_blk;
+  c.hk = tile.hk;
+  c.batch = tile.batch;
+  c.G = p.h / p.h_kv;
+  c.n_m = (p.s_q + BM - 1) / BM;
+  c.m_start = mask.template first_query_tile<BM, BN>(c.n_blk, c.n_m);
+  return c;
+}
+
+// Thread 0 initialises the barriers and prefetches the tensor maps; the whole CTA syncs, so that no
+// thread waits on a barrier before its init.
+template <class Smem>
+__device__ __forceinline__ void bwd_cta_start(const BwdShared<Smem>& sh, const CUtensorMap& tmQ,
+                                              const CUtensorMap& tmK, const CUtensorMap& tmV,
+                                              const CUtensorMap& tmdO, const CUtensorMap* tmdQ) {
+  if (threadIdx.x == 0) {
+    mbar_init(sh.bar_kv(), 1);
+    for (int s = 0; s < Smem::STAGES; ++s) {
+      mbar_init(sh.bar_full(s), 1);
+      mbar_init(sh.bar_empty(s), kBwdConsumerWarps);
+    }
+    mbar_fence_init();
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+    tma_prefetch_desc(&tmdO);
+    tma_prefetch_desc(tmdQ);
+  }
+  __syncthreads();
+}
+
+// A consumer's start: its dK / dV accumulators zeroed, then its wait for K and V. Returns whether
+// the wait gave up (mbar_wait's watchdog; reported as NaN dK).
+template <int N, class Smem>
+__device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N], const BwdShared<Smem>& sh) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    dk[i] = 0.f;
+    dv[i] = 0.f;
+  }
+  const bool timed_out = !mbar_wait<false>(sh.bar_kv(), 0);
+  __syncwarp();
+  return timed_out;
+}
+
+// The epilogue: a consumer thread's dK (times scale; NaN after a watchdog give-up) and dV rows
+// key_of(0) and key_of(1) (its accumulator fragment rows), N columns (the whole head dim, or
+// consumer cw's N-column part when N < D), as 16-bit values; rows >= s_kv are not stored. dk, dv
+// are contiguous bshd: rows D elements apart, so only the bases decide the 16-byte path.
+template <typename T, int D, int N, class KeyOf>
+__device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[N / 2], const float (&dv)[N / 2],
+                                               KeyOf&& key_of, int hk, int batch, int cw, int qd, bool timed_out) {
+  T* dkp = reinterpret_cast<T*>(p.dk);
+  T* dvp = reinterpret_cast<T*>(p.dv);
+  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+  const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_of(hf);
+    const bool active = key < p.s_kv;
+    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D +
+                       (N < D ? cw * N : 0);
+    store_frag_row<T, N>(dkp + off, dk, hf, ks, qd, vec16, active);
+    store_frag_row<T, N>(dvp + off, dv, hf, 1.f, qd, vec16, active);
+  }
+}
+
+// Reduce-adds a staging tile written by stage_dq_part<4 NB> (NB boxes of [64 rows][32 fp32] at
+// stg + b * 8 KB) into the fp32 dQ accumulator's map at columns col0 + 32 b, query rows row0..,
+// as one bulk group of the calling thread (rows >= s_q are out of bounds and skipped).
+template <int NB>
+__device__ __forceinline__ void reduce_dq_part(const CUtensorMap* tmdQ, uint32_t stg, int col0, int head, int row0,
+                                               int batch) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b) tma_reduce_add_4d(tmdQ, stg + b * (64 * 128), col0 + 32 * b, head, row0, batch);
+  bulk_commit_group();
+}
+
+// The producer warpgroup's work, the same for both main kernels: one thread TMA-loads the CTA's K
+// and V tiles once (barrier bar0), then streams (Q, dO, lse2 row slice, Dsum row slice) of every
+// query tile of every query head of the KV group through the STAGES-deep ring (full barrier
+// bar0 + 8(1 + s), empty barrier bar0 + 8(1 + STAGES + s)). Smem supplies the tile shape and byte
+// sizes; DCH is the number of 64-wide head-dim chunks (one TMA box each). Addresses are
+// shared-space.
+//
+// DQ_Q (the d = 256 kernel, bwd_kernel_d256.cuh): consumer 1 stages its fp32
+// dQ_part columns [128, 256) of each iteration in that iteration's Q tile and releases the stage
+// without reducing; this thread reduce-adds the staged tile into tmdQ (the fp32 accumulator's map)
+// once the stage's empty barrier completes, starts the stage's dO refill (dO holds consumer 0's
+// dQ_part, whose reduces consumer 0 has waited for), and refills Q once the reduces have read it.
+// So no consumer waits for those reads, and the refill waits for them only where it must. After
+// the last refill it waits for the stages still in use and reduces them, then for completion.
+struct BwdProducerArgs {
+  uint32_t sK, sV, sQ0, sdO0, sL0, sDs0, bar0;
+  const CUtensorMap *tmQ, *tmK, *tmV, *tmdO;
+  int n_blk, hk, batch;  // the CTA's key tile, KV head, batch
+  int m_start, n_m;      // its query tiles [m_start, n_m)
+  const CUtensorMap* tmdQ;  // DQ_Q only
+};
+
+template <class Smem, int DCH, bool DQ_Q = false>
+__device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdKParams& p) {
+  constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
+  const uint32_t bar_kv = a.bar0;
+  auto bar_full = [&](int s) { return a.bar0 + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return a.bar0 + 8u * (1 + STAGES + s); };
+  // Tensor-map dims are (d, heads, seq, batch).
+  mbar_arrive_expect_tx(bar_kv, 2 * Smem::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < DCH; ++c) tma_load_4d(a.sK + c * BN * 128, a.tmK, bar_kv, c * 64, a.hk, a.n_blk * BN, a.batch);
+#pragma unroll
+  for (int c = 0; c < DCH; ++c) tma_load_4d(a.sV + c * BN * 128, a.tmV, bar_kv, c * 64, a.hk, a.n_blk * BN, a.batch);
+  const int G = p.h / p.h_kv;
+  // DQ_Q: consumer 1's staged dQ_part of iteration j (query tile and head recomputed from j).
+  const int per_head = a.n_m - a.m_start;
+  const auto reduce_dq = [&](int j) {
+    // Consumer 1's half: columns [DCH * 32, DCH * 64), DCH boxes of 32.
+    reduce_dq_part<DCH>(a.tmdQ, a.sQ0 + (j % STAGES) * Smem::kQBytes, DCH * 32, a.hk * G + j / per_head,
+                        (a.m_start + j % per_head) * BM, a.batch);
+  };
+  int it = 0;
+  for (int g = 0; g < G; ++g) {
+    const int head = a.hk * G + g;
+    for (int m = a.m_start; m < a.n_m; ++m, ++it) {
+      const int s = it % STAGES;
+      const uint32_t use = it / STAGES;
+      mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
+      if constexpr (DQ_Q) {
+        if (it >= STAGES) reduce_dq(it - STAGES);
+      }
+      mbar_arrive_expect_tx(bar_full(s), 2 * Smem::kQBytes + 2 * Smem::kRowBytes);
+      const auto load_q = [&] {
+#pragma unroll
+        for (int c = 0; c < DCH; ++c)
+          tma_load_4d(a.sQ0 + s * Smem::kQBytes + c * BM * 128, a.tmQ, bar_full(s), c * 64, head, m * BM, a.batch);
+      };
+      if constexpr (!DQ_Q) load_q();
+#pragma unroll
+      for (int c = 0; c < DCH; ++c)
+        tma_load_4d(a.sdO0 + s * Smem::kQBytes + c * BM * 128, a.tmdO, bar_full(s), c * 64, head, m * BM, a.batch);
+      const size_t row_off = (static_cast<size_t>(a.batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
+      bulk_g2s(a.sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
+      bulk_g2s(a.sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
+      if constexpr (DQ_Q) {
+        bulk_wait_group_read<0>();  // the Q tile's staged dQ_part read
+        load_q();
+      }
+    }
+  }
+  if constexpr (DQ_Q) {
+    for (int j = it < STAGES ? 0 : it - STAGES; j < it; ++j) {
+      const uint32_t use = j / STAGES + 1;
+      mbar_wait<true>(bar_empty(j % STAGES), (use & 1u) ^ 1u);
+      reduce_dq(j);
+    }
+    // The reduces read this CTA's shared memory: complete before the CTA exits.
+    bulk_wait_group<0>();
+  }
+}
+
+
+// The main kernels' shared body: the shared-memory carve-up, the CTA's work, the barrier init, the
+// producer warpgroup, then the consumer role (Consumer::consume: bwd_kernel.cuh's and
+// bwd_kernel_d256.cuh's), which gets the pieces in a BwdCtx.
+template <class Smem, bool CAUSAL>
+struct BwdCtx {
+  const BwdShared<Smem>& sh;
+  uint32_t sbase;
+  const float *gL0, *gDs0;  // the lse2 / Dsum slices, generic pointers
+  const TileMask<CAUSAL>& mask;
+  const BwdCta& cta;
+  // The consumer thread: warpgroup cw (0, 1), its thread ltid, warp, lane, quad lane qd and
+  // fragment row r0 (lane / 4).
+  int cw, ltid, warp, lane, qd, r0;
+};
+template <class Consumer>
+__device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
+                                                const CUtensorMap& tmdO, const CUtensorMap* tmdQ, const BwdKParams& p,
+                                                int* dq_cnt) {
+  using Smem = typename Consumer::Smem;
+  constexpr bool CAUSAL = Consumer::CAUSAL;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sbase = (sraw + 1023u) & ~1023u;
+  uint8_t* gbase = smem_raw + (sbase - sraw);  // generic pointer to the same aligned base
+  const BwdShared<Smem> sh = bwd_shared<Smem>(sbase);
+  const float* gL0 = reinterpret_cast<const float*>(gbase + Smem::kL);
+  const float* gDs0 = reinterpret_cast<const float*>(gbase + Smem::kDs);
+
+  const int tid = threadIdx.x;
+  const int wg = warpgroup_index();
+  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
+  const BwdCta cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, Consumer::DET>(p, mask);
+  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
+
+  if (wg == 0) {
+    setmaxnreg_dec<24>();
+    if (tid == 0) {
+      bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
+          BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
+                          cta.hk, cta.batch, cta.m_start, cta.n_m, tmdQ},
+          p);
+    }
+    return;
+  }
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1;
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  Consumer::consume(BwdCtx<Smem, CAUSAL>{sh, sbase, gL0, gDs0, mask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
+                    tmdQ, p, dq_cnt);
+}
+
+// One thread waits until the counter shows `turn`, i.e. every earlier adder's reduces have
+// completed and been released; then its own reduces (async proxy) may follow. Watchdog as in
+// mbar_wait<false> (a __trap path would make ptxas spill and serialise the wgmmas): after 2^26
+// polls (each an L2 round trip: seconds, where a legitimate wait is at most the time a predecessor
+// needs to reach this query tile) it gives up and returns false; the caller reports NaN dK and
+// stops taking turns.
+__device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
+  uint32_t polls = 0;
+  while (ld_acquire_gpu(cnt) != turn) {
+    if (++polls == (1u << 26)) return false;
+  }
+  fence_proxy_async_global();
+  return true;
+}
+
+// ------------------------------------------------------------- preprocess
+// Rows of the preprocess per warp: a row of O and of dO is D / 8 lanes' 16-byte loads (d = 64: 8
+// lanes, so 4 rows per warp; d = 128: 2; d = 256: 1): 16-byte loads reach the DRAM rate at every d,
+// where one row per warp would give a d = 64 lane 4-byte loads.
+template <int D>
+constexpr int kBwdPreRowsPerWarp = 256 / D;
+
+// Per (b, h, row < s_pad): a group of D / 8 lanes reads its row of O and dO (8 elements each per
+// lane, one vector load), zeroes the row's dQ accumulator slice (two 16-byte stores per lane), and
+// sums Dsum across the group by shuffles. s_pad is a multiple of 128, so a warp's rows are all in
+// range or all out (the early return is warp-uniform); rows i >= s in range take part in the
+// shuffles with zeros. bwd_prepare checks the 16-byte alignment this needs. The body of
+// bwd_pre_kernel and bwd_pre_det_kernel.
+template <typename T, int D>
+__device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
+                                             float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+  constexpr int PER = 8;
+  constexpr int LPR = D / PER;  // lanes per row
+  static_assert(LPR * kBwdPreRowsPerWarp<D> == 32, "a warp covers whole rows");
+  const T* o = static_cast<const T*>(o_);
+  const T* dout = static_cast<const T*>(dout_);
+  const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int sub = lane % LPR;
+  const long long row = warp * kBwdPreRowsPerWarp<D> + lane / LPR;
+  const long long total = static_cast<long long>(b) * h * s_pad;
+  if (warp * kBwdPreRowsPerWarp<D> >= total) return;
+  const int i = static_cast<int>(row % s_pad);
+  const long long bh = row / s_pad;
+  const int hh = static_cast<int>(bh % h);
+  const int bb = static_cast<int>(bh / h);
+  const bool valid = i < s;
+  float acc = 0.f;
+  if (valid) {
+    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + sub * PER;
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + base);
+    const uint4 dv = *reinterpret_cast<const uint4*>(dout + base);
+    T oe[PER], de[PER];
+    memcpy(oe, &ov, sizeof(uint4));
+    memcpy(de, &dv, sizeof(uint4));
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+      if constexpr (std::is_same<T, __half>::value) {
+        acc = fmaf(__half2float(oe[e]), __half2float(de[e]), acc);
+      } else {
+        acc = fmaf(__bfloat162float(oe[e]), __bfloat162float(de[e]), acc);
+      }
+    }
+    *reinterpret_cast<float4*>(dq_acc + base) = make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(dq_acc + base + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (sub == 0) {
+    if (valid) {
+      dsum[row] = acc;
+      const float l = lse[bh * s + i];
+      lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+    } else {
+      dsum[row] = 0.f;
+      lse2[row] = INFINITY;
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void* dout_, const float* lse, float* lse2,
+                                                      float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+  bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
+}
+
+// The deterministic variant's preprocess: also zeroes the n_cnt dQ turn counters, so that every
+// call and every CUDA-graph replay starts from turn 0 without a memset of its own.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    bwd_pre_det_kernel(const void* o_, const void* dout_, const float* lse, float* lse2, float* dsum, float* dq_acc,
+                       int b, int s, int h, int s_pad, int* dq_cnt, long long n_cnt) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_cnt;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    dq_cnt[i] = 0;
+  bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
+}
+
+// ------------------------------------------------------------ postprocess
+template <typename T>
+__global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void* dq_, long long n4, float scale) {
+  T* dq = static_cast<T*>(dq_);
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(dq_acc)[i];
+    uint2 w;
+    if constexpr (std::is_same<T, __half>::value) {
+      w.x = pack2<true>(v.x * scale, v.y * scale);
+      w.y = pack2<true>(v.z * scale, v.w * scale);
+    } else {
+      w.x = pack2<false>(v.x * scale, v.y * scale);
+      w.y = pack2<false>(v.z * scale, v.w * scale);
+    }
+    reinterpret_cast<uint2*>(dq)[i] = w;
+  }
+}
+
+// A consumer's fp32 dQ_part fragments (64 query rows x 8 NJ columns: thread rows
+// 16 warp + r0 (+ 8), columns 8j + 2qd (+1)) -> a shared staging tile of NJ / 4 boxes of
+// [64 rows][32 fp32] (128 B rows, 128B swizzle: 16-byte chunk index XOR row & 7), box j / 4
+// at stg + (j / 4) * 8 KB, the layout of the tmdQ map's box for cp.reduce.async.bulk.tensor.
+// Fragment j of thread (r0, qd) belongs in chunk (2 (j % 4) + qd / 2) ^ r0. Stored in j order,
+// a half-warp's 16 64-bit stores would hit only 8 distinct 8-byte bank slots (lanes (r0, qd)
+// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, Nsight Compute's 4 wavefronts per store
+// instead of 2); so in store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose
+// chunk (2 (j % 4) ^ 4 + 1) ^ r0 lies in the other half of the row: 16 distinct slots.
+template <int NJ>
+__device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {
+  const uint32_t trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8;
+  const bool hi = qd >= 2;
+  const int x = (hi ? 5 : 0) ^ r0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const uint32_t addr = trow + (j >> 2) * (64 * 128) + hf * (8 * 128) + (((2 * (j & 3)) ^ x) << 4);
+      const int f = 4 * j + 2 * hf, g = 4 * (j ^ 2) + 2 * hf;
+      st_shared_v2_f32(addr, hi ? dq[g] : dq[f], hi ? dq[g + 1] : dq[f + 1]);
+    }
+  }
+}
+
+}  // namespace hopper
+}  // namespace fusedattn

@@ -1,0 +1,169 @@
+// Host side of the Hopper backward: a call's tensor maps, kernel parameters and grids
+// (bwd_prepare), then the preprocess, main and postprocess kernels on one stream (bwd_launch).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "bwd_kernel.cuh"
+#include "bwd_kernel_d256.cuh"
+#include "kernels.h"
+#include "params.h"
+#include "tma_host.h"
+#include "tuning.h"
+
+namespace fusedattn {
+namespace hopper {
+
+struct BwdLaunch {
+  CUtensorMap tq, tk, tv, tdo;
+  CUtensorMap tdq;  // fp32 map over p.dq_acc (the reduce-adds' target)
+  BwdKParams p;
+  const void *o, *dout;
+  const float* lse;
+  void* dq;
+  dim3 grid;
+  int smem;
+  int pre_blocks, post_blocks;
+  long long n4;
+  void (*pre)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int) = nullptr;
+  void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap) = nullptr;
+  void (*post)(const float*, void*, long long, float);
+  // Deterministic mode (else null): launched instead of pre and kern, with the n_cnt turn counters.
+  void (*pre_det)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int, int*,
+                  long long) = nullptr;
+  void (*kern_det)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap, int*) = nullptr;
+  int* dq_cnt = nullptr;
+  long long n_cnt = 0;
+};
+
+// DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()). Returns
+// cudaErrorInvalidValue on arguments the kernels do not take or a failed map encode.
+template <typename T, int D, bool DET>
+inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(!DET || D != 256, "deterministic mode: d = 64, 128");
+  using Tile = BwdTile<D>;
+  if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
+      a.b > 65535)
+    return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v) |
+       reinterpret_cast<uintptr_t>(a.o) | reinterpret_cast<uintptr_t>(a.dout) | reinterpret_cast<uintptr_t>(a.ws) |
+       reinterpret_cast<uintptr_t>(a.dq)) &
+      15)
+    return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.dk) | reinterpret_cast<uintptr_t>(a.dv)) & 3) return cudaErrorInvalidValue;
+  const int s_pad = bwd_sm90_s_pad(a.s_q);
+  auto desc = [](const void* ptr, BshdStrides st, int b, int s, int h) {
+    if (st.b == 0 && st.s == 0 && st.h == 0) st = BshdStrides{int64_t{s} * h * D, int64_t{h} * D, D};
+    return detail::MapDesc{ptr, b, s, h, D, st.b, st.s, st.h};
+  };
+  const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h);
+  const detail::MapDesc mdo = desc(a.dout, BshdStrides{}, a.b, a.s_q, a.h);
+  const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv);
+  const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv);
+  if (!detail::make_map<T>(&L->tq, mq, Tile::BM) || !detail::make_map<T>(&L->tdo, mdo, Tile::BM) ||
+      !detail::make_map<T>(&L->tk, mk, Tile::BN) || !detail::make_map<T>(&L->tv, mv, Tile::BN))
+    return cudaErrorInvalidValue;
+  float* ws = static_cast<float*>(a.ws);
+  const size_t nacc = static_cast<size_t>(a.b) * a.s_q * a.h * D;
+  const size_t nrow = static_cast<size_t>(a.b) * a.h * s_pad;
+  BwdKParams& p = L->p;
+  p.dq_acc = ws;
+  p.lse2 = ws + nacc;
+  p.dsum = ws + nacc + nrow;
+  p.dk = a.dk;
+  p.dv = a.dv;
+  p.b = a.b;
+  p.s_q = a.s_q;
+  p.s_kv = a.s_kv;
+  p.h = a.h;
+  p.h_kv = a.h_kv;
+  p.s_pad = s_pad;
+  p.scale = a.scale;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  const int n_kt = (a.s_kv + Tile::BN - 1) / Tile::BN;
+  // The deterministic mode keeps its own order (tile_scheduler.cuh's bwd_work).
+  p.causal_chunk = DET ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
+  if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
+  L->o = a.o;
+  L->dout = a.dout;
+  L->lse = a.lse;
+  L->dq = a.dq;
+  L->grid = dim3(n_kt, a.h_kv, a.b);
+  const long long rows = static_cast<long long>(a.b) * a.h * s_pad;
+  constexpr int kPreRowsPerBlock = 8 * kBwdPreRowsPerWarp<D>;  // 8 warps of 256 threads
+  L->pre_blocks = static_cast<int>((rows + kPreRowsPerBlock - 1) / kPreRowsPerBlock);
+  L->n4 = static_cast<long long>(nacc / 4);
+  L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
+  L->post = bwd_post_kernel<T>;
+  const void* main_kern;
+  if constexpr (D == 256) {
+    L->smem = BwdSmemD256::kTotal;
+    L->pre = bwd_pre_kernel<T, D>;
+    L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
+    main_kern = reinterpret_cast<const void*>(L->kern);
+  } else if constexpr (DET) {
+    L->smem = BwdSmem<D>::kTotal;
+    L->pre_det = bwd_pre_det_kernel<T, D>;
+    L->kern_det = a.causal ? bwd_sm90_det_kernel<T, D, true> : bwd_sm90_det_kernel<T, D, false>;
+    L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
+    L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
+    main_kern = reinterpret_cast<const void*>(L->kern_det);
+  } else {
+    L->smem = BwdSmem<D>::kTotal;
+    L->pre = bwd_pre_kernel<T, D>;
+    L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
+    main_kern = reinterpret_cast<const void*>(L->kern);
+  }
+  static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
+  return detail::raise_smem_limit(main_kern, L->smem, raised[a.causal ? 1 : 0]);
+}
+
+// Preprocess, main and postprocess on one stream.
+inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
+  const BwdKParams& p = L.p;
+  if (L.pre_det)
+    L.pre_det<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
+                                                const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad,
+                                                L.dq_cnt, L.n_cnt);
+  else
+    L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
+                                            const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (L.kern_det)
+    L.kern_det<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq, L.dq_cnt);
+  else
+    L.kern<<<L.grid, dim3(kBwdThreads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.tdo, L.p, L.tdq);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (L.n4 > 0) L.post<<<L.post_blocks, 256, 0, stream>>>(p.dq_acc, L.dq, L.n4, p.scale);
+  return cudaGetLastError();
+}
+
+template <typename T, int D, bool DET>
+inline cudaError_t bwd_run(const Sm90BwdArgs& a, cudaStream_t stream) {
+  BwdLaunch L;
+  const cudaError_t e = bwd_prepare<T, D, DET>(&L, a);
+  if (e != cudaSuccess) return e;
+  return bwd_launch(L, stream);
+}
+
+// =================================================================== entries (kernels.h)
+// Instantiated one per line of kernels.list (generated/).
+template <typename T, int D>
+cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, D, false>(a, stream);
+}
+template <typename T, int D>
+cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, D, true>(a, stream);
+}
+
+}  // namespace hopper
+}  // namespace fusedattn

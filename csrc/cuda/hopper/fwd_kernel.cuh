@@ -1,0 +1,283 @@
+// The Hopper (sm_90a) forward kernel: one template composed of a tile configuration (Cfg: element
+// type, head dim, consumer warpgroups, tile and ring sizes, per-warpgroup options; tuning.h picks
+// them) and a tile scheduler (Sched: one tile per CTA or persistent; tile_scheduler.cuh), with the
+// roles of fwd_mainloop.cuh (producer, consumers), mask.cuh, softmax.cuh and epilogue.cuh.
+//
+//   q [b, s_q, h, d], k / v [b, s_kv, h_kv, d], o like q, lse fp32 [b, h, s_q] (natural log), each
+//   through its own (b, s, h) element strides with a unit head-dim stride. GQA: h % h_kv == 0.
+//
+// CTA = 1 + NCONS warpgroups, one CTA per SM (shared memory): warpgroup 0 is the producer (24
+// registers per thread; one thread issues every TMA load), warpgroups 1..NCONS the consumers (the
+// rest of the register file), each owning 64 query rows of the BM = 64 NCONS row tile. Shared
+// memory: QBUF Q slots, the K and V rings, the barriers; tiles are stored as 64-column (128-byte)
+// chunks, each a [rows][64] block with the TMA / wgmma 128B swizzle (ptx_sm90.cuh).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <type_traits>
+
+#include "fwd_mainloop.cuh"
+#include "params.h"
+#include "tile_scheduler.cuh"
+#include "tma_host.h"
+#include "kernels.h"
+#include "tuning.h"
+
+namespace fusedattn {
+namespace hopper {
+
+// A forward tile configuration (see tuning.h's FwdTileConfig for the values and their reasons).
+template <typename T_, int D_, int NCONS_, int BN_, int STAGES_, bool PP_, bool SKIP_>
+struct FwdConfig {
+  using T = T_;
+  static constexpr int D = D_, NCONS = NCONS_, BN = BN_, STAGES = STAGES_;
+  static constexpr bool PP = PP_, SKIP = SKIP_;
+};
+// The configuration tuning.h gives a head dim, consumer count and causality.
+template <typename T, int D, int NCONS, bool CAUSAL>
+using FwdConfigFor = FwdConfig<T, D, NCONS, FwdTileConfig<D, NCONS, CAUSAL>::BN, FwdTileConfig<D, NCONS, CAUSAL>::STAGES,
+                               FwdTileConfig<D, NCONS, CAUSAL>::PP, FwdTileConfig<D, NCONS, CAUSAL>::SKIP>;
+
+// Everything the roles read at compile time: the configuration, what the scheduler implies, the
+// thread and register split, and the shared-memory layout.
+template <class Cfg, class Sched>
+struct FwdTraits : Cfg {
+  using T = typename Cfg::T;
+  using Pos = typename Sched::Pos;
+  static constexpr int D = Cfg::D, NCONS = Cfg::NCONS, BN = Cfg::BN, STAGES = Cfg::STAGES;
+  static constexpr bool CAUSAL = Sched::CAUSAL, kPersistent = Sched::kPersistent;
+  static constexpr bool F16 = std::is_same<T, __half>::value;
+  static constexpr int BM = 64 * NCONS;
+  static constexpr int kThreads = 128 * (NCONS + 1), kConsumerWarps = 4 * NCONS;
+  // setmaxnreg: 24 for the producer, for the consumers the largest multiple of 8 that fits the
+  // 64K-register file beside it.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / NCONS / 8 * 8;
+  static constexpr bool QREG = fwd_q_in_registers(D, BN, NCONS, Sched::kPersistent);
+  // A persistent CTA's consumers release each Q slot for the producer's next tiles.
+  static constexpr bool Q_EMPTY = Sched::kPersistent;
+  // Rebuilt per tile as warp-uniform values, the K / V ring bases stay in uniform registers in the
+  // two-consumer persistent kernel (else ptxas rebuilt its d = 256 descriptors in vector registers).
+  static constexpr bool kUniformRing = Sched::kPersistent && NCONS == 2;
+  // A consumer thread's rows: computed once per CTA with two consumers, per tile with three
+  // (consume_tile).
+  static constexpr bool kRowsHeld = NCONS == 2;
+  static constexpr int kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  static constexpr int kSmemLimit = 232448;  // 227 KB of dynamic shared memory per block
+  static constexpr int total(int qbuf) {
+    return qbuf * kQBytes + 2 * STAGES * kKVBytes +
+           ((8 * ((Q_EMPTY ? 2 : 1) * qbuf + 4 * STAGES) + 127) / 128) * 128 + 1024;  // + alignment slack
+  }
+  // Persistent: two Q slots where they fit (the next tile's Q is loaded while this one runs).
+  static constexpr int QBUF = Sched::kPersistent && total(2) <= kSmemLimit ? 2 : 1;
+  using Bars = FwdBarriers<QBUF, STAGES, Q_EMPTY>;
+  static constexpr int kKOffset = QBUF * kQBytes;
+  static constexpr int kBarOffset = kKOffset + 2 * STAGES * kKVBytes;
+  static constexpr int kTotal = total(QBUF);
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(NCONS == 2 || NCONS == 3, "consumer warpgroups (turn and vote barrier ids)");
+  static_assert(NCONS == 2 || D == 64, "three consumers: d = 64 (registers)");
+  static_assert(BM <= 256, "TMA box rows");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "wgmma N / PV k-steps");
+  static_assert((BN * 128) % 1024 == 0 && kQBytes % 1024 == 0, "chunks start on 1024-byte swizzle atoms");
+  static_assert(STAGES >= 2, "ring depth");  // one slot would expose every load's latency
+  static_assert(kTotal <= kSmemLimit, "dynamic shared memory");
+  static_assert(kProducerRegs * 128 + NCONS * kConsumerRegs * 128 <= 65536, "setmaxnreg budget");
+};
+
+template <class Cfg, class Sched>
+__global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                    const __grid_constant__ CUtensorMap tmV, const KParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using K = FwdTraits<Cfg, Sched>;
+  using Pos = typename K::Pos;
+  constexpr int BM = K::BM, BN = K::BN;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw);
+  const uint32_t sQ0 = (sraw + 1023u) & ~1023u;
+  const uint32_t sK0 = sQ0 + K::kKOffset;
+  const uint32_t sV0 = sK0 + K::STAGES * K::kKVBytes;
+  const typename K::Bars bars{sQ0 + K::kBarOffset};
+
+  const int tid = threadIdx.x;
+  const int wg = warpgroup_index();
+  const TileMask<K::CAUSAL> mask{p.s_q, p.s_kv};
+  const Sched sched = Sched::template make<BM, BN>(p, mask);
+
+  // Thread 0 initialises the barriers and prefetches the tensor maps; the whole CTA syncs, so that
+  // no thread waits on a barrier before its init.
+  if (tid == 0) {
+    bars.init(K::kConsumerWarps);
+    tma_prefetch_desc(&tmQ);
+    tma_prefetch_desc(&tmK);
+    tma_prefetch_desc(&tmV);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    setmaxnreg_dec<K::kProducerRegs>();
+    if (tid == 0) {
+      const FwdProducerIo io{&tmQ, &tmK, &tmV, sQ0, sK0, sV0};
+      Pos kv = 0;  // the ring position of the tile's first key tile
+      sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool) {
+        produce_tile<K>(io, bars, w, kv, j);
+        kv += w.n_blocks;
+      });
+    }
+    return;
+  }
+
+  setmaxnreg_inc<K::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int ltid = tid & 127;
+  const int warp = ltid / 32;
+  const int lane = tid & 31;
+  const int qd = lane & 3;
+  // The thread's first row: fixed for a one-tile CTA; a persistent CTA adds each tile's first row.
+  const int row0 = sched.template fixed_row0<BM>() + cw * 64 + warp * 16 + (lane >> 2);
+  const int wg_row0 = sched.template fixed_row0<BM>() + cw * 64;
+  const ConsumerThread th{cw, warp, lane, qd, row0};
+  // The last consumer hands consumer 0 the first turn of the CTA.
+  if (K::PP && cw == K::NCONS - 1) pass_turn<K::NCONS>(cw);
+  float sacc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
+  bool timed_out = false;  // sticky for the CTA's life
+  Pos kv = 0;
+  sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool last) {
+    FwdConsumerIo<K> io;
+    if (K::kRowsHeld) {
+      io.row_base = Sched::kPersistent ? w.m_blk * BM + row0 : row0;
+      io.wg_row0 = Sched::kPersistent ? w.m_blk * BM + wg_row0 : wg_row0;
+    }
+    const uint32_t qs = j % K::QBUF;
+    io.sQ = K::Q_EMPTY ? warp_uniform_here(sQ0 + qs * K::kQBytes) : sQ0;
+    io.sK0 = K::kUniformRing ? warp_uniform_here(sK0) : sK0;
+    io.sV0 = K::kUniformRing ? warp_uniform_here(sV0) : sV0;
+    io.q_full = bars.qf(qs);
+    io.q_phase = (j / K::QBUF) & 1u;
+    io.q_empty = bars.qe(qs);
+    io.kv = kv;
+    // The epilogue's stores run while the producer's next loads are in flight and the other
+    // consumers issue their GEMMs.
+    consume_tile<K>(p, mask, w, io, bars, th, sacc, timed_out, last);
+    kv += w.n_blocks;
+    if (Sched::kPersistent) __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
+  });
+#endif
+}
+
+// =================================================================== host
+// A prepared launch: the tensor maps encoded, the kernel's shared-memory limit raised; launching is
+// then a bare kernel launch.
+struct FwdLaunch {
+  CUtensorMap tq, tk, tv;
+  KParams p;
+  dim3 grid;
+  int smem, threads;
+  void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, KParams);
+};
+
+// Returns cudaErrorInvalidValue on arguments the kernel does not take or a failed map encode.
+template <class Cfg, class Sched>
+inline cudaError_t fwd_prepare(FwdLaunch* L, const Sm90Args& a) {
+  using K = FwdTraits<Cfg, Sched>;
+  const KParams& p = a.out;
+  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || a.q.d != K::D ||
+      a.k.d != K::D || a.v.d != K::D)
+    return cudaErrorInvalidValue;
+  if (Sched::kPersistent) {
+    // The kernel's tile indices (up to one round past the last) must fit in int.
+    const int64_t n_tiles = static_cast<int64_t>((p.s_q + K::BM - 1) / K::BM) * p.h * p.b;
+    if (a.sm_count <= 0 || n_tiles + 2LL * a.sm_count > 0x7fffffffLL) return cudaErrorInvalidValue;
+  } else if (p.h > 65535 || p.b > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  // TMA needs 16-byte aligned base addresses; the epilogue stores 4-byte pairs.
+  if ((reinterpret_cast<uintptr_t>(a.q.ptr) | reinterpret_cast<uintptr_t>(a.k.ptr) |
+       reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
+    return cudaErrorInvalidValue;
+  if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
+  if (!detail::make_map<typename K::T>(&L->tq, a.q, K::BM) || !detail::make_map<typename K::T>(&L->tk, a.k, K::BN) ||
+      !detail::make_map<typename K::T>(&L->tv, a.v, K::BN))
+    return cudaErrorInvalidValue;
+  L->p = p;
+  if (!Sched::kPersistent) {
+    L->p.causal_chunk =
+        causal_chunk_for(a.causal, a.causal_chunk, (p.s_q + K::BM - 1) / K::BM, int64_t{p.h} * p.b, a.sm_count);
+  }
+  L->grid = Sched::grid(p, K::BM, a.sm_count);
+  L->smem = K::kTotal;
+  L->threads = K::kThreads;
+  L->kern = fwd_sm90_kernel<Cfg, Sched>;
+  static std::atomic<uint64_t> raised;  // per instantiation: devices whose limit is raised
+  return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised);
+}
+
+inline cudaError_t fwd_launch(const FwdLaunch& L, cudaStream_t stream) {
+  L.kern<<<L.grid, dim3(L.threads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.p);
+  return cudaGetLastError();
+}
+
+// One CTA per query tile, the configuration tuning.h gives (T, D, NCONS) and the call's causality.
+template <typename T, int D, int NCONS>
+inline cudaError_t fwd_prepare_one_tile(FwdLaunch* L, const Sm90Args& a) {
+  if (a.causal) return fwd_prepare<FwdConfigFor<T, D, NCONS, true>, OneTileScheduler<true>>(L, a);
+  return fwd_prepare<FwdConfigFor<T, D, NCONS, false>, OneTileScheduler<false>>(L, a);
+}
+
+// Persistent on a.sm_count CTAs; causally with the tile order tuning.h's choose_v3_schedule picks.
+template <typename T, int D, int NCONS>
+inline cudaError_t fwd_prepare_persistent(FwdLaunch* L, const Sm90Args& a) {
+  if (!a.causal) return fwd_prepare<FwdConfigFor<T, D, NCONS, false>, PersistentScheduler<false, kTilesPlain>>(L, a);
+  using Cfg = FwdConfigFor<T, D, NCONS, true>;
+  V3Grid gr;
+  gr.bm = 64 * NCONS;
+  gr.bn = Cfg::BN;
+  gr.n_m = (a.out.s_q + gr.bm - 1) / gr.bm;
+  gr.n_hb = int64_t{a.out.h} * a.out.b;
+  gr.s_kv = a.out.s_kv;
+  gr.g = a.sm_count;
+  if (choose_v3_schedule(gr) == V3Schedule::kSnakeHeadMajor)
+    return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnakeHeadMajor>>(L, a);
+  return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnake>>(L, a);
+}
+
+// =================================================================== entries (kernels.h)
+// Instantiated one per line of kernels.list (generated/).
+// Prepare and launch.
+inline cudaError_t fwd_run(cudaError_t (*prepare)(FwdLaunch*, const Sm90Args&), const Sm90Args& a,
+                           cudaStream_t stream) {
+  FwdLaunch L;
+  const cudaError_t e = prepare(&L, a);
+  if (e != cudaSuccess) return e;
+  return fwd_launch(L, stream);
+}
+template <typename T, int D>
+cudaError_t run_fwd_one_tile(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run(fwd_prepare_one_tile<T, D, 2>, a, stream);
+}
+template <typename T, int D>
+cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
+  Sm90Args b = a;
+  b.sm_count = num_sms;
+  return fwd_run(fwd_prepare_persistent<T, D, 2>, b, stream);
+}
+template <typename T>
+cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run(fwd_prepare_one_tile<T, 64, 3>, a, stream);
+}
+template <typename T>
+cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
+  Sm90Args b = a;
+  b.sm_count = num_sms;
+  return fwd_run(fwd_prepare_persistent<T, 64, 3>, b, stream);
+}
+
+}  // namespace hopper
+}  // namespace fusedattn

@@ -1,0 +1,110 @@
+// What the Hopper kernels take: the host-side arguments of one call (Sm90Args, Sm90BwdArgs, filled
+// by sm90.cu) and the parameter structs the kernels read from constant memory (KParams,
+// BwdKParams). Tensors are [b, s, h, d] with their own (b, s, h) element strides and a unit
+// head-dim stride; lse is fp32 [b, h, s_q] in natural log.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tuning.h"  // BwdTile
+
+namespace fusedattn {
+namespace hopper {
+
+// Forward kernel parameters (besides the q, k, v tensor maps).
+struct KParams {
+  void* o;  // [b, s_q, h, d] by o_s*, same dtype as q
+  int64_t o_sb, o_ss, o_sh;
+  float* lse;  // by lse_s*
+  int64_t lse_sb, lse_sh, lse_ss;
+  int b, s_q, s_kv, h, h_kv;
+  float scale_log2;  // softmax scale * log2(e)
+  int causal_chunk;  // one-tile causal order: (batch, head) groups per chunk (<= 1: none); tile_scheduler.cuh
+};
+
+// Backward main-kernel parameters (besides the tensor maps). The workspace holds the fp32 dQ
+// accumulator and the per-row lse2 / Dsum, padded to s_pad rows.
+struct BwdKParams {
+  float* dq_acc;      // [b, s_q, h, D] fp32, zeroed by the preprocess kernel
+  const float* lse2;  // [b, h, s_pad] (log2 domain, +inf padding)
+  const float* dsum;  // [b, h, s_pad] (0 padding)
+  void* dk;           // [b, s_kv, h_kv, D]
+  void* dv;           // [b, s_kv, h_kv, D]
+  int b, s_q, s_kv, h, h_kv, s_pad;
+  float scale_log2;  // softmax scale * log2(e)
+  float scale;       // softmax scale
+  int causal_chunk;  // causal, not deterministic: (kv head, batch) groups per chunk of the key-tile order
+};
+
+namespace detail {
+// A [b, s, hh, d] tensor given by element strides (unit stride on d), as the tensor maps take it.
+// The strides must be multiples of 8 elements (16 bytes).
+struct MapDesc {
+  const void* ptr;
+  int b, s, hh, d;
+  int64_t stride_b, stride_s, stride_h;
+};
+}  // namespace detail
+
+// One forward call's tensors and settings.
+struct Sm90Args {
+  detail::MapDesc q, k, v;  // k, v: hh = h_kv
+  KParams out;              // o, lse and their strides; b, s_q, s_kv, h, h_kv; scale_log2
+  bool causal;
+  // The device's SM count: the persistent grid and the one-tile causal order's chunk (0, unknown:
+  // group by group).
+  int sm_count = 0;
+  int causal_chunk = 0;  // > 0: that chunk instead of tuning.h's choice
+};
+
+// Element strides of a [b, s, h, d] tensor with a unit head-dim stride; all zero means contiguous.
+struct BshdStrides {
+  int64_t b = 0, s = 0, h = 0;
+};
+
+// One backward call. q, k, v: any BshdStrides whose byte strides are multiples of 16 (the tensor
+// maps take them); o, dout, dq, dk, dv contiguous bshd; lse fp32 [b, h, s_q]. ws: a workspace of
+// bwd_sm90_workspace_bytes() bytes (bwd_sm90_det_workspace_bytes() when deterministic), 16-byte
+// aligned.
+struct Sm90BwdArgs {
+  const void *q, *k, *v, *o, *dout;
+  BshdStrides q_strides, k_strides, v_strides;
+  const float* lse;
+  void *dq, *dk, *dv;
+  void* ws;
+  int b, s_q, s_kv, h, h_kv;
+  float scale;
+  bool causal;
+  // The causal key-tile order: groups per chunk, 0 for tuning.h's choice, which needs the device's
+  // SM count (0, unknown: group by group).
+  int causal_chunk = 0;
+  int sm_count = 0;
+};
+
+// The backward's workspace: the fp32 dQ accumulator [b, s_q, h, d], then lse2 and Dsum rows
+// [b, h, s_pad] (s_q padded to kBwdRowPad, at least every BM, so that a query tile's row slice is
+// whole), 256 bytes of slack; the deterministic mode adds its dQ turn counters.
+constexpr int kBwdRowPad = 128;
+
+inline int bwd_sm90_s_pad(int s_q) { return (s_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
+
+inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
+  const size_t nacc = static_cast<size_t>(b) * s_q * h * d;
+  const size_t nrow = static_cast<size_t>(b) * h * bwd_sm90_s_pad(s_q);
+  return (nacc + 2 * nrow) * sizeof(float) + 256;
+}
+
+// DET variant (d = 64, 128): one int32 turn counter per (batch, head, query tile, consumer),
+// placed after the bwd_sm90_workspace_bytes() bytes of the other variants.
+inline long long bwd_sm90_det_counters(int b, int s_q, int h, int d) {
+  const int bm = d == 64 ? BwdTile<64>::BM : BwdTile<128>::BM;
+  return static_cast<long long>(b) * h * ((s_q + bm - 1) / bm) * 2;
+}
+inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
+  return bwd_sm90_workspace_bytes(b, s_q, h, d) +
+         static_cast<size_t>(bwd_sm90_det_counters(b, s_q, h, d)) * sizeof(int);
+}
+
+}  // namespace hopper
+}  // namespace fusedattn
