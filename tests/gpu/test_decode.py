@@ -321,6 +321,20 @@ def test_decode_bad_page_entries_are_clamped():
     assert torch.equal(out_bad, out_ok) and torch.equal(lse_bad, lse_ok)
 
 
+def captured(step):
+    """step() captured in a CUDA graph, after warm-up calls on a side stream: (graph, its outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 def test_decode_cuda_graph_replay_new_lengths():
     """Capture one decode step; replay it after copying new lengths / queries into the same buffers."""
     cfg = Dec(dtype="bf16", b=4, h=(16, 4), dims=(128, 128), page=16, lens_kv=(100, 200, 300, 400), max_pages=40)
@@ -336,15 +350,7 @@ def test_decode_cuda_graph_replay_new_lengths():
         return torch.ops.fusedattn.fwd(q, pk, pv, None, None, None, None, None, cu_kv, None, None, None,
                                        *a.op_args(), False, table)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_lse, _, _ = step()
+    graph, (static_out, static_lse, _, _) = captured(step)
 
     for lens in ((1, 640, 17, 333), (600, 0, 64, 65), (100, 200, 300, 400)):
         q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
@@ -396,14 +402,7 @@ def test_rng_state_output_is_zero_without_dropout_across_replays(kind):
             return torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, None, None, None, None,
                                            *a.op_args(), False)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, _, rng_out, _ = step()
+    graph, (_, _, rng_out, _) = captured(step)
     for _ in range(2):
         rng_out.fill_(-7)
         graph.replay()
@@ -685,14 +684,7 @@ def test_step_cuda_graph_replay():
     def step():
         return kv_step(q, nk, nv, kc, vc, seqlens, t["args"], page_table=table)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_out, g_lse, _ = step()
+    graph, (g_out, g_lse, _) = captured(step)
     for n, lens in enumerate(((1, 639, 17), (600, 0, 64), (99, 199, 299))):
         for x in (q, nk, nv):
             x.copy_(torch.randn(x.shape, device=DEV).to(x.dtype))
