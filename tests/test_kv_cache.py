@@ -752,14 +752,17 @@ def _seq_rows(x, fmt, lens, i):
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
 def test_step_op_equals_append_then_attention(fmt, cache, device):
     """fwd_kvcache writes the caches as copy_to_kv_cache does and returns what the forward op returns over
-    the appended caches: bitwise on the CPU engine (the same arithmetic) and on the GPU (the decode
-    kernel reads the new tokens from new_k / new_v, which hold what the appended slots hold); and the
-    output matches full attention in float64 over each sequence's keys."""
+    the appended caches: bitwise where both run the same engine the same way (the same arithmetic on
+    the same keys); and the output matches full attention in float64 over each sequence's keys."""
     c = step_case(fmt, cache, device)
     want_out, want_lse, want_k, want_v = append_then_attend(c)
     out, lse = run_step(c)
     assert torch.equal(c["k_cache"], want_k) and torch.equal(c["v_cache"], want_v)
-    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    if device == "cpu" or cache != "no_table":
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    else:  # float32 on CUDA: the SIMT engine, reading rows without a table against a one-page table
+        torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
     lens, cached = c["lens"], c["cached"]
     table = c["page_table"].cpu() if c["page_table"] is not None else torch.arange(3).view(3, 1)
     ps = c["k_cache"].shape[1]
