@@ -581,8 +581,11 @@ def same_bits(a, b):
                                               b.view(torch.int16 if b.element_size() == 2 else torch.int32))
 
 
-def check_step(cfg: Dec, table=True, fused=True, seed=0):
+def check_step(cfg: Dec, table=True, fused=True, seed=0, **arg_changes):
+    """The step on the GPU: caches, results against float64 and the CPU operator, and (fused) bitwise
+    against the decode kernel over the appended caches. arg_changes: FwdArgs fields Dec has not."""
     t = build(cfg, seed)
+    t["args"] = t["args"].replace(**arg_changes)
     s = step_of(t, cfg, seed)
     out, lse, ml, kc, vc = run_step_op(t, s, DEV, table)
     assert same_bits(kc, t["pool_k"]) and same_bits(vc, t["pool_v"]), f"{cfg}: the caches after the step"
@@ -636,23 +639,24 @@ def test_step_long_context_many_splits():
     check_step(Dec(dtype="bf16", b=1, h=(32, 8), dims=(128, 128), page=16, lens_kv=(8190,)))
 
 
-@pytest.mark.parametrize("case", ["fp32_paged", "fp32_no_table", "bf16_softcap", "bf16_strided_new_kv"])
+@pytest.mark.parametrize("case", ["fp32_paged", "fp32_no_table", "bf16_softcap", "bf16_softcap_no_table_causal",
+                                  "bf16_strided_new_kv"])
 def test_step_unfused(case):
     """Steps the decode engine does not take (float32; softcap; new_k / new_v rows that are not
-    16-byte aligned): the append kernel, then the attention's engine, with the same results."""
+    16-byte aligned): the append kernel, which writes the key lengths, then the attention's engine;
+    without a table the caches are read as bshd rows, also under a mask type without padding (the
+    lengths still apply: no engine that ignores them may take the call)."""
     if case == "fp32_paged":
         check_step(Dec(dtype="fp32", b=3, h=(8, 2), dims=(64, 64), page=16, s_q=3, lens_kv=(3, 45, 130)), fused=False)
     elif case == "fp32_no_table":
         check_step(Dec(dtype="fp32", b=2, h=(4, 2), dims=(128, 128), page="none", lens_kv=(70, 3)), table=False,
                    fused=False)
     elif case == "bf16_softcap":
-        cfg = Dec(dtype="bf16", b=2, h=(8, 2), dims=(64, 64), page=16, lens_kv=(33, 90))
-        t = build(cfg)
-        t["args"] = t["args"].replace(softcap=20.0)
-        s = step_of(t, cfg)
-        out, lse, ml, kc, vc = run_step_op(t, s, DEV)
-        assert same_bits(kc, t["pool_k"]) and same_bits(vc, t["pool_v"])
-        C.assert_matches_reference(reference_messages(cfg, t, out, lse, ml))
+        check_step(Dec(dtype="bf16", b=2, h=(8, 2), dims=(64, 64), page=16, lens_kv=(33, 90)), fused=False,
+                   softcap=20.0)
+    elif case == "bf16_softcap_no_table_causal":
+        check_step(Dec(dtype="bf16", b=2, h=(8, 2), dims=(128, 128), page="none", s_q=2, lens_kv=(130, 64),
+                       mask="causal_bottom_right"), table=False, fused=False, softcap=20.0)
     else:
         cfg = Dec(dtype="bf16", b=2, h=(8, 2), dims=(64, 64), page=16, lens_kv=(33, 90))
         t = build(cfg)

@@ -47,7 +47,10 @@ Status plan_kv_step_cuda(const KvStepParams& s, KvStepPlan* plan) {
                                    "cu_seqlens: batch x cache capacity must stay below 2^31; got ", pr.b, " x ",
                                    pr.s_kv));
   }
-  FUSEDATTN_RETURN_IF_ERROR(plan_fwd_cuda(unfused_attention(s, nullptr), &plan->attn));
+  // The attention reads the key lengths the append kernel writes into the workspace, whose address
+  // the plan does not know: cache_seqlens stands in (engines plan on whether lengths are given,
+  // never on their values or address), so no engine that ignores lengths is chosen.
+  FUSEDATTN_RETURN_IF_ERROR(plan_fwd_cuda(unfused_attention(s, s.append.cache_seqlens), &plan->attn));
   plan->lens_off = (plan->attn.workspace_bytes + 255) / 256 * 256;
   plan->workspace_bytes = plan->lens_off + static_cast<size_t>(pr.b + 1) * sizeof(int32_t);
   return Status::Ok();
