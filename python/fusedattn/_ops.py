@@ -2,10 +2,9 @@
 
 The C++ extension registers ``torch.ops.fusedattn.fwd``, ``torch.ops.fusedattn.bwd``,
 ``torch.ops.fusedattn.copy_to_kv_cache`` and ``torch.ops.fusedattn.fwd_kvcache`` (schemas in
-csrc/binding/schema.cpp). Every
-non-tensor setting of a call lives in one frozen ``FwdArgs``; the op call, its fake
-implementation and its backward are all built from that one object, so they cannot
-disagree about a call.
+csrc/binding/schema.cpp). Every non-tensor setting of a call lives in one frozen ``FwdArgs``;
+the op call, its fake implementation and its backward are all built from that one object, so
+they cannot disagree about a call.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ Same names, argument order, defaults, layouts and return values as
 ``flash_attn.flash_attn_interface``: ``flash_attn_func``, ``flash_attn_qkvpacked_func``,
 ``flash_attn_kvpacked_func``, their ``varlen`` forms and ``flash_attn_with_kvcache``; plus
 ``varlen_attn`` with the signature of ``torch.nn.attention.varlen.varlen_attn``. Every call
-is one ``torch.ops.fusedattn.fwd`` (with its autograd), and ``flash_attn_with_kvcache``'s append
-and attention are one ``torch.ops.fusedattn.fwd_kvcache`` (one launch on the GPU's decode engine):
-torch.compile traces them without graph breaks and CUDA graphs capture them. What differs from flash-attn is listed in docs/integrations.md.
+is one ``torch.ops.fusedattn.fwd`` (with its autograd), and a ``flash_attn_with_kvcache`` step's
+append and attention are one ``torch.ops.fusedattn.fwd_kvcache`` (one launch on the GPU's decode
+engine): torch.compile traces them without graph breaks and CUDA graphs capture them. What differs
+from flash-attn is listed in docs/integrations.md.
 
 flash-attn's conventions, mapped onto the operator's: ``causal`` and ``window_size`` are
 aligned to the bottom-right corner (query i of a sequence sees keys up to
