@@ -1,6 +1,7 @@
 // Operator arguments -> the core's FwdArgs / inputs. Shared by every backend's implementation so
 // that all of them read a call the same way. `Call` is an attention operator's call struct
-// (op_impl.h): it has the FUSEDATTN_SETTINGS and FUSEDATTN_OPTIONAL_INPUTS members by name.
+// (op_impl.h, kv_cache_impl.h): it has q and the FUSEDATTN_SETTINGS and FUSEDATTN_OPTIONAL_INPUTS members
+// by name.
 #pragma once
 
 #include "bridge.h"
@@ -27,12 +28,14 @@ FwdArgs make_args(const Call& s, bool return_max_logit) {
   return a;
 }
 
+// k and v: the call's keys and values (a KV-cache step's caches).
 template <class Call>
-FwdInputs make_inputs(const Call& t, const OptTensor& rng_state, const OptTensor& page_table) {
+FwdInputs make_inputs(const Call& t, const Tensor& k, const Tensor& v, const OptTensor& rng_state,
+                      const OptTensor& page_table) {
   FwdInputs in;
   in.q = to_ref(t.q, "q");
-  in.k = to_ref(t.k, "k");
-  in.v = to_ref(t.v, "v");
+  in.k = to_ref(k, "k");
+  in.v = to_ref(v, "v");
   in.bias = to_ref(t.bias, "core_attention_bias");
   in.softmax_offset = to_ref(t.softmax_offset, "softmax_offset");
   in.attn_mask = to_ref(t.attn_mask, "attention_mask");

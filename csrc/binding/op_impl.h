@@ -27,7 +27,7 @@ std::array<Tensor, 4> fwd_impl(const FwdCall& c) {
   const Placement where = placement_of(c.q);
   const typename Engine::Scope scope(where);
   const FwdArgs args = make_args(c, c.return_max_logit);
-  const FwdInputs in = make_inputs(c, c.rng_state, c.page_table);
+  const FwdInputs in = make_inputs(c, c.k, c.v, c.rng_state, c.page_table);
 
   CheckedProblem prob;
   raise_if_error(check_fwd(args, in, &prob));
@@ -68,7 +68,7 @@ std::array<Tensor, 5> bwd_impl(const BwdCall& c) {
   args.need_dbias = c.need_dbias;
   args.deterministic = c.deterministic != 0;
   BwdInputs in;
-  in.fwd = make_inputs(c, c.rng_state, std::nullopt);
+  in.fwd = make_inputs(c, c.k, c.v, c.rng_state, std::nullopt);
   in.dout = to_ref(c.dout, "dout");
   in.out = to_ref(c.out, "out");
   in.lse = to_ref(c.softmax_lse, "softmax_lse");

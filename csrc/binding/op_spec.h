@@ -8,7 +8,7 @@
 // is a plain sequence of entries, in schema order.
 #pragma once
 
-// The `Tensor?` inputs of both attention operators, in schema order.
+// The `Tensor?` inputs of the attention operators, in schema order.
 #define FUSEDATTN_OPTIONAL_INPUTS(X)                \
   X("Tensor?", OptTensor, bias, "")                 \
   X("Tensor?", OptTensor, softmax_offset, "")       \
@@ -19,7 +19,7 @@
   X("Tensor?", OptTensor, cu_seqlens_q_padded, "")  \
   X("Tensor?", OptTensor, cu_seqlens_kv_padded, "")
 
-// The non-tensor settings of both attention operators, in schema order; each is a field of the
+// The non-tensor settings of the attention operators, in schema order; each is a field of the
 // core's FwdArgs (csrc/core/include/fusedattn/attn_args.h).
 #define FUSEDATTN_SETTINGS(X)                       \
   X("str", std::string, q_format, "")               \
@@ -75,6 +75,23 @@
   X("Tensor", Tensor, cache_seqlens, "")   \
   X("str", std::string, qkv_format, "")
 #define FUSEDATTN_KV_APPEND_RETURNS "()"
+
+// A decoding (or prefill) step against a KV cache the caller owns (fusedattn/kv_cache.h): new_k /
+// new_v are appended to the caches in place, then q attends over them. The caches are marked
+// mutated, so torch.compile functionalises the op and CUDA graphs replay it. page_table=None:
+// per-sequence caches [b, s_cache, h_kv, d], sequence b in row b.
+#define FUSEDATTN_FWD_KVCACHE_ARGS(X)      \
+  X("Tensor", Tensor, q, "")               \
+  X("Tensor", Tensor, new_k, "")           \
+  X("Tensor", Tensor, new_v, "")           \
+  X("Tensor(a!)", Tensor, k_cache, "")     \
+  X("Tensor(b!)", Tensor, v_cache, "")     \
+  X("Tensor", Tensor, cache_seqlens, "")   \
+  X("Tensor?", OptTensor, page_table, "")  \
+  FUSEDATTN_OPTIONAL_INPUTS(X)             \
+  FUSEDATTN_SETTINGS(X)                    \
+  X("bool", bool, return_max_logit, "")
+#define FUSEDATTN_FWD_KVCACHE_RETURNS "(Tensor out, Tensor softmax_lse, Tensor max_logit)"
 
 // Uses of a list: its schema entries, its call struct's members, and their values read off a
 // boxed stack (in a braced initializer, so in order).

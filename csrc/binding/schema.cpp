@@ -27,4 +27,6 @@ STABLE_TORCH_LIBRARY(fusedattn, m) {
   m.def(schema("bwd", {FUSEDATTN_BWD_ARGS(FUSEDATTN_SCHEMA_ENTRY)}, FUSEDATTN_BWD_RETURNS).c_str());
   m.def(schema("copy_to_kv_cache", {FUSEDATTN_KV_APPEND_ARGS(FUSEDATTN_SCHEMA_ENTRY)}, FUSEDATTN_KV_APPEND_RETURNS)
             .c_str());
+  m.def(schema("fwd_kvcache", {FUSEDATTN_FWD_KVCACHE_ARGS(FUSEDATTN_SCHEMA_ENTRY)}, FUSEDATTN_FWD_KVCACHE_RETURNS)
+            .c_str());
 }
