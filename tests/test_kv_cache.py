@@ -858,9 +858,10 @@ def test_step_op_errors_leave_caches_untouched(what, exc, match):
     k0, v0 = c["k_cache"].clone(), c["v_cache"].clone()
     with pytest.raises(exc, match=match):
         if what == "cu_seqlens_kv":
-            torch.ops.fusedattn.fwd_kvcache(
-                c["q"], c["new_k"], c["new_v"], c["k_cache"], c["v_cache"], c["cache_seqlens"], c["page_table"],
-                None, None, None, None, c["cu_q"], _cumulative([7, 3, 10]), None, None, *c["args"].op_args(), False)
+            fusedattn._ops._call(
+                torch.ops.fusedattn.fwd_kvcache, c["q"], c["new_k"], c["new_v"], c["k_cache"], c["v_cache"],
+                c["cache_seqlens"], c["page_table"], None, None, None, None, c["cu_q"], _cumulative([7, 3, 10]), None,
+                None, *c["args"].op_args(), False)
         else:
             run_step(c, **extra)
     assert torch.equal(c["k_cache"], k0) and torch.equal(c["v_cache"], v0)
