@@ -37,12 +37,12 @@ echo "built $(basename "$WHEEL") ($(du -h "$WHEEL" | cut -f1)) in $((SECONDS - t
 echo "== the wheel in a fresh environment (binary packages only: nothing is compiled)"
 WHEEL_VENV="$ROOT/build/wheel-venv"
 rm -rf "$WHEEL_VENV"
-if python3 -c "import torch" 2>/dev/null; then
-  python3 -m venv --system-site-packages "$WHEEL_VENV"  # the machine's torch (a CUDA build on a GPU machine)
-  WHEEL_TORCH=()
-else
-  python3 -m venv "$WHEEL_VENV"
+if [ "$("$PY" -c 'import sys, torch; print(torch.__file__.startswith(sys.prefix))')" = "True" ]; then
+  "$PY" -m venv "$WHEEL_VENV"  # the same interpreter, with the same torch installed afresh
   WHEEL_TORCH=("torch==$TORCH_VERSION")
+else
+  "$PY" -m venv --system-site-packages "$WHEEL_VENV"  # the machine's torch (a CUDA build on a GPU machine)
+  WHEEL_TORCH=()
 fi
 "$WHEEL_VENV/bin/python" -m pip install -q --only-binary=:all: "${WHEEL_TORCH[@]}" numpy pytest expecttest hypothesis \
   "$WHEEL"
