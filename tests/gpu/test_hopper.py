@@ -211,6 +211,49 @@ def test_hopper_forward_causal_schedule(d, s, b, h, sched):
 
 
 @needs_hopper_engine
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_hopper_nan_reaches_the_rows_that_see_it(where, d, causal):
+    """A NaN score reaches its row's output and lse instead of making the row look empty: the lazy
+    maximum's vote fails on it, the slow path's row maximum keeps it (max.NaN) and the epilogue carries
+    a NaN sum into out and lse. A NaN in query row 70 (head 1) poisons that row; a NaN in key 150 (head
+    0) every row of the head that sees it (causally rows >= 150). Every other row matches the float64
+    reference, as does dq outside the NaN query row, whose dq is NaN."""
+    gen = torch.Generator(device="cuda").manual_seed(d + causal)
+    q = torch.randn(1, 300, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(1, 300, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    if where == "q":
+        q[0, 70, 1, 5] = float("nan")
+    else:
+        k[0, 150, 0, 3] = float("nan")
+    q.requires_grad_()
+    scale = 1 / math.sqrt(d)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, lse = attention(q, k, v, FwdArgs(scale=scale, mask_type="causal" if causal else "no_mask"))
+        torch.cuda.synchronize()
+    assert "fwd_sm90" in " ".join(e.name for e in prof.events())
+    ref, ref_lse = _reference(q.detach(), k, v, "bshd", causal, scale)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(lse.isnan(), ref_lse.isnan())
+    rows = ref.isnan().any(-1)  # [b, s, h]
+    assert rows.any() and not rows.all()
+    torch.testing.assert_close(out.double()[~rows], ref[~rows], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse.double()[~ref_lse.isnan()], ref_lse[~ref_lse.isnan()], rtol=0, atol=1e-3)
+    if where == "q" and HOPPER_BWD:
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+        (dq,) = torch.autograd.grad(out, (q,), dout)
+        q64 = q.detach().double().requires_grad_()
+        (want,) = torch.autograd.grad(_reference(q64, k, v, "bshd", causal, scale)[0], (q64,), dout.double())
+        nan_row = torch.zeros_like(rows)
+        nan_row[0, 70, 1] = True
+        assert dq[nan_row].isnan().all()
+        got, want = dq[~nan_row].double(), want[~nan_row]
+        assert torch.isfinite(got).all()
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < 1e-2, f"dq outside the NaN row: relative error {err:.2e}"
+
+
+@needs_hopper_engine
 def test_hopper_kernel_runs_for_eligible_calls():
     """A bf16 causal d=128 call launches an sm_90a kernel; a call it declines (dropout) does not."""
     q, k, v = (torch.randn(2, 256, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))

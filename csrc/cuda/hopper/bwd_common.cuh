@@ -23,25 +23,27 @@
 // take turns in a fixed order of key tiles, so every dQ element sums its terms in one order
 // whatever the CTAs' timing (dK, dV are per-CTA register sums and already reproducible).
 //  * Order: key tiles n_last(m), n_last(m) - 1, ..., 0 (n_last: the mask's last key tile that
-//    meets m), the key tiles dispatched in decreasing order (tile_scheduler.cuh's bwd_work). In
-//    that order the tile a CTA waits for (n + 1) reaches every m earlier and was dispatched
-//    earlier, so in steady state nobody waits; in increasing order every CTA of a group would wait
-//    for tile 0, which reaches the later query tiles last (causally).
+//    meets m), the key tiles taken in decreasing order (tile_scheduler.cuh's bwd_work). In that
+//    order the tile a CTA waits for (n + 1) reaches every m earlier and was taken earlier, so in
+//    steady state nobody waits; in increasing order every CTA of a group would wait for tile 0,
+//    which reaches the later query tiles last (causally).
 //  * Counters: one int32 per (batch, head, m, consumer) after the workspace
-//    (bwd_sm90_det_workspace_bytes), zeroed by the preprocess. One per consumer because the two
-//    consumers' dQ_parts of an iteration are disjoint, so ordering each consumer's reduces on its
-//    own fixes the order for every element, with no barrier between the consumers.
+//    (bwd_sm90_det_workspace_bytes), then the ticket counter, all zeroed by the preprocess. One per
+//    consumer because the two consumers' dQ_parts of an iteration are disjoint, so ordering each
+//    consumer's reduces on its own fixes the order for every element, with no barrier between the
+//    consumers.
 //  * Protocol (the consumer's issuing thread): after the staging barrier it polls the counter with
 //    ld.acquire.gpu until it equals its turn, executes fence.proxy.async.global, issues and
 //    commits its reduces. The release is deferred to the next tile, right after that tile's
 //    S^T / dP^T wgmmas are issued (or to after the loop), so the reduces complete under other
 //    work: wait_group 0 (writes done and visible to the thread; a bulk completion implies a
 //    generic-async proxy fence), then st.release.gpu of turn + 1.
-//  * Deadlock freedom assumes, as csrc/cuda/tc's deterministic dQ does, that CTAs become resident
-//    in increasing linear block index: a CTA's waits depend only on lower-indexed CTAs of its
-//    group, and a consumer releases a tile's turn before it waits for its next one. CUDA does not
-//    guarantee the order; the watchdog (dq_wait_turn gives up, NaN dK) turns a violation into a
-//    failed check instead of a hang.
+//  * Deadlock freedom: a CTA takes its key tile from a ticket drawn on arrival (an atomic counter,
+//    as csrc/cuda/tc's deterministic dQ does), not from blockIdx, whose start order CUDA does not
+//    promise. Its waits are then on CTAs with lower tickets, which were running when it drew its
+//    own, and a consumer releases a tile's turn before it waits for its next one, so every wait
+//    ends. A protocol bug instead meets the watchdog (dq_wait_turn gives up), and the CTA's
+//    timeout vote fails the launch: never plausible numbers.
 #pragma once
 
 #include <cuda.h>
@@ -67,6 +69,9 @@ namespace hopper {
 
 constexpr int kBwdThreads = 384;
 constexpr int kBwdConsumerWarps = 8;
+// The end-of-CTA timeout vote (ptx_sm90.cuh's timeout_vote) of the consumers and the producer's
+// first warp; the main kernels' own named barriers are 1-5.
+constexpr int kBwdTimeoutBar = 6, kBwdTimeoutVoters = 256 + 32;
 
 // A main kernel's shared memory: K, V; STAGES x (Q, dO); kTileBufs 16-bit [BM][BN] tiles (dS^T, or
 // P and dS, each double-buffered by iteration parity); STAGES x (lse2, Dsum) row slices; the
@@ -89,7 +94,8 @@ struct BwdSmemLayout {
   static constexpr int kL = kTiles + kTileBufs * kTileBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
+  // The barriers, then 8 bytes for the deterministic mode's ticket (bwd_kernel_body).
+  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES) + 8;
   static constexpr int kStgBytes = 64 * 64 * 4;  // one consumer's dQ_part staging tile
   static constexpr int kStg = ((kBar + kBarBytes + 1023) / 1024) * 1024;
   // + 1024 slack for aligning the dynamic shared-memory base to the swizzle atom
@@ -125,14 +131,15 @@ __device__ __forceinline__ BwdShared<Smem> bwd_shared(uint32_t sbase) {
   return sh;
 }
 
-// A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work), the G
-// query heads of the group, and the query tiles [m_start, n_m) of each that the key tile meets.
+// A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work; ticket: the
+// deterministic mode's), the G query heads of the group, and the query tiles [m_start, n_m) of each
+// that the key tile meets.
 struct BwdCta {
   int n_blk, hk, batch, G, n_m, m_start;
 };
 template <int BM, int BN, bool CAUSAL, bool DET>
-__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const TileMask<CAUSAL>& mask) {
-  const BwdWork tile = bwd_work<CAUSAL, DET>(p);
+__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const TileMask<CAUSAL>& mask, int ticket) {
+  const BwdWork tile = bwd_work<CAUSAL, DET>(p, ticket);
   BwdCta c;
   c.n_blk = tile.n_blk;
   c.hk = tile.hk;
@@ -143,13 +150,16 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const TileMask<CA
   return c;
 }
 
-// Thread 0 initialises the barriers and prefetches the tensor maps; the whole CTA syncs, so that no
-// thread waits on a barrier before its init.
+// Thread 0 initialises the barriers, prefetches the tensor maps and, given a ticket counter (the
+// deterministic mode), draws the CTA's ticket into *ticket_smem; the whole CTA syncs, so that no
+// thread waits on a barrier before its init and every thread sees the ticket.
 template <class Smem>
 __device__ __forceinline__ void bwd_cta_start(const BwdShared<Smem>& sh, const CUtensorMap& tmQ,
                                               const CUtensorMap& tmK, const CUtensorMap& tmV,
-                                              const CUtensorMap& tmdO, const CUtensorMap* tmdQ) {
+                                              const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
+                                              int* ticket_counter, int* ticket_smem) {
   if (threadIdx.x == 0) {
+    if (ticket_counter != nullptr) *ticket_smem = atomicAdd(ticket_counter, 1);
     mbar_init(sh.bar_kv(), 1);
     for (int s = 0; s < Smem::STAGES; ++s) {
       mbar_init(sh.bar_full(s), 1);
@@ -166,7 +176,7 @@ __device__ __forceinline__ void bwd_cta_start(const BwdShared<Smem>& sh, const C
 }
 
 // A consumer's start: its dK / dV accumulators zeroed, then its wait for K and V. Returns whether
-// the wait gave up (mbar_wait's watchdog; reported as NaN dK).
+// the wait gave up (mbar_wait's watchdog; voted at the end of the CTA, kBwdTimeoutBar).
 template <int N, class Smem>
 __device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N], const BwdShared<Smem>& sh) {
 #pragma unroll
@@ -179,16 +189,16 @@ __device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N
   return timed_out;
 }
 
-// The epilogue: a consumer thread's dK (times scale; NaN after a watchdog give-up) and dV rows
-// key_of(0) and key_of(1) (its accumulator fragment rows), N columns (the whole head dim, or
-// consumer cw's N-column part when N < D), as 16-bit values; rows >= s_kv are not stored. dk, dv
-// are contiguous bshd: rows D elements apart, so only the bases decide the 16-byte path.
+// The epilogue: a consumer thread's dK (times scale) and dV rows key_of(0) and key_of(1) (its
+// accumulator fragment rows), N columns (the whole head dim, or consumer cw's N-column part when
+// N < D), as 16-bit values; rows >= s_kv are not stored. dk, dv are contiguous bshd: rows D
+// elements apart, so only the bases decide the 16-byte path.
 template <typename T, int D, int N, class KeyOf>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[N / 2], const float (&dv)[N / 2],
-                                               KeyOf&& key_of, int hk, int batch, int cw, int qd, bool timed_out) {
+                                               KeyOf&& key_of, int hk, int batch, int cw, int qd) {
   T* dkp = reinterpret_cast<T*>(p.dk);
   T* dvp = reinterpret_cast<T*>(p.dv);
-  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+  const float ks = p.scale;
   const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -326,16 +336,28 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
   const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
-  const BwdCta cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, Consumer::DET>(p, mask);
-  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
+  constexpr bool DET = Consumer::DET;
+  // The deterministic mode's ticket counter follows the dQ turn counters (one per batch, head,
+  // query tile and consumer).
+  int* const ticket_counter =
+      DET ? dq_cnt + static_cast<size_t>(p.b) * p.h * ((p.s_q + Smem::BM - 1) / Smem::BM) * 2 : nullptr;
+  int* const ticket_smem = reinterpret_cast<int*>(gbase + Smem::kBar + Smem::kBarBytes - 8);
+  BwdCta cta;
+  if constexpr (!DET) cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, DET>(p, mask, 0);
+  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ, ticket_counter, ticket_smem);
+  if constexpr (DET) cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, DET>(p, mask, *ticket_smem);
 
   if (wg == 0) {
     setmaxnreg_dec<24>();
-    if (tid == 0) {
-      bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
-          BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
-                          cta.hk, cta.batch, cta.m_start, cta.n_m, tmdQ},
-          p);
+    if (tid < 32) {
+      if (tid == 0) {
+        bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
+            BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
+                            cta.hk, cta.batch, cta.m_start, cta.n_m, tmdQ},
+            p);
+      }
+      __syncwarp();
+      timeout_trap<kBwdTimeoutBar, kBwdTimeoutVoters>();
     }
     return;
   }
@@ -352,8 +374,8 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
 // completed and been released; then its own reduces (async proxy) may follow. Watchdog as in
 // mbar_wait<false> (a __trap path would make ptxas spill and serialise the wgmmas): after 2^26
 // polls (each an L2 round trip: seconds, where a legitimate wait is at most the time a predecessor
-// needs to reach this query tile) it gives up and returns false; the caller reports NaN dK and
-// stops taking turns.
+// needs to reach this query tile) it gives up and returns false; the caller stops taking turns and
+// votes the timeout at the end of the CTA (kBwdTimeoutBar), which fails the launch.
 __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
   uint32_t polls = 0;
   while (ld_acquire_gpu(cnt) != turn) {
@@ -434,8 +456,8 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void
   bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
 }
 
-// The deterministic variant's preprocess: also zeroes the n_cnt dQ turn counters, so that every
-// call and every CUDA-graph replay starts from turn 0 without a memset of its own.
+// The deterministic variant's preprocess: also zeroes the n_cnt dQ turn and ticket counters, so that
+// every call and every CUDA-graph replay starts from turn 0 and ticket 0 without a memset of its own.
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
     bwd_pre_det_kernel(const void* o_, const void* dout_, const float* lse, float* lse2, float* dsum, float* dq_acc,

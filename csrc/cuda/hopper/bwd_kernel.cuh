@@ -291,10 +291,11 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
   }
 
   // ---------------------------------------------------------------- epilogue
-  bwd_store_dkdv<T, D, D>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch, cw, qd, timed_out);
+  bwd_store_dkdv<T, D, D>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch, cw, qd);
   if constexpr (!DET) {
     if (ltid == 0) bulk_wait_group<0>();
   }
+  timeout_vote<kBwdTimeoutBar, kBwdTimeoutVoters>(timed_out);  // a wait gave up: the launch fails
 #endif
 }
 
@@ -307,8 +308,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   bwd_kernel_body<BwdConsumer<T, D, CAUSAL, false>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
 }
 
-// Deterministic dQ: dq_cnt, the turn counters after the workspace (bwd_sm90_det_workspace_bytes),
-// zeroed by the deterministic preprocess.
+// Deterministic dQ: dq_cnt, the turn and ticket counters after the workspace
+// (bwd_sm90_det_workspace_bytes), zeroed by the deterministic preprocess.
 template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_det_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,

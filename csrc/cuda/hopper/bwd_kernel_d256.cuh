@@ -311,8 +311,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
   }
 
   // ---------------------------------------------------------------- epilogue
-  bwd_store_dkdv<T, D, DH>(
-      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd, timed_out);
+  bwd_store_dkdv<T, D, DH>(p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd);
   // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
   // stores, which they overlap). Then the last release: the producer waits for it before it reduces
   // cw 1's last staged tile.
@@ -320,6 +319,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
     bulk_wait_group<0>();
     if (pend >= 0) mbar_arrive(sh.bar_empty(pend));
   }
+  timeout_vote<kBwdTimeoutBar, kBwdTimeoutVoters>(timed_out);  // a wait gave up: the launch fails
 #endif
 }
 

@@ -33,7 +33,8 @@ struct BwdLaunch {
   void (*pre)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int) = nullptr;
   void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap) = nullptr;
   void (*post)(const float*, void*, long long, float);
-  // Deterministic mode (else null): launched instead of pre and kern, with the n_cnt turn counters.
+  // Deterministic mode (else null): launched instead of pre and kern, with the n_cnt turn and ticket
+  // counters.
   void (*pre_det)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int, int*,
                   long long) = nullptr;
   void (*kern_det)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap, int*) = nullptr;

@@ -70,13 +70,12 @@ __device__ __forceinline__ void store_frag_row(T* dst, const float (&acc)[N / 2]
 }
 
 // The forward's epilogue for a consumer thread's two rows (accumulator fragment rows row_base and
-// row_base + 8): O / l to the output (rows < s_q) and lse = max ln2 + ln l, NaN when a wait of the
-// tile gave up (timed_out, see mbar_wait), -inf for a row that saw no key. o holds the thread's
-// D / 2 fp32 accumulators; row_l its columns' part of the row sums (summed over the quad here).
+// row_base + 8): O / l to the output (rows < s_q) and lse = max ln2 + ln l, -inf for a row that saw
+// no key (l = 0); a NaN sum (a NaN score) carries into both. o holds the thread's D / 2 fp32
+// accumulators; row_l its columns' part of the row sums (summed over the quad here).
 template <typename T, int D>
 __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o)[D / 2], const float (&row_m)[2],
-                                               const float (&row_l)[2], int row_base, int batch, int head, int qd,
-                                               bool timed_out) {
+                                               const float (&row_l)[2], int row_base, int batch, int head, int qd) {
   T* out = reinterpret_cast<T*>(p.o);
   const bool vec16 = rows_16b_aligned<T>(p.o, p.o_sb, p.o_ss, p.o_sh);
 #pragma unroll
@@ -84,14 +83,13 @@ __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o
     float l = row_l[hf];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = (l > 0.f) ? 1.f / l : 0.f;
+    const float inv = (l != 0.f) ? 1.f / l : 0.f;
     const int row = row_base + 8 * hf;
     const bool active = row < p.s_q;
     T* orow = out + batch * p.o_sb + (active ? row : 0) * p.o_ss + head * p.o_sh;
     store_frag_row<T, D>(orow, o, hf, inv, qd, vec16, active);
     if (active && qd == 0) {
-      float lse = (l > 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
-      if (timed_out) lse = __int_as_float(0x7fffffff);
+      const float lse = (l != 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
       p.lse[batch * p.lse_sb + head * p.lse_sh + row * p.lse_ss] = lse;
     }
   }

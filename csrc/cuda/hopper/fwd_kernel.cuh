@@ -119,15 +119,20 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
   }
   __syncthreads();
 
+  constexpr int kVoters = K::NCONS * 128 + 32;  // the consumers and the producer's first warp
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
-    if (tid == 0) {
-      const FwdProducerIo io{&tmQ, &tmK, &tmV, sQ0, sK0, sV0};
-      Pos kv = 0;  // the ring position of the tile's first key tile
-      sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool) {
-        produce_tile<K>(io, bars, w, kv, j);
-        kv += w.n_blocks;
-      });
+    if (tid < 32) {
+      if (tid == 0) {
+        const FwdProducerIo io{&tmQ, &tmK, &tmV, sQ0, sK0, sV0};
+        Pos kv = 0;  // the ring position of the tile's first key tile
+        sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool) {
+          produce_tile<K>(io, bars, w, kv, j);
+          kv += w.n_blocks;
+        });
+      }
+      __syncwarp();
+      timeout_trap<kFwdTimeoutBar, kVoters>();
     }
     return;
   }
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
   float sacc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
-  bool timed_out = false;  // sticky for the CTA's life
+  bool timed_out = false;  // sticky for the CTA's life; voted at its end
   Pos kv = 0;
   sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool last) {
     FwdConsumerIo<K> io;
@@ -169,6 +174,8 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
     kv += w.n_blocks;
     if (Sched::kPersistent) __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
   });
+  // A wait that gave up (mbar_wait's watchdog) fails the launch, through the producer's trap.
+  timeout_vote<kFwdTimeoutBar, kVoters>(timed_out);
 #endif
 }
 

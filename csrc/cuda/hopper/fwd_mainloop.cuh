@@ -25,8 +25,10 @@
 // sequence over the CTA's life: each consumer takes n_blocks + 1 turns per tile, the last consumer
 // hands consumer 0 the first turn and skips the pass of its very last turn, so every barrier ends
 // balanced with at most one pending arrival.
-// Waits are bounded (mbar_wait): the producer traps, a consumer warp that gave up reports NaN lse for
-// its rows of this and later tiles and skips its later waits, but keeps every turn and arrival.
+// Waits are bounded (mbar_wait): the producer traps; a consumer thread that gave up skips its later
+// waits but keeps every turn and arrival, and reports it at the end of the CTA (fwd_kernel.cuh:
+// ptx_sm90.cuh's timeout_vote, on which the producer's first warp traps), so the launch fails
+// instead of returning numbers from stale shared memory.
 #pragma once
 
 #include "epilogue.cuh"
@@ -436,7 +438,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K:
   // two-consumer form of that test (cw == 0) lets ptxas keep a single predicated bar.arrive.
   const bool pass = K::NCONS == 2 && !K::kPersistent ? cw == 0 : !(cw == K::NCONS - 1 && last_tile);
   last_step<K>(step(io.kv + n_blocks - 1), bars, regs, wait_full, pass);
-  fwd_store_rows<typename K::T, D>(p, o, row_m, row_l, row_base, w.batch, w.head, qd, timed_out);
+  fwd_store_rows<typename K::T, D>(p, o, row_m, row_l, row_base, w.batch, w.head, qd);
 }
 
 }  // namespace hopper

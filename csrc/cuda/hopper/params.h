@@ -95,11 +95,12 @@ inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
   return (nacc + 2 * nrow) * sizeof(float) + 256;
 }
 
-// DET variant (d = 64, 128): one int32 turn counter per (batch, head, query tile, consumer),
-// placed after the bwd_sm90_workspace_bytes() bytes of the other variants.
+// DET variant (d = 64, 128): one int32 turn counter per (batch, head, query tile, consumer), then
+// the ticket counter (bwd_common.cuh), placed after the bwd_sm90_workspace_bytes() bytes of the other
+// variants.
 inline long long bwd_sm90_det_counters(int b, int s_q, int h, int d) {
   const int bm = d == 64 ? BwdTile<64>::BM : BwdTile<128>::BM;
-  return static_cast<long long>(b) * h * ((s_q + bm - 1) / bm) * 2;
+  return static_cast<long long>(b) * h * ((s_q + bm - 1) / bm) * 2 + 1;
 }
 inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
   return bwd_sm90_workspace_bytes(b, s_q, h, d) +

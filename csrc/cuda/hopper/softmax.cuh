@@ -13,6 +13,7 @@
 
 #include <cmath>
 
+#include "common/numeric.cuh"  // max_nan
 #include "ptx_sm90.cuh"
 
 namespace fusedattn {
@@ -44,14 +45,17 @@ __device__ __forceinline__ void softmax_update(float (&sacc)[BN / 2], float (&ro
                                                float (&corr)[2], float sl2) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
+    // NaN-propagating maximum: a row with a NaN score keeps a NaN in its sum (grow is false for a
+    // NaN maximum, so its exponentials run against the old reference and one of them is NaN), hence
+    // in its output and lse, as in torch's math attention.
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-      mx = fmaxf(mx, sacc[4 * j + 2 * hf]);
-      mx = fmaxf(mx, sacc[4 * j + 2 * hf + 1]);
+      mx = gpu::max_nan(mx, sacc[4 * j + 2 * hf]);
+      mx = gpu::max_nan(mx, sacc[4 * j + 2 * hf + 1]);
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = gpu::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = gpu::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // -inf + slack stays -inf: a row's first unmasked tile always sets its max.
     const bool grow = mx * sl2 > row_m[hf] + kMaxSlack;
     const float m_new = grow ? mx * sl2 : row_m[hf];
@@ -97,8 +101,10 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&corr)
   }
 }
 
-// One vote barrier per consumer warpgroup, ids 4, 5, 6 (0 is __syncthreads, 1-3 the turn rotation).
+// One vote barrier per consumer warpgroup, ids 4, 5, 6 (0 is __syncthreads, 1-3 the turn rotation);
+// id 7 is the end-of-CTA timeout vote (ptx_sm90.cuh's timeout_vote).
 constexpr int kVoteBar = 4;
+constexpr int kFwdTimeoutBar = 7;
 // True in the whole warpgroup iff pred is true in any of its 128 threads: one bar.red.or across
 // its 4 warps (the next S GEMM, collective over the warpgroup, waits for all of them anyway).
 template <int NCONS>

@@ -169,16 +169,19 @@ struct PersistentScheduler {
 // same work: group by group, so that a group's CTAs run side by side and share its Q, dO and dQ
 // rows in L2. Causally key tile n sees the query tiles from n BN / BM on, so tile 0 does the most
 // work and leads each group, the groups dealt in chunks of p.causal_chunk (chunked_tile). DET (the
-// deterministic mode) takes the key tiles in decreasing order within a group, which its dQ
-// turn-taking relies on, and is not chunked.
+// deterministic mode) takes the work from its ticket (drawn on arrival, in [0, #CTAs)) instead of
+// blockIdx, the key tiles in decreasing order within a group, which its dQ turn-taking relies on,
+// not chunked.
 struct BwdWork {
   int n_blk, hk, batch;
 };
 template <bool CAUSAL, bool DET>
-__device__ __forceinline__ BwdWork bwd_work(const BwdKParams& p) {
+__device__ __forceinline__ BwdWork bwd_work(const BwdKParams& p, int ticket) {
   const int n_kt = static_cast<int>(gridDim.x);
   if constexpr (DET) {
-    return {n_kt - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+    const int h_kv = static_cast<int>(gridDim.y);
+    const int group = ticket / n_kt;
+    return {n_kt - 1 - (ticket - group * n_kt), group % h_kv, group / h_kv};
   }
   if (!CAUSAL || p.causal_chunk <= 1) {
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
