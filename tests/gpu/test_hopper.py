@@ -5,6 +5,7 @@ profiler that such calls run its kernel. Skipped without a compute-capability 9.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -567,3 +568,108 @@ def test_hopper_causal_chunk_order(tmp_path):
             if key[1] == "":
                 for i, name in ((0, "out"), (2, "dk"), (3, "dv")):
                     assert torch.equal(res[d][i], runs[("1", "")][d][i]), f"d={d}: {name} with chunk {key[0]} differs"
+
+
+# ---------------------------------------------------------------------------
+# The Hopper support list: csrc/cuda/hopper/kernels.list, the instantiations, which are what the Hopper
+# path takes (sm90.cu looks calls up in the table generated from it). Every line gets calls that must
+# run its kernel, forward and backward, and match the float64 reference by FlashAttention's rule
+# (conftest.check_case: out, lse, every gradient, padded rows zero).
+def _kernel_rows():
+    spec = importlib.util.spec_from_file_location("hopper_gen_kernels", C.REPO / "csrc/cuda/hopper/gen_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.parse()
+
+
+KERNEL_ROWS = _kernel_rows()
+
+
+def _dims(entry):
+    """(dtype, d_qk, d_v) of the list's lines of an entry."""
+    return sorted({(r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS if r.entry == entry})
+
+
+# Calls for the general kernels (features.h): mask type, (non-causal, causal) window, bottom_right_diagonal,
+# (b, s_q, s_kv). Windows cut tiles off either side of a query tile's key range and leave tiles inside
+# it whole; the bottom-right cases have s_q != s_kv, one with query tiles that see no key at all.
+GENERAL_CALLS = {
+    "causal_window": ("causal", ((-1, -1), (100, 0)), None, (2, 300, 300)),
+    "sliding": ("no_mask", ((70, 150), (70, 0)), None, (2, 260, 400)),
+    "bottom_right_long_kv": ("causal_bottom_right", ((-1, -1), (-1, 0)), None, (2, 200, 450)),
+    "bottom_right_window_long_q": ("causal_bottom_right", ((-1, -1), (64, 0)), None, (2, 450, 200)),
+    "bottom_right_sliding": ("no_mask", ((30, 30), (30, 0)), True, (2, 300, 180)),
+}
+
+
+def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, heads=(4, 2), softmax="vanilla"):
+    monkeypatch.setitem(C.SHAPES, "hopper", shape)
+    monkeypatch.setitem(C.WINDOWS, "hopper", windows)
+    cfg = C.normalise(C.Config(layout="bshd", mask=mask, window="hopper", brd=brd, heads=heads, dims=dims,
+                               shape="hopper", dtype=dtype, softmax=softmax))
+    return C.build_case(cfg)
+
+
+def _check_with_kernels(case):
+    """check_case on the GPU; the names of the CUDA kernels it ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        C.check_case(case, device="cuda")
+    return " ".join(e.name for e in prof.events())
+
+
+def _features_of(names, kernel):
+    """The features.h mask kinds (Features<k>) of the named kernel in the profiler's kernel names."""
+    return {int(k) for k in re.findall(rf"{kernel}<[^()]*?Features<(\d)>", names)}
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("call", list(GENERAL_CALLS))
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_general"))
+def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
+    """Every general line of the support list (fwd_general, bwd_general) on sliding windows and
+    bottom-right diagonals: the general kernels (Features<2>) run forward and backward, key tiles
+    outside a query tile's window skipped, and the results match the float64 reference."""
+    assert ("bwd_general", dtype, d_qk, d_v) in {(r.entry, r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS}
+    mask, windows, brd, shape = GENERAL_CALLS[call]
+    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, shape))
+    bwd_kernel = "bwd_sm90_d256_kernel" if d_qk == 256 else "bwd_sm90_kernel"
+    assert _features_of(names, "fwd_sm90_kernel") == {2} and _features_of(names, bwd_kernel) == {2}, names[:800]
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("bwd_general_deterministic"))
+def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v):
+    """The bwd_general_deterministic lines: under torch.use_deterministic_algorithms the general
+    backward whose dQ reduce-adds take turns runs (its turn order follows the window's tile ranges),
+    twice bitwise equal and matching the float64 reference."""
+    mask, windows, brd, shape = GENERAL_CALLS["causal_window"]
+    case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700))
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        names = _check_with_kernels(case)
+        first, second = (C.device_run(case, "cuda")[4] for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    assert _features_of(names, "bwd_sm90_det_kernel") == {2}, names[:800]
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_one_tile"))
+def test_hopper_plain_kernels(monkeypatch, dtype, d_qk, d_v, causal):
+    """The plain lines of the support list (their forward variants are forced one by one in
+    test_hopper_forward_forced_variant): a call without a window runs the plain kernels (Features<0>,
+    or <1> causally) forward and backward, also with a bottom-right diagonal when s_q = s_kv, and
+    matches the float64 reference."""
+    mask = "causal_bottom_right" if causal else "no_mask"
+    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), mask, ((-1, -1), (-1, 0)), None,
+                                      (2, 200, 200)))
+    bwd_kernel = "bwd_sm90_d256_kernel" if d_qk == 256 else "bwd_sm90_kernel"
+    want = {1 if causal else 0}
+    assert _features_of(names, "fwd_sm90_kernel") == want and _features_of(names, bwd_kernel) == want, names[:800]

@@ -132,21 +132,23 @@ __device__ __forceinline__ BwdShared<Smem> bwd_shared(uint32_t sbase) {
 }
 
 // A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work; ticket: the
-// deterministic mode's), the G query heads of the group, and the query tiles [m_start, n_m) of each
-// that the key tile meets.
+// deterministic mode's), the G query heads of the group, and the query tiles [m_start, m_end) of each
+// that the key tile meets, of n_m.
 struct BwdCta {
-  int n_blk, hk, batch, G, n_m, m_start;
+  int n_blk, hk, batch, G, n_m, m_start, m_end;
 };
-template <int BM, int BN, bool CAUSAL, bool DET>
-__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const TileMask<CAUSAL>& mask, int ticket) {
-  const BwdWork tile = bwd_work<CAUSAL, DET>(p, ticket);
+template <int BM, int BN, bool DET, class Mask>
+__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const Mask& mask, int ticket) {
+  const BwdWork tile = bwd_work<Mask::CAUSAL, DET>(p, ticket);
   BwdCta c;
   c.n_blk = tile.n_blk;
   c.hk = tile.hk;
   c.batch = tile.batch;
   c.G = p.h / p.h_kv;
   c.n_m = (p.s_q + BM - 1) / BM;
-  c.m_start = mask.template first_query_tile<BM, BN>(c.n_blk, c.n_m);
+  const TileRange r = mask.template query_tiles<BM, BN>(c.n_blk, c.n_m);
+  c.m_start = r.first;
+  c.m_end = r.first + r.count;
   return c;
 }
 
@@ -240,7 +242,7 @@ struct BwdProducerArgs {
   uint32_t sK, sV, sQ0, sdO0, sL0, sDs0, bar0;
   const CUtensorMap *tmQ, *tmK, *tmV, *tmdO;
   int n_blk, hk, batch;  // the CTA's key tile, KV head, batch
-  int m_start, n_m;      // its query tiles [m_start, n_m)
+  int m_start, m_end;    // its query tiles [m_start, m_end)
   const CUtensorMap* tmdQ;  // DQ_Q only
 };
 
@@ -258,7 +260,7 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
   for (int c = 0; c < DCH; ++c) tma_load_4d(a.sV + c * BN * 128, a.tmV, bar_kv, c * 64, a.hk, a.n_blk * BN, a.batch);
   const int G = p.h / p.h_kv;
   // DQ_Q: consumer 1's staged dQ_part of iteration j (query tile and head recomputed from j).
-  const int per_head = a.n_m - a.m_start;
+  const int per_head = a.m_end - a.m_start;
   const auto reduce_dq = [&](int j) {
     // Consumer 1's half: columns [DCH * 32, DCH * 64), DCH boxes of 32.
     reduce_dq_part<DCH>(a.tmdQ, a.sQ0 + (j % STAGES) * Smem::kQBytes, DCH * 32, a.hk * G + j / per_head,
@@ -267,7 +269,7 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
   int it = 0;
   for (int g = 0; g < G; ++g) {
     const int head = a.hk * G + g;
-    for (int m = a.m_start; m < a.n_m; ++m, ++it) {
+    for (int m = a.m_start; m < a.m_end; ++m, ++it) {
       const int s = it % STAGES;
       const uint32_t use = it / STAGES;
       mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
@@ -308,12 +310,12 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
 // The main kernels' shared body: the shared-memory carve-up, the CTA's work, the barrier init, the
 // producer warpgroup, then the consumer role (Consumer::consume: bwd_kernel.cuh's and
 // bwd_kernel_d256.cuh's), which gets the pieces in a BwdCtx.
-template <class Smem, bool CAUSAL>
+template <class Smem, class Mask>
 struct BwdCtx {
   const BwdShared<Smem>& sh;
   uint32_t sbase;
   const float *gL0, *gDs0;  // the lse2 / Dsum slices, generic pointers
-  const TileMask<CAUSAL>& mask;
+  const Mask& mask;
   const BwdCta& cta;
   // The consumer thread: warpgroup cw (0, 1), its thread ltid, warp, lane, quad lane qd and
   // fragment row r0 (lane / 4).
@@ -324,7 +326,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
                                                 const CUtensorMap& tmdO, const CUtensorMap* tmdQ, const BwdKParams& p,
                                                 int* dq_cnt) {
   using Smem = typename Consumer::Smem;
-  constexpr bool CAUSAL = Consumer::CAUSAL;
+  using Mask = typename Consumer::Mask;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
   const uint32_t sbase = (sraw + 1023u) & ~1023u;
@@ -335,7 +337,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
+  const Mask mask = Mask::of(p);
   constexpr bool DET = Consumer::DET;
   // The deterministic mode's ticket counter follows the dQ turn counters (one per batch, head,
   // query tile and consumer).
@@ -343,9 +345,9 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
       DET ? dq_cnt + static_cast<size_t>(p.b) * p.h * ((p.s_q + Smem::BM - 1) / Smem::BM) * 2 : nullptr;
   int* const ticket_smem = reinterpret_cast<int*>(gbase + Smem::kBar + Smem::kBarBytes - 8);
   BwdCta cta;
-  if constexpr (!DET) cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, DET>(p, mask, 0);
+  if constexpr (!DET) cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, 0);
   bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ, ticket_counter, ticket_smem);
-  if constexpr (DET) cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, DET>(p, mask, *ticket_smem);
+  if constexpr (DET) cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, *ticket_smem);
 
   if (wg == 0) {
     setmaxnreg_dec<24>();
@@ -353,7 +355,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
       if (tid == 0) {
         bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
             BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
-                            cta.hk, cta.batch, cta.m_start, cta.n_m, tmdQ},
+                            cta.hk, cta.batch, cta.m_start, cta.m_end, tmdQ},
             p);
       }
       __syncwarp();
@@ -366,7 +368,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
   const int ltid = tid & 127;
   const int warp = ltid / 32;
   const int lane = tid & 31;
-  Consumer::consume(BwdCtx<Smem, CAUSAL>{sh, sbase, gL0, gDs0, mask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
+  Consumer::consume(BwdCtx<Smem, Mask>{sh, sbase, gL0, gDs0, mask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
                     tmdQ, p, dq_cnt);
 }
 

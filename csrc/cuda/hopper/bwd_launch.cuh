@@ -11,6 +11,7 @@
 
 #include "bwd_kernel.cuh"
 #include "bwd_kernel_d256.cuh"
+#include "features.h"
 #include "kernels.h"
 #include "params.h"
 #include "tma_host.h"
@@ -42,9 +43,10 @@ struct BwdLaunch {
   long long n_cnt = 0;
 };
 
-// DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()). Returns
-// cudaErrorInvalidValue on arguments the kernels do not take or a failed map encode.
-template <typename T, int D, bool DET>
+// DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()); GENERAL: the
+// general kernel (features.h), else the plain one for a.causal. Returns cudaErrorInvalidValue on
+// arguments the kernels do not take or a failed map encode.
+template <typename T, int D, bool DET, bool GENERAL = false>
 inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || D != 256, "deterministic mode: d = 64, 128");
@@ -87,9 +89,14 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   p.s_pad = s_pad;
   p.scale = a.scale;
   p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.window_left = a.window_left;
+  p.window_right = a.window_right;
+  p.bottom_right = a.bottom_right ? 1 : 0;
   const int n_kt = (a.s_kv + Tile::BN - 1) / Tile::BN;
-  // The deterministic mode keeps its own order (tile_scheduler.cuh's bwd_work).
-  p.causal_chunk = DET ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
+  // The deterministic mode keeps its own order (tile_scheduler.cuh's bwd_work), general masks the
+  // plain one.
+  p.causal_chunk =
+      DET || GENERAL ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
   if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
   L->o = a.o;
   L->dout = a.dout;
@@ -102,27 +109,31 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->n4 = static_cast<long long>(nacc / 4);
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
   L->post = bwd_post_kernel<T>;
+  // The kernel's features: general, or plain for the call's causality (index 1 causal, 0 not).
+  using Causal = std::conditional_t<GENERAL, GeneralFeatures, PlainFeatures<true>>;
+  using NoMask = std::conditional_t<GENERAL, GeneralFeatures, PlainFeatures<false>>;
+  const int which = !GENERAL && a.causal ? 1 : 0;
   const void* main_kern;
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
     L->pre = bwd_pre_kernel<T, D>;
-    L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
+    L->kern = which ? bwd_sm90_d256_kernel<T, Causal> : bwd_sm90_d256_kernel<T, NoMask>;
     main_kern = reinterpret_cast<const void*>(L->kern);
   } else if constexpr (DET) {
     L->smem = BwdSmem<D>::kTotal;
     L->pre_det = bwd_pre_det_kernel<T, D>;
-    L->kern_det = a.causal ? bwd_sm90_det_kernel<T, D, true> : bwd_sm90_det_kernel<T, D, false>;
+    L->kern_det = which ? bwd_sm90_det_kernel<T, D, Causal> : bwd_sm90_det_kernel<T, D, NoMask>;
     L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
     L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
     main_kern = reinterpret_cast<const void*>(L->kern_det);
   } else {
     L->smem = BwdSmem<D>::kTotal;
     L->pre = bwd_pre_kernel<T, D>;
-    L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
+    L->kern = which ? bwd_sm90_kernel<T, D, Causal> : bwd_sm90_kernel<T, D, NoMask>;
     main_kern = reinterpret_cast<const void*>(L->kern);
   }
-  static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
-  return detail::raise_smem_limit(main_kern, L->smem, raised[a.causal ? 1 : 0]);
+  static std::atomic<uint64_t> raised[2];  // per instantiation of this function and kernel
+  return detail::raise_smem_limit(main_kern, L->smem, raised[which]);
 }
 
 // Preprocess, main and postprocess on one stream.
@@ -147,10 +158,10 @@ inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int D, bool DET>
+template <typename T, int D, bool DET, bool GENERAL = false>
 inline cudaError_t bwd_run(const Sm90BwdArgs& a, cudaStream_t stream) {
   BwdLaunch L;
-  const cudaError_t e = bwd_prepare<T, D, DET>(&L, a);
+  const cudaError_t e = bwd_prepare<T, D, DET, GENERAL>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_launch(L, stream);
 }
@@ -164,6 +175,14 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
   return bwd_run<T, D, true>(a, stream);
+}
+template <typename T, int D>
+cudaError_t run_bwd_general(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, D, false, true>(a, stream);
+}
+template <typename T, int D>
+cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, D, true, true>(a, stream);
 }
 
 }  // namespace hopper

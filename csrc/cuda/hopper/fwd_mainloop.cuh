@@ -77,7 +77,8 @@ struct FwdProducerIo {
   uint32_t sQ0, sK0, sV0;
 };
 
-// One work tile's loads (the order in the header); kv: the ring position of its first key tile, j:
+// One work tile's loads (the order in the header; key tile n of the work is the mask's w.n_first + n);
+// kv: the ring position of its first key tile, j:
 // the CTA's local tile index (Q slot j % QBUF). D / 64 boxes of 128-byte rows per load; BM-row Q
 // boxes (rows past s_q are zero-filled and still counted in the transaction bytes), BN-row K / V.
 template <class K, class Bars>
@@ -94,7 +95,8 @@ __device__ __forceinline__ void produce_tile(const FwdProducerIo& a, const Bars&
     mbar_arrive_expect_tx(bars.kf(s), kKVBytes);
 #pragma unroll
     for (int c = 0; c < DCH; ++c)
-      tma_load_4d(a.sK0 + s * kKVBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, w.head_kv, n * BN, w.batch);
+      tma_load_4d(a.sK0 + s * kKVBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
+                  w.batch);
   };
   auto load_v = [&](int n) {
     const Pos it = kv + n;
@@ -103,7 +105,8 @@ __device__ __forceinline__ void produce_tile(const FwdProducerIo& a, const Bars&
     mbar_arrive_expect_tx(bars.vf(s), kKVBytes);
 #pragma unroll
     for (int c = 0; c < DCH; ++c)
-      tma_load_4d(a.sV0 + s * kKVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, w.head_kv, n * BN, w.batch);
+      tma_load_4d(a.sV0 + s * kKVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
+                  w.batch);
   };
   // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
   auto load_q = [&] {
@@ -374,7 +377,7 @@ struct FwdConsumerIo {
 // caller's (zeroed once: the first k-step of every S GEMM ignores the old value). last_tile: the
 // CTA's last tile, whose last turn the last consumer does not pass on.
 template <class K, class Bars>
-__device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K::CAUSAL>& mask, const FwdWork& w,
+__device__ __forceinline__ void consume_tile(const KParams& p, const typename K::Mask& mask, const FwdWork& w,
                                              const FwdConsumerIo<K>& io, const Bars& bars, const ConsumerThread& th,
                                              float (&sacc)[K::BN / 2], bool& timed_out, bool last_tile) {
   using Pos = typename K::Pos;
@@ -425,12 +428,12 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K:
   const auto issue = [&](uint32_t sK) { issue_s<K>(sacc, qa, io.sQ, sK, cw); };
   const auto step = [&](Pos it) { return FwdStep<K>{it, io.sK0, io.sV0, cw, lane, sl2}; };
   first_step<K>(
-      step(io.kv), bars, regs, wait_full, issue, [&] { mask.template apply<BN>(sacc, 0, row_base, wg_row0, qd); },
-      [&] { q_released(0); });
+      step(io.kv), bars, regs, wait_full, issue,
+      [&] { mask.template apply<BN>(sacc, w.n_first, row_base, wg_row0, qd); }, [&] { q_released(0); });
   for (int n = 1; n < n_eff; ++n)
     steady_step<K>(
         step(io.kv + n), bars, regs, wait_full, issue,
-        [&] { mask.template apply<BN>(sacc, n, row_base, wg_row0, qd); }, [&] { q_released(n); });
+        [&] { mask.template apply<BN>(sacc, w.n_first + n, row_base, wg_row0, qd); }, [&] { q_released(n); });
   if constexpr (K::SKIP) {
     for (int n = n_eff; n < n_blocks; ++n) skip_step<K>(step(io.kv + n), bars, regs, wait_full);
   }

@@ -21,6 +21,8 @@ struct KParams {
   int b, s_q, s_kv, h, h_kv;
   float scale_log2;  // softmax scale * log2(e)
   int causal_chunk;  // one-tile causal order: (batch, head) groups per chunk (<= 1: none); tile_scheduler.cuh
+  // The general kernels' window (fusedattn/visibility.h's, clamped; -1: unbounded) and diagonal.
+  int window_left, window_right, bottom_right;
 };
 
 // Backward main-kernel parameters (besides the tensor maps). The workspace holds the fp32 dQ
@@ -35,6 +37,7 @@ struct BwdKParams {
   float scale_log2;  // softmax scale * log2(e)
   float scale;       // softmax scale
   int causal_chunk;  // causal, not deterministic: (kv head, batch) groups per chunk of the key-tile order
+  int window_left, window_right, bottom_right;  // as KParams's
 };
 
 namespace detail {
@@ -50,7 +53,7 @@ struct MapDesc {
 // One forward call's tensors and settings.
 struct Sm90Args {
   detail::MapDesc q, k, v;  // k, v: hh = h_kv
-  KParams out;              // o, lse and their strides; b, s_q, s_kv, h, h_kv; scale_log2
+  KParams out;              // o, lse and their strides; b, s_q, s_kv, h, h_kv; scale_log2; the window
   bool causal;
   // The device's SM count: the persistent grid and the one-tile causal order's chunk (0, unknown:
   // group by group).
@@ -80,6 +83,9 @@ struct Sm90BwdArgs {
   // SM count (0, unknown: group by group).
   int causal_chunk = 0;
   int sm_count = 0;
+  // The general kernels' window and diagonal (KParams's).
+  int window_left = -1, window_right = -1;
+  bool bottom_right = false;
 };
 
 // The backward's workspace: the fp32 dQ accumulator [b, s_q, h, d], then lse2 and Dsum rows
