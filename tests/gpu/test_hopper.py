@@ -591,18 +591,23 @@ def _dims(entry):
 
 
 # Calls for the general kernels (features.h): mask type, (non-causal, causal) window, bottom_right_diagonal,
-# (b, s_q, s_kv). Windows cut tiles off either side of a query tile's key range and leave tiles inside
-# it whole; the bottom-right cases have s_q != s_kv, one with query tiles that see no key at all.
+# (b, s_q, s_kv), softmax type. Windows cut tiles off either side of a query tile's key range and leave
+# tiles inside it whole; the bottom-right cases have s_q != s_kv, one with query tiles that see no key at
+# all; the sink logits of off-by-one and learnable softmax join the normaliser (gpt-oss: learnable
+# sinks, windows of 128 on alternate layers), where rows without a visible key get lse = the sink.
 GENERAL_CALLS = {
-    "causal_window": ("causal", ((-1, -1), (100, 0)), None, (2, 300, 300)),
-    "sliding": ("no_mask", ((70, 150), (70, 0)), None, (2, 260, 400)),
-    "bottom_right_long_kv": ("causal_bottom_right", ((-1, -1), (-1, 0)), None, (2, 200, 450)),
-    "bottom_right_window_long_q": ("causal_bottom_right", ((-1, -1), (64, 0)), None, (2, 450, 200)),
-    "bottom_right_sliding": ("no_mask", ((30, 30), (30, 0)), True, (2, 300, 180)),
+    "causal_window": ("causal", ((-1, -1), (100, 0)), None, (2, 300, 300), "vanilla"),
+    "sliding": ("no_mask", ((70, 150), (70, 0)), None, (2, 260, 400), "vanilla"),
+    "bottom_right_long_kv": ("causal_bottom_right", ((-1, -1), (-1, 0)), None, (2, 200, 450), "vanilla"),
+    "bottom_right_window_long_q": ("causal_bottom_right", ((-1, -1), (64, 0)), None, (2, 450, 200), "vanilla"),
+    "bottom_right_sliding": ("no_mask", ((30, 30), (30, 0)), True, (2, 300, 180), "vanilla"),
+    "learnable_window": ("causal", ((-1, -1), (128, 0)), None, (2, 400, 400), "learnable"),
+    "learnable_causal": ("causal", ((-1, -1), (-1, 0)), None, (2, 300, 300), "learnable"),
+    "off_by_one_long_q": ("causal_bottom_right", ((-1, -1), (-1, 0)), None, (2, 330, 140), "off-by-one"),
 }
 
 
-def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, heads=(4, 2), softmax="vanilla"):
+def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla", heads=(4, 2)):
     monkeypatch.setitem(C.SHAPES, "hopper", shape)
     monkeypatch.setitem(C.WINDOWS, "hopper", windows)
     cfg = C.normalise(C.Config(layout="bshd", mask=mask, window="hopper", brd=brd, heads=heads, dims=dims,
@@ -627,12 +632,12 @@ def _features_of(names, kernel):
 @pytest.mark.parametrize("call", list(GENERAL_CALLS))
 @pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_general"))
 def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
-    """Every general line of the support list (fwd_general, bwd_general) on sliding windows and
-    bottom-right diagonals: the general kernels (Features<2>) run forward and backward, key tiles
-    outside a query tile's window skipped, and the results match the float64 reference."""
+    """Every general line of the support list (fwd_general, bwd_general) on sliding windows, bottom-right
+    diagonals and softmax sinks: the general kernels (Features<2>) run forward and backward, key tiles
+    outside a query tile's window skipped, and the results (d_softmax_offset too) match the float64
+    reference."""
     assert ("bwd_general", dtype, d_qk, d_v) in {(r.entry, r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS}
-    mask, windows, brd, shape = GENERAL_CALLS[call]
-    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, shape))
+    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), *GENERAL_CALLS[call]))
     bwd_kernel = "bwd_sm90_d256_kernel" if d_qk == 256 else "bwd_sm90_kernel"
     assert _features_of(names, "fwd_sm90_kernel") == {2} and _features_of(names, bwd_kernel) == {2}, names[:800]
 
@@ -643,9 +648,10 @@ def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
 def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v):
     """The bwd_general_deterministic lines: under torch.use_deterministic_algorithms the general
     backward whose dQ reduce-adds take turns runs (its turn order follows the window's tile ranges),
-    twice bitwise equal and matching the float64 reference."""
-    mask, windows, brd, shape = GENERAL_CALLS["causal_window"]
-    case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700))
+    twice bitwise equal (d_softmax_offset too, summed in a fixed order) and matching the float64
+    reference."""
+    mask, windows, brd, _, _ = GENERAL_CALLS["causal_window"]
+    case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700), "learnable")
     prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         torch.use_deterministic_algorithms(True)

@@ -398,11 +398,23 @@ constexpr int kBwdPreRowsPerWarp = 256 / D;
 // lane, one vector load), zeroes the row's dQ accumulator slice (two 16-byte stores per lane), and
 // sums Dsum across the group by shuffles. s_pad is a multiple of 128, so a warp's rows are all in
 // range or all out (the early return is warp-uniform); rows i >= s in range take part in the
-// shuffles with zeros. bwd_prepare checks the 16-byte alignment this needs. The body of
-// bwd_pre_kernel and bwd_pre_det_kernel.
+// shuffles with zeros. bwd_prepare checks the 16-byte alignment this needs. The body of the
+// preprocess kernels. Returns, in the row's first lane, the row's term of d_softmax_offset
+// (learnable softmax: -exp(offset[h] - lse) Dsum, with softmax_offset given; else 0).
+struct BwdPreArgs {
+  const void *o, *dout;
+  const float* lse;
+  float *lse2, *dsum, *dq_acc;
+  int b, s, h, s_pad;
+  int* dq_cnt;  // the general deterministic kernel: n_cnt counters to zero (else null)
+  long long n_cnt;
+  const float* softmax_offset;  // learnable softmax: the offsets, and where each block's sum of the
+  float* dsink_part;            // rows' d_softmax_offset terms goes (bwd_sm90_dsink_partials); else null
+};
 template <typename T, int D>
-__device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
-                                             float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+__device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
+                                              float* dsum, float* dq_acc, int b, int s, int h, int s_pad,
+                                              const float* softmax_offset = nullptr) {
   constexpr int PER = 8;
   constexpr int LPR = D / PER;  // lanes per row
   static_assert(LPR * kBwdPreRowsPerWarp<D> == 32, "a warp covers whole rows");
@@ -413,7 +425,7 @@ __device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, 
   const int sub = lane % LPR;
   const long long row = warp * kBwdPreRowsPerWarp<D> + lane / LPR;
   const long long total = static_cast<long long>(b) * h * s_pad;
-  if (warp * kBwdPreRowsPerWarp<D> >= total) return;
+  if (warp * kBwdPreRowsPerWarp<D> >= total) return 0.f;
   const int i = static_cast<int>(row % s_pad);
   const long long bh = row / s_pad;
   const int hh = static_cast<int>(bh % h);
@@ -440,16 +452,19 @@ __device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, 
   }
 #pragma unroll
   for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  float dsink = 0.f;
   if (sub == 0) {
     if (valid) {
       dsum[row] = acc;
       const float l = lse[bh * s + i];
       lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+      if (softmax_offset != nullptr) dsink = -expf(softmax_offset[hh] - l) * acc;
     } else {
       dsum[row] = 0.f;
       lse2[row] = INFINITY;
     }
   }
+  return dsink;
 }
 
 template <typename T, int D>
@@ -468,6 +483,48 @@ __global__ void __launch_bounds__(256)
        i += static_cast<long long>(gridDim.x) * blockDim.x)
     dq_cnt[i] = 0;
   bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
+}
+
+// The general kernels' preprocess: bwd_pre_rows, the deterministic mode's counters zeroed (as
+// bwd_pre_det_kernel), and with the learnable softmax each block's sum of its rows' d_softmax_offset
+// terms (its rows lie in one (batch, head): 8 warps of 256 / D rows, s_pad a multiple of 128), summed
+// per head in a fixed order by bwd_dsink_kernel, so d_softmax_offset is reproducible in every mode.
+// Every block is whole (the launch covers b h s_pad rows exactly), so no warp returns early.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) bwd_pre_general_kernel(const BwdPreArgs a) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n_cnt;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    a.dq_cnt[i] = 0;
+  float t = bwd_pre_rows<T, D>(a.o, a.dout, a.lse, a.lse2, a.dsum, a.dq_acc, a.b, a.s, a.h, a.s_pad,
+                               a.softmax_offset);
+  if (a.dsink_part == nullptr) return;
+  __shared__ float part[8];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = t;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int w = 0; w < 8; ++w) sum += part[w];
+    a.dsink_part[blockIdx.x] = sum;
+  }
+}
+
+// d_softmax_offset[h] = the sum of head h's per-block partials [b][h][per_bh], in a fixed order (one
+// warp of W = 32 lanes per head: strided lanes, then a fixed shuffle tree). A template so that every
+// translation unit including this header may define it.
+template <int W = 32>
+__global__ void __launch_bounds__(W) bwd_dsink_kernel(const float* part, float* d_sink, int b, int h, int per_bh) {
+  static_assert(W == 32, "one warp");
+  const int hh = blockIdx.x, lane = threadIdx.x;
+  float t = 0.f;
+  for (long long i = lane; i < static_cast<long long>(b) * per_bh; i += W) {
+    const long long bb = i / per_bh, k = i - bb * per_bh;
+    t += part[(bb * h + hh) * per_bh + k];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+  if (lane == 0) d_sink[hh] = t;
 }
 
 // ------------------------------------------------------------ postprocess

@@ -41,6 +41,12 @@ struct BwdLaunch {
   void (*kern_det)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap, int*) = nullptr;
   int* dq_cnt = nullptr;
   long long n_cnt = 0;
+  // General kernels: their preprocess, launched instead of pre / pre_det, and with the learnable
+  // softmax the d_softmax_offset sum over dsink_per_bh partials per (batch, head).
+  void (*pre_general)(BwdPreArgs) = nullptr;
+  BwdPreArgs pre_args{};
+  float* d_sink = nullptr;
+  int dsink_per_bh = 0;
 };
 
 // DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()); GENERAL: the
@@ -105,6 +111,7 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->grid = dim3(n_kt, a.h_kv, a.b);
   const long long rows = static_cast<long long>(a.b) * a.h * s_pad;
   constexpr int kPreRowsPerBlock = 8 * kBwdPreRowsPerWarp<D>;  // 8 warps of 256 threads
+  static_assert(kPreRowsPerBlock * D == 8 * 256, "params.h's bwd_sm90_pre_rows_per_block");
   L->pre_blocks = static_cast<int>((rows + kPreRowsPerBlock - 1) / kPreRowsPerBlock);
   L->n4 = static_cast<long long>(nacc / 4);
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
@@ -132,6 +139,20 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
     L->kern = which ? bwd_sm90_kernel<T, D, Causal> : bwd_sm90_kernel<T, D, NoMask>;
     main_kern = reinterpret_cast<const void*>(L->kern);
   }
+  if constexpr (GENERAL) {
+    BwdPreArgs& pa = L->pre_args;
+    pa = BwdPreArgs{a.o, a.dout, a.lse, const_cast<float*>(p.lse2), const_cast<float*>(p.dsum), p.dq_acc, a.b,
+                    a.s_q, a.h, s_pad, L->dq_cnt, L->n_cnt, nullptr, nullptr};
+    L->pre_general = bwd_pre_general_kernel<T, D>;
+    if (a.softmax_type == 2 && a.d_softmax_offset != nullptr) {
+      // The partials follow the variant's workspace (params.h's bwd_sm90_dsink_partials).
+      const size_t base = DET ? bwd_sm90_det_workspace_bytes(a.b, a.s_q, a.h, D) : bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D);
+      pa.softmax_offset = a.softmax_offset;
+      pa.dsink_part = reinterpret_cast<float*>(static_cast<char*>(a.ws) + base);
+      L->d_sink = a.d_softmax_offset;
+      L->dsink_per_bh = s_pad / bwd_sm90_pre_rows_per_block(D);
+    }
+  }
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function and kernel
   return detail::raise_smem_limit(main_kern, L->smem, raised[which]);
 }
@@ -139,13 +160,16 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
 // Preprocess, main and postprocess on one stream.
 inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
   const BwdKParams& p = L.p;
-  if (L.pre_det)
+  if (L.pre_general)
+    L.pre_general<<<L.pre_blocks, 256, 0, stream>>>(L.pre_args);
+  else if (L.pre_det)
     L.pre_det<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
                                                 const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad,
                                                 L.dq_cnt, L.n_cnt);
   else
     L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
                                             const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
+  if (L.d_sink != nullptr) bwd_dsink_kernel<<<p.h, 32, 0, stream>>>(L.pre_args.dsink_part, L.d_sink, p.b, p.h, L.dsink_per_bh);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (L.kern_det)

@@ -72,24 +72,37 @@ __device__ __forceinline__ void store_frag_row(T* dst, const float (&acc)[N / 2]
 // The forward's epilogue for a consumer thread's two rows (accumulator fragment rows row_base and
 // row_base + 8): O / l to the output (rows < s_q) and lse = max ln2 + ln l, -inf for a row that saw
 // no key (l = 0); a NaN sum (a NaN score) carries into both. o holds the thread's D / 2 fp32
-// accumulators; row_l its columns' part of the row sums (summed over the quad here).
-template <typename T, int D>
+// accumulators; row_l its columns' part of the row sums (summed over the quad here). GENERAL: with
+// off-by-one or learnable softmax (p.softmax_type) the sink logit (0, softmax_offset[head]) joins
+// the normaliser: l' = l 2^(m - mt) + 2^(sink - mt), mt = max(m, sink) (log2 units), so a row
+// without a visible key has lse = the sink logit and a zero output.
+template <typename T, int D, bool GENERAL>
 __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o)[D / 2], const float (&row_m)[2],
                                                const float (&row_l)[2], int row_base, int batch, int head, int qd) {
   T* out = reinterpret_cast<T*>(p.o);
   const bool vec16 = rows_16b_aligned<T>(p.o, p.o_sb, p.o_ss, p.o_sh);
+  const bool sink = GENERAL && p.softmax_type != 0;
+  const float sink2 = GENERAL && p.softmax_type == 2 ? p.softmax_offset[head] * 1.4426950408889634f : 0.f;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float l = row_l[hf];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = (l != 0.f) ? 1.f / l : 0.f;
+    float inv = (l != 0.f) ? 1.f / l : 0.f;
+    float m2 = row_m[hf];  // log2 units; the normaliser is l 2^m2
+    if (sink) {
+      const float mt = fmaxf(m2, sink2);  // finite: the sink is (a NaN offset carries through tot)
+      const float tot = l * fast_exp2(m2 - mt) + fast_exp2(sink2 - mt);
+      inv = fast_exp2(m2 - mt) / tot;
+      l = tot;
+      m2 = mt;
+    }
     const int row = row_base + 8 * hf;
     const bool active = row < p.s_q;
     T* orow = out + batch * p.o_sb + (active ? row : 0) * p.o_ss + head * p.o_sh;
     store_frag_row<T, D>(orow, o, hf, inv, qd, vec16, active);
     if (active && qd == 0) {
-      const float lse = (l != 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
+      const float lse = (l != 0.f) ? (m2 * 0.69314718055994531f + logf(l)) : -INFINITY;
       p.lse[batch * p.lse_sb + head * p.lse_sh + row * p.lse_ss] = lse;
     }
   }

@@ -1,7 +1,8 @@
 // What a kernel instantiation computes beyond plain attention: a template argument of the forward
 // and backward kernels, whose default (PlainFeatures) is the plain kernel, top-left causal or
-// unmasked. The general kernels (GeneralFeatures) read the call's window and diagonal at run time
-// (mask.cuh's kMaskGeneral). kernels.list says which instantiations exist, and sm90.cu takes a call
+// unmasked. The general kernels (GeneralFeatures) read the call's window and diagonal (mask.cuh's
+// kMaskGeneral) and softmax type (off-by-one / learnable: epilogue.cuh, the backward's preprocess)
+// at run time. kernels.list says which instantiations exist, and sm90.cu takes a call
 // only where one does.
 #pragma once
 

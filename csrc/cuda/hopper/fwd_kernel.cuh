@@ -50,6 +50,7 @@ struct FwdTraits : Cfg {
   using T = typename Cfg::T;
   using Pos = typename Sched::Pos;
   using Mask = TileMask<Feat::MASK>;
+  static constexpr bool GENERAL = Feat::GENERAL;
   static constexpr int D = Cfg::D, NCONS = Cfg::NCONS, BN = Cfg::BN, STAGES = Cfg::STAGES;
   static constexpr bool kPersistent = Sched::kPersistent;
   static constexpr bool F16 = std::is_same<T, __half>::value;

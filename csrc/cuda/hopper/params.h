@@ -21,8 +21,11 @@ struct KParams {
   int b, s_q, s_kv, h, h_kv;
   float scale_log2;  // softmax scale * log2(e)
   int causal_chunk;  // one-tile causal order: (batch, head) groups per chunk (<= 1: none); tile_scheduler.cuh
-  // The general kernels' window (fusedattn/visibility.h's, clamped; -1: unbounded) and diagonal.
+  // The general kernels' window (fusedattn/visibility.h's, clamped; -1: unbounded) and diagonal, and
+  // softmax: 0 vanilla, 1 off-by-one, 2 learnable (a sink logit softmax_offset[h] in the normaliser).
   int window_left, window_right, bottom_right;
+  int softmax_type;
+  const float* softmax_offset;
 };
 
 // Backward main-kernel parameters (besides the tensor maps). The workspace holds the fp32 dQ
@@ -83,9 +86,14 @@ struct Sm90BwdArgs {
   // SM count (0, unknown: group by group).
   int causal_chunk = 0;
   int sm_count = 0;
-  // The general kernels' window and diagonal (KParams's).
+  // The general kernels' window and diagonal (KParams's), softmax type and learnable offset, and
+  // d_softmax_offset (fp32 [h], learnable only; the workspace then also holds
+  // bwd_sm90_dsink_partials() floats).
   int window_left = -1, window_right = -1;
   bool bottom_right = false;
+  int softmax_type = 0;
+  const float* softmax_offset = nullptr;
+  float* d_softmax_offset = nullptr;
 };
 
 // The backward's workspace: the fp32 dQ accumulator [b, s_q, h, d], then lse2 and Dsum rows
@@ -111,6 +119,13 @@ inline long long bwd_sm90_det_counters(int b, int s_q, int h, int d) {
 inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
   return bwd_sm90_workspace_bytes(b, s_q, h, d) +
          static_cast<size_t>(bwd_sm90_det_counters(b, s_q, h, d)) * sizeof(int);
+}
+
+// The learnable softmax's d_softmax_offset partial sums: one per preprocess block (bwd_common.cuh:
+// 8 warps of 256 / d rows each, within one (batch, head)), after the bytes of the variants above.
+inline int bwd_sm90_pre_rows_per_block(int d) { return 8 * (256 / d); }
+inline long long bwd_sm90_dsink_partials(int b, int s_q, int h, int d) {
+  return static_cast<long long>(b) * h * (bwd_sm90_s_pad(s_q) / bwd_sm90_pre_rows_per_block(d));
 }
 
 }  // namespace hopper

@@ -10,13 +10,13 @@
 // persistent, and at d = 64 three-consumer and persistent three-consumer),
 // chosen per call by tuning.h; FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h)
 // forces one (the three-consumer ones only where d = 64) for A/B timing and for
-// the tests. Calls with a sliding window or a bottom-right diagonal with
-// s_q != s_kv run the general kernel (features.h). Both take fp16 / bf16 on a
-// compute-capability 9.0 device, the listed head dims, bshd / sbhd / packed
-// layouts (unit head-dim stride, 16-byte aligned rows and strides), vanilla
-// softmax, and no bias, ALiBi, dropout, padding, thd, max_logit, softcap or KV
-// cache. Every other call goes on to the sm80-class tensor-core kernels or the
-// SIMT engine.
+// the tests. Calls with a sliding window, a bottom-right diagonal with
+// s_q != s_kv, or off-by-one / learnable softmax run the general kernel
+// (features.h). Both take fp16 / bf16 on a compute-capability 9.0 device, the
+// listed head dims, bshd / sbhd / packed layouts (unit head-dim stride, 16-byte
+// aligned rows and strides), and no bias, ALiBi, dropout, padding, thd,
+// max_logit, softcap or KV cache. Every other call goes on to the sm80-class
+// tensor-core kernels or the SIMT engine.
 //
 // Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
 // (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with contiguous
@@ -82,9 +82,10 @@ FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
 
 bool is_causal(const MaskParams& m) { return m.window_left < 0 && m.window_right == 0; }
 
-// Whether a call needs the general kernels (features.h): a sliding window, or a bottom-right diagonal
-// that differs from the top-left one (s_q != s_kv).
+// Whether a call needs the general kernels (features.h): a sliding window, a bottom-right diagonal
+// that differs from the top-left one (s_q != s_kv), off-by-one or learnable softmax.
 bool needs_general(const FwdParams& p) {
+  if (p.softmax.type != SoftmaxType::kVanilla) return true;
   const MaskParams& m = p.mask;
   if (m.window_left < 0 && m.window_right < 0) return false;
   return !(is_causal(m) && (!m.bottom_right || p.prob.s_q == p.prob.s_kv));
@@ -141,6 +142,8 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   k.window_left = static_cast<int>(p.mask.window_left);
   k.window_right = static_cast<int>(p.mask.window_right);
   k.bottom_right = p.mask.bottom_right ? 1 : 0;
+  k.softmax_type = static_cast<int>(p.softmax.type);
+  k.softmax_offset = p.softmax.offset;
   a.causal = causal;
   a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
@@ -158,10 +161,11 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const bool general = needs_general(p);
   if (find_kernel(general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile, pr) == nullptr) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " with ", dtype_name(pr.dtype),
-               general ? " and a sliding window or bottom-right diagonal" : "", " (no kernel in hopper/kernels.list)");
+               general ? " and a window, bottom-right diagonal or softmax sink" : "",
+               " (no kernel in hopper/kernels.list)");
   }
   if (general && (dev.sm_count <= 0 || (pr.s_q + 127) / 128 * pr.h_q * pr.b + 2 * int64_t{dev.sm_count} > 0x7fffffff)) {
-    return "a sliding window or bottom-right diagonal with a grid beyond the persistent kernel's tile indices";
+    return "a window, bottom-right diagonal or softmax sink with a grid beyond the persistent kernel's tile indices";
   }
   if (p.seqlens.q_is_thd || p.seqlens.kv_is_thd || p.seqlens.cu_seqlens_q != nullptr ||
       p.seqlens.cu_seqlens_kv != nullptr) {
@@ -170,7 +174,6 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   if (p.paged.page_table != nullptr) return "KV cache";
   if (p.mask.mask.data != nullptr) return "explicit attention mask";
   if (p.bias.type != BiasType::kNoBias) return "bias or ALiBi";
-  if (p.softmax.type != SoftmaxType::kVanilla) return "off-by-one or learnable softmax";
   if (p.dropout.p > 0.f) return "dropout";
   if (p.max_logit != nullptr) return "max_logit";
   if (p.softcap > 0) return "softcap";
@@ -206,7 +209,7 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = f.prob;
   if (find_kernel(bwd_entry(p), pr) == nullptr) {
     return cat(p.deterministic ? "deterministic mode" : "the backward", " at d_qk=", pr.d_qk, ", d_v=", pr.d_v,
-               needs_general(f) ? " with a sliding window or bottom-right diagonal" : "",
+               needs_general(f) ? " with a window, bottom-right diagonal or softmax sink" : "",
                " (no kernel in hopper/kernels.list)");
   }
   if (p.dbias.data != nullptr) return "dbias";
@@ -260,6 +263,9 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.window_left = static_cast<int>(f.mask.window_left);
   a.window_right = static_cast<int>(f.mask.window_right);
   a.bottom_right = f.mask.bottom_right;
+  a.softmax_type = static_cast<int>(f.softmax.type);
+  a.softmax_offset = f.softmax.offset;
+  a.d_softmax_offset = p.d_softmax_offset;
   const KernelRow* row = find_kernel(bwd_entry(p), pr);  // bwd_support found it
   const cudaError_t e = row != nullptr ? row->bwd(a, st) : cudaErrorInvalidValue;
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
@@ -288,6 +294,9 @@ std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   plan->engine = CudaEngine::kHopper;
   plan->sm_count = dev.sm_count;
   plan->workspace_bytes = p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
+  if (p.fwd.softmax.type == SoftmaxType::kLearnable && p.d_softmax_offset != nullptr) {
+    plan->workspace_bytes += static_cast<size_t>(bwd_sm90_dsink_partials(b, s, h, d)) * sizeof(float);
+  }
   plan->deterministic = p.deterministic;  // bwd_support declines deterministic calls it cannot order
   return "";
 }
