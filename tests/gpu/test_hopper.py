@@ -607,6 +607,28 @@ GENERAL_CALLS = {
 }
 
 
+# Head dims below their tile's (80, 96 on the tile of 128; 192, 192 / 128 on that of 256) run on the
+# general kernels with no window too (Phi-2: d = 80 causal; DeepSeek MLA prefill: 192 / 128 causal).
+GENERAL_CALLS["causal"] = ("causal", ((-1, -1), (-1, 0)), None, (2, 300, 300), "vanilla")
+TILE_DIMS = (64, 128, 256)
+
+
+def _general_params():
+    """(dtype, d_qk, d_v, call) for every fwd_general line: bf16 on the tiles' head dims with every
+    call, the others with three (a window, a bottom-right diagonal, a learnable sink) and plain causal
+    attention where their head dims make the call general (kept short: the float64 reference runs on
+    the CPU)."""
+    out = []
+    for dtype, d_qk, d_v in _dims("fwd_general"):
+        square = d_qk == d_v and d_qk in TILE_DIMS
+        if dtype == "bf16" and square:
+            calls = [c for c in GENERAL_CALLS if c != "causal"]
+        else:
+            calls = ["causal_window", "bottom_right_window_long_q", "learnable_window"] + ([] if square else ["causal"])
+        out += [(dtype, d_qk, d_v, c) for c in calls]
+    return out
+
+
 def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla", heads=(4, 2)):
     monkeypatch.setitem(C.SHAPES, "hopper", shape)
     monkeypatch.setitem(C.WINDOWS, "hopper", windows)
@@ -624,21 +646,21 @@ def _check_with_kernels(case):
 
 def _features_of(names, kernel):
     """The features.h mask kinds (Features<k>) of the named kernel in the profiler's kernel names."""
-    return {int(k) for k in re.findall(rf"{kernel}<[^()]*?Features<(\d)>", names)}
+    return {int(k) for k in re.findall(rf"{kernel}<[^()]*?Features<(\d)[,>]", names)}
 
 
 @needs_hopper_engine
 @needs_hopper_bwd
-@pytest.mark.parametrize("call", list(GENERAL_CALLS))
-@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_general"))
+@pytest.mark.parametrize("dtype,d_qk,d_v,call", _general_params())
 def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
     """Every general line of the support list (fwd_general, bwd_general) on sliding windows, bottom-right
-    diagonals and softmax sinks: the general kernels (Features<2>) run forward and backward, key tiles
-    outside a query tile's window skipped, and the results (d_softmax_offset too) match the float64
+    diagonals, softmax sinks and head dims below the tile's: the general kernels (Features<2, ...>) run
+    forward and backward, key tiles outside a query tile's window skipped, and the results
+    (d_softmax_offset too; only d_v columns of out and dv, d_qk of dq and dk) match the float64
     reference."""
     assert ("bwd_general", dtype, d_qk, d_v) in {(r.entry, r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS}
     names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), *GENERAL_CALLS[call]))
-    bwd_kernel = "bwd_sm90_d256_kernel" if d_qk == 256 else "bwd_sm90_kernel"
+    bwd_kernel = "bwd_sm90_d256_kernel" if max(d_qk, d_v) > 128 else "bwd_sm90_kernel"
     assert _features_of(names, "fwd_sm90_kernel") == {2} and _features_of(names, bwd_kernel) == {2}, names[:800]
 
 

@@ -193,9 +193,10 @@ __device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N
 
 // The epilogue: a consumer thread's dK (times scale) and dV rows key_of(0) and key_of(1) (its
 // accumulator fragment rows), N columns (the whole head dim, or consumer cw's N-column part when
-// N < D), as 16-bit values; rows >= s_kv are not stored. dk, dv are contiguous bshd: rows D
-// elements apart, so only the bases decide the 16-byte path.
-template <typename T, int D, int N, class KeyOf>
+// N < D), as 16-bit values; rows >= s_kv are not stored, nor columns past the problem's head dims
+// DQK (dK) and DV (dV). dk, dv are contiguous bshd: rows DQK / DV elements apart (multiples of 8),
+// so only the bases decide the 16-byte path.
+template <typename T, int D, int N, int DQK = D, int DV = D, class KeyOf>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[N / 2], const float (&dv)[N / 2],
                                                KeyOf&& key_of, int hk, int batch, int cw, int qd) {
   T* dkp = reinterpret_cast<T*>(p.dk);
@@ -206,10 +207,15 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float 
   for (int hf = 0; hf < 2; ++hf) {
     const int key = key_of(hf);
     const bool active = key < p.s_kv;
-    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D +
-                       (N < D ? cw * N : 0);
-    store_frag_row<T, N>(dkp + off, dk, hf, ks, qd, vec16, active);
-    store_frag_row<T, N>(dvp + off, dv, hf, 1.f, qd, vec16, active);
+    const int col0 = N < D ? cw * N : 0;
+    const size_t row = (static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk;
+    if constexpr (DQK == D && DV == D) {
+      store_frag_row<T, N>(dkp + row * D + col0, dk, hf, ks, qd, vec16, active);
+      store_frag_row<T, N>(dvp + row * D + col0, dv, hf, 1.f, qd, vec16, active);
+    } else {
+      store_frag_row<T, N>(dkp + row * DQK + col0, dk, hf, ks, qd, vec16, active, DQK - col0);
+      store_frag_row<T, N>(dvp + row * DV + col0, dv, hf, 1.f, qd, vec16, active, DV - col0);
+    }
   }
 }
 
@@ -399,8 +405,9 @@ constexpr int kBwdPreRowsPerWarp = 256 / D;
 // sums Dsum across the group by shuffles. s_pad is a multiple of 128, so a warp's rows are all in
 // range or all out (the early return is warp-uniform); rows i >= s in range take part in the
 // shuffles with zeros. bwd_prepare checks the 16-byte alignment this needs. The body of the
-// preprocess kernels. Returns, in the row's first lane, the row's term of d_softmax_offset
-// (learnable softmax: -exp(offset[h] - lse) Dsum, with softmax_offset given; else 0).
+// preprocess kernels. O and dO rows hold DV columns (<= D; the lanes past them read nothing), the
+// accumulator's D. Returns, in the row's first lane, the row's term of d_softmax_offset (learnable
+// softmax: -exp(offset[h] - lse) Dsum, with softmax_offset given; else 0).
 struct BwdPreArgs {
   const void *o, *dout;
   const float* lse;
@@ -411,7 +418,7 @@ struct BwdPreArgs {
   const float* softmax_offset;  // learnable softmax: the offsets, and where each block's sum of the
   float* dsink_part;            // rows' d_softmax_offset terms goes (bwd_sm90_dsink_partials); else null
 };
-template <typename T, int D>
+template <typename T, int D, int DV = D>
 __device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
                                               float* dsum, float* dq_acc, int b, int s, int h, int s_pad,
                                               const float* softmax_offset = nullptr) {
@@ -432,8 +439,8 @@ __device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_,
   const int bb = static_cast<int>(bh / h);
   const bool valid = i < s;
   float acc = 0.f;
-  if (valid) {
-    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + sub * PER;
+  if (valid && (DV == D || sub * PER < DV)) {
+    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * DV + sub * PER;
     const uint4 ov = *reinterpret_cast<const uint4*>(o + base);
     const uint4 dv = *reinterpret_cast<const uint4*>(dout + base);
     T oe[PER], de[PER];
@@ -447,6 +454,9 @@ __device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_,
         acc = fmaf(__bfloat162float(oe[e]), __bfloat162float(de[e]), acc);
       }
     }
+  }
+  if (valid) {
+    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + sub * PER;
     *reinterpret_cast<float4*>(dq_acc + base) = make_float4(0.f, 0.f, 0.f, 0.f);
     *reinterpret_cast<float4*>(dq_acc + base + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -490,12 +500,12 @@ __global__ void __launch_bounds__(256)
 // terms (its rows lie in one (batch, head): 8 warps of 256 / D rows, s_pad a multiple of 128), summed
 // per head in a fixed order by bwd_dsink_kernel, so d_softmax_offset is reproducible in every mode.
 // Every block is whole (the launch covers b h s_pad rows exactly), so no warp returns early.
-template <typename T, int D>
+template <typename T, int D, int DV>
 __global__ void __launch_bounds__(256) bwd_pre_general_kernel(const BwdPreArgs a) {
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n_cnt;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
     a.dq_cnt[i] = 0;
-  float t = bwd_pre_rows<T, D>(a.o, a.dout, a.lse, a.lse2, a.dsum, a.dq_acc, a.b, a.s, a.h, a.s_pad,
+  float t = bwd_pre_rows<T, D, DV>(a.o, a.dout, a.lse, a.lse2, a.dsum, a.dq_acc, a.b, a.s, a.h, a.s_pad,
                                a.softmax_offset);
   if (a.dsink_part == nullptr) return;
   __shared__ float part[8];
@@ -528,12 +538,15 @@ __global__ void __launch_bounds__(W) bwd_dsink_kernel(const float* part, float* 
 }
 
 // ------------------------------------------------------------ postprocess
-template <typename T>
+// dq = dQ_acc * scale in 16 bits: n4 groups of 4 columns of dq, whose rows hold DQK of the
+// accumulator's D columns.
+template <typename T, int D, int DQK>
 __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void* dq_, long long n4, float scale) {
   T* dq = static_cast<T*>(dq_);
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(dq_acc)[i];
+    const long long src = DQK == D ? i : i / (DQK / 4) * (D / 4) + i % (DQK / 4);
+    const float4 v = reinterpret_cast<const float4*>(dq_acc)[src];
     uint2 w;
     if constexpr (std::is_same<T, __half>::value) {
       w.x = pack2<true>(v.x * scale, v.y * scale);

@@ -299,7 +299,8 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
   }
 
   // ---------------------------------------------------------------- epilogue
-  bwd_store_dkdv<T, D, D>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch, cw, qd);
+  bwd_store_dkdv<T, D, D, Feat::template DQK_OF<D>, Feat::template DV_OF<D>>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch,
+                                                      cw, qd);
   if constexpr (!DET) {
     if (ltid == 0) bulk_wait_group<0>();
   }

@@ -317,7 +317,8 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
   }
 
   // ---------------------------------------------------------------- epilogue
-  bwd_store_dkdv<T, D, DH>(p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd);
+  bwd_store_dkdv<T, D, DH, Feat::template DQK_OF<D>, Feat::template DV_OF<D>>(
+      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd);
   // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
   // stores, which they overlap). Then the last release: the producer waits for it before it reduces
   // cw 1's last staged tile.

@@ -50,12 +50,13 @@ struct BwdLaunch {
 };
 
 // DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()); GENERAL: the
-// general kernel (features.h), else the plain one for a.causal. Returns cudaErrorInvalidValue on
-// arguments the kernels do not take or a failed map encode.
-template <typename T, int D, bool DET, bool GENERAL = false>
+// general kernel (features.h) for head dims DQK, DV on the tile of head dim D, else the plain one for
+// a.causal. Returns cudaErrorInvalidValue on arguments the kernels do not take or a failed map encode.
+template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D>
 inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || D != 256, "deterministic mode: d = 64, 128");
+  static_assert(tile_head_dim(DQK, DV) == D && (GENERAL || (DQK == D && DV == D)), "head dims");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -67,14 +68,15 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
     return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.dk) | reinterpret_cast<uintptr_t>(a.dv)) & 3) return cudaErrorInvalidValue;
   const int s_pad = bwd_sm90_s_pad(a.s_q);
-  auto desc = [](const void* ptr, BshdStrides st, int b, int s, int h) {
-    if (st.b == 0 && st.s == 0 && st.h == 0) st = BshdStrides{int64_t{s} * h * D, int64_t{h} * D, D};
-    return detail::MapDesc{ptr, b, s, h, D, st.b, st.s, st.h};
+  // The maps' head dims are the problem's: the columns up to D read as zeros.
+  auto desc = [](const void* ptr, BshdStrides st, int b, int s, int h, int d) {
+    if (st.b == 0 && st.s == 0 && st.h == 0) st = BshdStrides{int64_t{s} * h * d, int64_t{h} * d, d};
+    return detail::MapDesc{ptr, b, s, h, d, st.b, st.s, st.h};
   };
-  const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h);
-  const detail::MapDesc mdo = desc(a.dout, BshdStrides{}, a.b, a.s_q, a.h);
-  const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv);
-  const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv);
+  const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h, DQK);
+  const detail::MapDesc mdo = desc(a.dout, BshdStrides{}, a.b, a.s_q, a.h, DV);
+  const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv, DQK);
+  const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv, DV);
   if (!detail::make_map<T>(&L->tq, mq, Tile::BM) || !detail::make_map<T>(&L->tdo, mdo, Tile::BM) ||
       !detail::make_map<T>(&L->tk, mk, Tile::BN) || !detail::make_map<T>(&L->tv, mv, Tile::BN))
     return cudaErrorInvalidValue;
@@ -113,12 +115,13 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   constexpr int kPreRowsPerBlock = 8 * kBwdPreRowsPerWarp<D>;  // 8 warps of 256 threads
   static_assert(kPreRowsPerBlock * D == 8 * 256, "params.h's bwd_sm90_pre_rows_per_block");
   L->pre_blocks = static_cast<int>((rows + kPreRowsPerBlock - 1) / kPreRowsPerBlock);
-  L->n4 = static_cast<long long>(nacc / 4);
+  L->n4 = static_cast<long long>(nacc / D * DQK / 4);  // float4 groups of dq
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
-  L->post = bwd_post_kernel<T>;
+  L->post = bwd_post_kernel<T, D, DQK>;
   // The kernel's features: general, or plain for the call's causality (index 1 causal, 0 not).
-  using Causal = std::conditional_t<GENERAL, GeneralFeatures, PlainFeatures<true>>;
-  using NoMask = std::conditional_t<GENERAL, GeneralFeatures, PlainFeatures<false>>;
+  using General = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV>;
+  using Causal = std::conditional_t<GENERAL, General, PlainFeatures<true>>;
+  using NoMask = std::conditional_t<GENERAL, General, PlainFeatures<false>>;
   const int which = !GENERAL && a.causal ? 1 : 0;
   const void* main_kern;
   if constexpr (D == 256) {
@@ -143,7 +146,7 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
     BwdPreArgs& pa = L->pre_args;
     pa = BwdPreArgs{a.o, a.dout, a.lse, const_cast<float*>(p.lse2), const_cast<float*>(p.dsum), p.dq_acc, a.b,
                     a.s_q, a.h, s_pad, L->dq_cnt, L->n_cnt, nullptr, nullptr};
-    L->pre_general = bwd_pre_general_kernel<T, D>;
+    L->pre_general = bwd_pre_general_kernel<T, D, DV>;
     if (a.softmax_type == 2 && a.d_softmax_offset != nullptr) {
       // The partials follow the variant's workspace (params.h's bwd_sm90_dsink_partials).
       const size_t base = DET ? bwd_sm90_det_workspace_bytes(a.b, a.s_q, a.h, D) : bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D);
@@ -182,10 +185,10 @@ inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int D, bool DET, bool GENERAL = false>
+template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D>
 inline cudaError_t bwd_run(const Sm90BwdArgs& a, cudaStream_t stream) {
   BwdLaunch L;
-  const cudaError_t e = bwd_prepare<T, D, DET, GENERAL>(&L, a);
+  const cudaError_t e = bwd_prepare<T, D, DET, GENERAL, DQK, DV>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_launch(L, stream);
 }
@@ -200,13 +203,13 @@ template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
   return bwd_run<T, D, true>(a, stream);
 }
-template <typename T, int D>
+template <typename T, int DQK, int DV>
 cudaError_t run_bwd_general(const Sm90BwdArgs& a, cudaStream_t stream) {
-  return bwd_run<T, D, false, true>(a, stream);
+  return bwd_run<T, tile_head_dim(DQK, DV), false, true, DQK, DV>(a, stream);
 }
-template <typename T, int D>
+template <typename T, int DQK, int DV>
 cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
-  return bwd_run<T, D, true, true>(a, stream);
+  return bwd_run<T, tile_head_dim(DQK, DV), true, true, DQK, DV>(a, stream);
 }
 
 }  // namespace hopper

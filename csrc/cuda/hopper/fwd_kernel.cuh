@@ -51,6 +51,7 @@ struct FwdTraits : Cfg {
   using Pos = typename Sched::Pos;
   using Mask = TileMask<Feat::MASK>;
   static constexpr bool GENERAL = Feat::GENERAL;
+  static constexpr int DQK = Feat::template DQK_OF<Cfg::D>, DV = Feat::template DV_OF<Cfg::D>;  // the problem's
   static constexpr int D = Cfg::D, NCONS = Cfg::NCONS, BN = Cfg::BN, STAGES = Cfg::STAGES;
   static constexpr bool kPersistent = Sched::kPersistent;
   static constexpr bool F16 = std::is_same<T, __half>::value;
@@ -83,6 +84,7 @@ struct FwdTraits : Cfg {
   static constexpr int kBarOffset = kKOffset + 2 * STAGES * kKVBytes;
   static constexpr int kTotal = total(QBUF);
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(tile_head_dim(DQK, DV) == D, "the problem's head dims belong to this tile");
   static_assert(NCONS == 2 || NCONS == 3, "consumer warpgroups (turn and vote barrier ids)");
   static_assert(NCONS == 2 || D == 64, "three consumers: d = 64 (registers)");
   static_assert(BM <= 256, "TMA box rows");
@@ -201,8 +203,8 @@ template <class Cfg, class Sched, class Feat = PlainFeatures<Sched::CAUSAL>>
 inline cudaError_t fwd_prepare(FwdLaunch* L, const Sm90Args& a) {
   using K = FwdTraits<Cfg, Sched, Feat>;
   const KParams& p = a.out;
-  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || a.q.d != K::D ||
-      a.k.d != K::D || a.v.d != K::D)
+  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || a.q.d != K::DQK ||
+      a.k.d != K::DQK || a.v.d != K::DV)
     return cudaErrorInvalidValue;
   if (Sched::kPersistent) {
     // The kernel's tile indices (up to one round past the last) must fit in int.
@@ -287,14 +289,17 @@ template <typename T>
 cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t stream) {
   return fwd_run(fwd_prepare_persistent<T, 64, 3>, a, stream);
 }
-// The general kernel (features.h): persistent, two consumers, the tiles longest first (snake).
-template <typename T, int D>
+// The general kernel (features.h) for head dims DQK, DV, on the tile of features.h's tile_head_dim:
+// persistent, two consumers, the tiles longest first (snake).
+template <typename T, int DQK, int DV>
 inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
-  return fwd_prepare<FwdConfigFor<T, D, 2, true>, PersistentScheduler<true, kTilesSnake>, GeneralFeatures>(L, a);
+  constexpr int D = tile_head_dim(DQK, DV);
+  using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV>;
+  return fwd_prepare<FwdConfigFor<T, D, 2, true>, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
 }
-template <typename T, int D>
+template <typename T, int DQK, int DV>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream) {
-  return fwd_run(fwd_prepare_general<T, D>, a, stream);
+  return fwd_run(fwd_prepare_general<T, DQK, DV>, a, stream);
 }
 
 }  // namespace hopper

@@ -441,7 +441,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   // two-consumer form of that test (cw == 0) lets ptxas keep a single predicated bar.arrive.
   const bool pass = K::NCONS == 2 && !K::kPersistent ? cw == 0 : !(cw == K::NCONS - 1 && last_tile);
   last_step<K>(step(io.kv + n_blocks - 1), bars, regs, wait_full, pass);
-  fwd_store_rows<typename K::T, D, K::GENERAL>(p, o, row_m, row_l, row_base, w.batch, w.head, qd);
+  fwd_store_rows<typename K::T, D, K::DV, K::GENERAL>(p, o, row_m, row_l, row_base, w.batch, w.head, qd);
 }
 
 }  // namespace hopper

@@ -23,8 +23,9 @@ template <typename T>
 cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream);  // D = 64
 template <typename T>
 cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t stream);  // D = 64
-// The general kernels (features.h: the call's window and diagonal at run time), persistent.
-template <typename T, int D>
+// The general kernels (features.h: the call's window, diagonal and softmax at run time), persistent,
+// for head dims DQK, DV (on the tile of head dim features.h's tile_head_dim(DQK, DV)).
+template <typename T, int DQK, int DV>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream);
 template <typename T, int D>
 cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
@@ -32,9 +33,9 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
 // bwd_sm90_det_workspace_bytes().
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
-template <typename T, int D>
+template <typename T, int DQK, int DV>
 cudaError_t run_bwd_general(const Sm90BwdArgs& a, cudaStream_t stream);
-template <typename T, int D>
+template <typename T, int DQK, int DV>  // tile_head_dim(DQK, DV) = 64, 128
 cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
 
 // The entries of kernels.list.

@@ -29,11 +29,13 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <tuple>
 
 #include "common/rows.h"
 #include "fusedattn/cat.h"
 #include "fusedattn/overrides.h"
 #include "fusedattn/visibility.h"
+#include "hopper/features.h"
 #include "hopper/hopper.h"
 #include "hopper/kernels.h"
 #include "hopper/tuning.h"
@@ -82,10 +84,22 @@ FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
 
 bool is_causal(const MaskParams& m) { return m.window_left < 0 && m.window_right == 0; }
 
+// The instantiation of kernels.list for an entry and a call's dtype and head dims; null if none.
+const KernelRow* find_kernel(KernelEntry entry, const Problem& pr) {
+  const bool f16 = pr.dtype == DType::kFloat16;
+  for (int i = 0; i < kKernelRowCount; ++i) {
+    const KernelRow& r = kKernelRows[i];
+    if (r.entry == entry && r.f16 == f16 && r.d_qk == pr.d_qk && r.d_v == pr.d_v) return &r;
+  }
+  return nullptr;
+}
+
 // Whether a call needs the general kernels (features.h): a sliding window, a bottom-right diagonal
-// that differs from the top-left one (s_q != s_kv), off-by-one or learnable softmax.
+// that differs from the top-left one (s_q != s_kv), off-by-one or learnable softmax, or head dims
+// the plain kernels do not have (80, 96, 192, 192 / 128 on the tiles of 128 and 256).
 bool needs_general(const FwdParams& p) {
   if (p.softmax.type != SoftmaxType::kVanilla) return true;
+  if (find_kernel(KernelEntry::kFwdOneTile, p.prob) == nullptr) return true;
   const MaskParams& m = p.mask;
   if (m.window_left < 0 && m.window_right < 0) return false;
   return !(is_causal(m) && (!m.bottom_right || p.prob.s_q == p.prob.s_kv));
@@ -98,16 +112,6 @@ KernelEntry entry_of(FwdVariant v) {
     case FwdVariant::kThreeConsumerPersistent: return KernelEntry::kFwdThreeConsumerPersistent;
     default: return KernelEntry::kFwdOneTile;
   }
-}
-
-// The instantiation of kernels.list for an entry and a call's dtype and head dims; null if none.
-const KernelRow* find_kernel(KernelEntry entry, const Problem& pr) {
-  const bool f16 = pr.dtype == DType::kFloat16;
-  for (int i = 0; i < kKernelRowCount; ++i) {
-    const KernelRow& r = kKernelRows[i];
-    if (r.entry == entry && r.f16 == f16 && r.d_qk == pr.d_qk && r.d_v == pr.d_v) return &r;
-  }
-  return nullptr;
 }
 
 // The forward kernel of a call: the general one, or the plain variant fwd_variant picks.
@@ -161,7 +165,7 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const bool general = needs_general(p);
   if (find_kernel(general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile, pr) == nullptr) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " with ", dtype_name(pr.dtype),
-               general ? " and a window, bottom-right diagonal or softmax sink" : "",
+               general ? " on the general kernels" : "",
                " (no kernel in hopper/kernels.list)");
   }
   if (general && (dev.sm_count <= 0 || (pr.s_q + 127) / 128 * pr.h_q * pr.b + 2 * int64_t{dev.sm_count} > 0x7fffffff)) {
@@ -209,18 +213,19 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = f.prob;
   if (find_kernel(bwd_entry(p), pr) == nullptr) {
     return cat(p.deterministic ? "deterministic mode" : "the backward", " at d_qk=", pr.d_qk, ", d_v=", pr.d_v,
-               needs_general(f) ? " with a window, bottom-right diagonal or softmax sink" : "",
+               needs_general(f) ? " on the general kernels" : "",
                " (no kernel in hopper/kernels.list)");
   }
   if (p.dbias.data != nullptr) return "dbias";
   // q, k, v reach the kernel through tensor maps with their own strides (fwd_support checked
   // them); the pre/post kernels and the dK/dV stores address the rest as contiguous bshd.
-  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.out, "out"}, {&p.dout, "dout"},
-                                {&p.dq, "dq"}}) {
-    if (!contiguous_bshd(*t, pr.s_q, pr.h_q, pr.d_qk)) return cat(name, " is not contiguous bshd");
+  for (const auto& [t, name, d] : {std::tuple<const SeqTensor*, const char*, int64_t>{&f.out, "out", pr.d_v},
+                                   {&p.dout, "dout", pr.d_v}, {&p.dq, "dq", pr.d_qk}}) {
+    if (!contiguous_bshd(*t, pr.s_q, pr.h_q, d)) return cat(name, " is not contiguous bshd");
   }
-  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.dk, "dk"}, {&p.dv, "dv"}}) {
-    if (!contiguous_bshd(*t, pr.s_kv, pr.h_kv, pr.d_qk)) return cat(name, " is not contiguous bshd");
+  for (const auto& [t, name, d] :
+       {std::tuple<const SeqTensor*, const char*, int64_t>{&p.dk, "dk", pr.d_qk}, {&p.dv, "dv", pr.d_v}}) {
+    if (!contiguous_bshd(*t, pr.s_kv, pr.h_kv, d)) return cat(name, " is not contiguous bshd");
   }
   // TMA (q, k, v, dout) and the preprocess's vector loads (out, dout) need 16-byte aligned bases;
   // a misaligned view goes to the sm80-class backward instead of failing the launch.
@@ -289,7 +294,7 @@ std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   if (!why.empty()) return why;
   const Problem& pr = p.fwd.prob;
   const int b = static_cast<int>(pr.b), s = static_cast<int>(pr.s_q), h = static_cast<int>(pr.h_q);
-  const int d = static_cast<int>(pr.d_qk);
+  const int d = tile_head_dim(static_cast<int>(pr.d_qk), static_cast<int>(pr.d_v));
   *plan = CudaPlan{};
   plan->engine = CudaEngine::kHopper;
   plan->sm_count = dev.sm_count;

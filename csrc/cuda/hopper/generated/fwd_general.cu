@@ -3,11 +3,19 @@
 
 namespace fusedattn {
 namespace hopper {
-template cudaError_t run_fwd_general<__half, 64>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_general<__half, 128>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_general<__half, 256>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_general<__nv_bfloat16, 64>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_general<__nv_bfloat16, 128>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_general<__nv_bfloat16, 256>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__half, 64, 64>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__half, 128, 128>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__half, 256, 256>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__nv_bfloat16, 64, 64>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__nv_bfloat16, 128, 128>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__nv_bfloat16, 256, 256>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__half, 80, 80>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__half, 96, 96>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__half, 192, 192>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__half, 192, 128>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__nv_bfloat16, 80, 80>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__nv_bfloat16, 96, 96>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__nv_bfloat16, 192, 192>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_general<__nv_bfloat16, 192, 128>(const Sm90Args&, cudaStream_t);
 }  // namespace hopper
 }  // namespace fusedattn
