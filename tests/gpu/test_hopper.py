@@ -585,9 +585,9 @@ def _kernel_rows():
 KERNEL_ROWS = _kernel_rows()
 
 
-def _dims(entry):
-    """(dtype, d_qk, d_v) of the list's lines of an entry."""
-    return sorted({(r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS if r.entry == entry})
+def _dims(entry, softcap=False):
+    """(dtype, d_qk, d_v) of the list's lines of an entry (with softcap or without)."""
+    return sorted({(r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS if r.entry == entry and r.softcap == softcap})
 
 
 # Calls for the general kernels (features.h): mask type, (non-causal, causal) window, bottom_right_diagonal,
@@ -629,12 +629,15 @@ def _general_params():
     return out
 
 
-def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla", heads=(4, 2)):
+def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla", softcap=0.0, heads=(4, 2)):
     monkeypatch.setitem(C.SHAPES, "hopper", shape)
     monkeypatch.setitem(C.WINDOWS, "hopper", windows)
     cfg = C.normalise(C.Config(layout="bshd", mask=mask, window="hopper", brd=brd, heads=heads, dims=dims,
                                shape="hopper", dtype=dtype, softmax=softmax))
-    return C.build_case(cfg)
+    case = C.build_case(cfg)
+    if softcap:
+        case.args = case.args.replace(softcap=softcap)
+    return case
 
 
 def _check_with_kernels(case):
@@ -664,16 +667,44 @@ def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
     assert _features_of(names, "fwd_sm90_kernel") == {2} and _features_of(names, bwd_kernel) == {2}, names[:800]
 
 
+# Softcap lines: scores of standard deviation ~1 (scale 1 / sqrt(d)) capped at 2 or 3, so the cap bites
+# on the largest of them (the backward's factor 1 - tanh^2 far from 1), with a window or causal.
+SOFTCAP_CALLS = {
+    "window": ("causal", ((-1, -1), (100, 0)), None, (2, 300, 300), "vanilla", 2.0),
+    "causal_learnable": ("causal", ((-1, -1), (-1, 0)), None, (2, 300, 300), "learnable", 3.0),
+    "sliding_long_kv": ("no_mask", ((70, 150), (70, 0)), None, (2, 260, 400), "vanilla", 2.0),
+}
+
+
 @needs_hopper_engine
 @needs_hopper_bwd
+@pytest.mark.parametrize("call", list(SOFTCAP_CALLS))
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_general", softcap=True))
+def test_hopper_softcap_kernels(monkeypatch, dtype, d_qk, d_v, call):
+    """The softcap lines of the support list: logits capped as softcap tanh(scale q.k / softcap)
+    before the masks in the general kernels (the capped scores feed the lazy maximum, and the d = 256
+    backward's second consumer recovers tanh from P), forward and backward, against the float64
+    reference."""
+    assert ("bwd_general", dtype, d_qk, d_v, True) in {(r.entry, r.dtype, r.d_qk, r.d_v, r.softcap) for r in KERNEL_ROWS}
+    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), *SOFTCAP_CALLS[call]))
+    bwd_kernel = "bwd_sm90_d256_kernel" if max(d_qk, d_v) > 128 else "bwd_sm90_kernel"
+    assert re.search(r"fwd_sm90_kernel<[^()]*Features<2, \d+, \d+, true>", names), names[:800]
+    assert re.search(rf"{bwd_kernel}<[^()]*Features<2, \d+, \d+, true>", names), names[:800]
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("softcap", [0.0, 2.0], ids=["plain", "softcap"])
 @pytest.mark.parametrize("dtype,d_qk,d_v", _dims("bwd_general_deterministic"))
-def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v):
+def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v, softcap):
     """The bwd_general_deterministic lines: under torch.use_deterministic_algorithms the general
     backward whose dQ reduce-adds take turns runs (its turn order follows the window's tile ranges),
     twice bitwise equal (d_softmax_offset too, summed in a fixed order) and matching the float64
     reference."""
+    if softcap and (dtype, d_qk, d_v) not in _dims("bwd_general_deterministic", softcap=True):
+        pytest.skip("no deterministic softcap kernel at these head dims")
     mask, windows, brd, _, _ = GENERAL_CALLS["causal_window"]
-    case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700), "learnable")
+    case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700), "learnable", softcap)
     prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         torch.use_deterministic_algorithms(True)

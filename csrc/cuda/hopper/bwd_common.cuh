@@ -58,6 +58,7 @@
 
 #include "epilogue.cuh"
 #include "mask.cuh"
+#include "softmax.cuh"  // softcap_tanh
 #include "params.h"
 #include "ptx_sm90.cuh"
 #include "tile_scheduler.cuh"

@@ -66,7 +66,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
   // This thread's key rows (accumulator fragment rows) inside the tile: key_l, key_l + 8.
   const int key_l = cw * 64 + warp * 16 + r0;
   const int key_g = n_blk * BN + key_l;
-  const float sl2 = p.scale_log2;
+  const float sl2 = Feat::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softmax.cuh's softcap_scores
 
   float dk[D / 2], dv[D / 2];
   bool timed_out = bwd_consumer_start(dk, dv, sh);
@@ -144,10 +144,14 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
       const bool partial = c.mask.template tile_partial<BM, BN>(m * BM, n_blk * BN);
       uint32_t pa[BM / 16][4], da[BM / 16][4];
       // P^T of accumulator element idx = 4j + 2hf + e (key key_g + 8hf, query m BM + 8j + 2qd + e):
-      // masked (causal diagonal, keys past s_kv, a general mask), exponentiated against the row's
-      // lse2 (l2e).
-      auto p_of = [&](int j, int hf, int e, float l2e) {
+      // capped (SOFTCAP: the score's gradient factor 1 - tanh^2 into g), masked (causal diagonal,
+      // keys past s_kv, a general mask), exponentiated against the row's lse2 (l2e).
+      auto p_of = [&](int j, int hf, int e, float l2e, float& g) {
         float sv = sacc[4 * j + 2 * hf + e];
+        if constexpr (Feat::SOFTCAP) {
+          sv = softcap_tanh(sv, p.softcap_k2);
+          g = 1.f - sv * sv;
+        }
         if constexpr (Mask::GENERAL) {
           if (partial && c.mask.hidden(m * BM + 8 * j + 2 * qd + e, key_g + 8 * hf)) sv = -INFINITY;
         } else {
@@ -192,9 +196,11 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int idx = 4 * j + 2 * hf + e;
-              const float pv = p_of(j, hf, e, e ? l2.y : l2.x);
+              float g = 1.f;
+              const float pv = p_of(j, hf, e, e ? l2.y : l2.x, g);
               sacc[idx] = pv;
               pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
+              if constexpr (Feat::SOFTCAP) pacc[idx] *= g;
             }
           }
         }

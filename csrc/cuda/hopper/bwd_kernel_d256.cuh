@@ -124,7 +124,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
   // Accumulator fragment rows of this thread: row_l, row_l + 8 (queries for
   // S / dP / dQ, keys for dK / dV); columns 8j + 2qd (+1).
   const int row_l = warp * 16 + r0;
-  const float sl2 = p.scale_log2;
+  const float sl2 = Feat::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softmax.cuh's softcap_scores
   // Operands of this consumer's score GEMM: S = Q K^T (cw 0), dP = dO V^T (cw 1).
   const uint32_t sA0 = cw == 0 ? sQ0 : sdO0;
   const uint32_t sB = cw == 0 ? sK : sV;
@@ -197,6 +197,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
               const int idx = 4 * j + 2 * hf + e;
               const int key = n_blk * BN + 8 * j + 2 * qd + e;
               float sv = acc[idx];
+              if constexpr (Feat::SOFTCAP) sv = softcap_tanh(sv, p.softcap_k2);
               if constexpr (Mask::GENERAL) {
                 if (partial && c.mask.hidden(q, key)) sv = -INFINITY;
               } else {
@@ -236,8 +237,17 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
           for (int j = 0; j < BN / 8; ++j) {
             const uint32_t off = d256::swz_pair(ql, j, qd);
             const float2 pv = unpack2<F16>(ld_shared_b32(sP + off));
-            const float d0 = pv.x * (acc[4 * j + 2 * hf] - dd);
-            const float d1 = pv.y * (acc[4 * j + 2 * hf + 1] - dd);
+            float d0 = pv.x * (acc[4 * j + 2 * hf] - dd);
+            float d1 = pv.y * (acc[4 * j + 2 * hf + 1] - dd);
+            if constexpr (Feat::SOFTCAP) {
+              // The capped score t behind P = 2^(cap log2(e) t - lse2), from P (consumer 0 keeps t;
+              // shared memory has no room for it): t = (log2 P + lse2) / (cap log2(e)), exact to
+              // P's 16-bit rounding. P = 0 contributes nothing.
+              const float l2 = Ls[ql], inv = fast_rcp(sl2);
+              const float t0 = (fast_log2(pv.x) + l2) * inv, t1 = (fast_log2(pv.y) + l2) * inv;
+              d0 = pv.x > 0.f ? d0 * (1.f - t0 * t0) : 0.f;
+              d1 = pv.y > 0.f ? d1 * (1.f - t1 * t1) : 0.f;
+            }
             st_shared_b32(sdS + off, pack2<F16>(d0, d1));
           }
         }

@@ -52,7 +52,7 @@ struct BwdLaunch {
 // DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()); GENERAL: the
 // general kernel (features.h) for head dims DQK, DV on the tile of head dim D, else the plain one for
 // a.causal. Returns cudaErrorInvalidValue on arguments the kernels do not take or a failed map encode.
-template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D>
+template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D, bool SOFTCAP = false>
 inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || D != 256, "deterministic mode: d = 64, 128");
@@ -100,6 +100,8 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   p.window_left = a.window_left;
   p.window_right = a.window_right;
   p.bottom_right = a.bottom_right ? 1 : 0;
+  p.softcap_log2 = static_cast<float>(a.softcap * 1.4426950408889634);
+  p.softcap_k2 = a.softcap > 0 ? static_cast<float>(2 * 1.4426950408889634 * a.scale / a.softcap) : 0.f;
   const int n_kt = (a.s_kv + Tile::BN - 1) / Tile::BN;
   // The deterministic mode keeps its own order (tile_scheduler.cuh's bwd_work), general masks the
   // plain one.
@@ -119,7 +121,7 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
   L->post = bwd_post_kernel<T, D, DQK>;
   // The kernel's features: general, or plain for the call's causality (index 1 causal, 0 not).
-  using General = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV>;
+  using General = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
   using Causal = std::conditional_t<GENERAL, General, PlainFeatures<true>>;
   using NoMask = std::conditional_t<GENERAL, General, PlainFeatures<false>>;
   const int which = !GENERAL && a.causal ? 1 : 0;
@@ -185,10 +187,10 @@ inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D>
+template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D, bool SOFTCAP = false>
 inline cudaError_t bwd_run(const Sm90BwdArgs& a, cudaStream_t stream) {
   BwdLaunch L;
-  const cudaError_t e = bwd_prepare<T, D, DET, GENERAL, DQK, DV>(&L, a);
+  const cudaError_t e = bwd_prepare<T, D, DET, GENERAL, DQK, DV, SOFTCAP>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_launch(L, stream);
 }
@@ -203,13 +205,13 @@ template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
   return bwd_run<T, D, true>(a, stream);
 }
-template <typename T, int DQK, int DV>
+template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_bwd_general(const Sm90BwdArgs& a, cudaStream_t stream) {
-  return bwd_run<T, tile_head_dim(DQK, DV), false, true, DQK, DV>(a, stream);
+  return bwd_run<T, tile_head_dim(DQK, DV), false, true, DQK, DV, SOFTCAP>(a, stream);
 }
-template <typename T, int DQK, int DV>
+template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
-  return bwd_run<T, tile_head_dim(DQK, DV), true, true, DQK, DV>(a, stream);
+  return bwd_run<T, tile_head_dim(DQK, DV), true, true, DQK, DV, SOFTCAP>(a, stream);
 }
 
 }  // namespace hopper

@@ -50,7 +50,7 @@ struct FwdTraits : Cfg {
   using T = typename Cfg::T;
   using Pos = typename Sched::Pos;
   using Mask = TileMask<Feat::MASK>;
-  static constexpr bool GENERAL = Feat::GENERAL;
+  static constexpr bool GENERAL = Feat::GENERAL, SOFTCAP = Feat::SOFTCAP;
   static constexpr int DQK = Feat::template DQK_OF<Cfg::D>, DV = Feat::template DV_OF<Cfg::D>;  // the problem's
   static constexpr int D = Cfg::D, NCONS = Cfg::NCONS, BN = Cfg::BN, STAGES = Cfg::STAGES;
   static constexpr bool kPersistent = Sched::kPersistent;
@@ -291,15 +291,15 @@ cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t st
 }
 // The general kernel (features.h) for head dims DQK, DV, on the tile of features.h's tile_head_dim:
 // persistent, two consumers, the tiles longest first (snake).
-template <typename T, int DQK, int DV>
+template <typename T, int DQK, int DV, bool SOFTCAP>
 inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
   constexpr int D = tile_head_dim(DQK, DV);
-  using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV>;
+  using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
   return fwd_prepare<FwdConfigFor<T, D, 2, true>, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
 }
-template <typename T, int DQK, int DV>
+template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream) {
-  return fwd_run(fwd_prepare_general<T, DQK, DV>, a, stream);
+  return fwd_run(fwd_prepare_general<T, DQK, DV, SOFTCAP>, a, stream);
 }
 
 }  // namespace hopper

@@ -392,7 +392,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   const int row_base = kHeld ? io.row_base : w.m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
   const int wg_row0 = kHeld ? io.wg_row0 : w.m_blk * BM + cw * 64;
   const int n_blocks = w.n_blocks;
-  const float sl2 = p.scale_log2;
+  const float sl2 = K::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softcap_scores's scale
   // The key tiles this warpgroup's rows see (SKIP), at least 1: S_0 is always computed.
   const int n_eff = K::SKIP ? mask.template n_key_tiles_of_rows<BN>(wg_row0, n_blocks) : n_blocks;
 
@@ -427,13 +427,16 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   const FwdRegs<K> regs{sacc, o, pa, row_m, row_l, corr};
   const auto issue = [&](uint32_t sK) { issue_s<K>(sacc, qa, io.sQ, sK, cw); };
   const auto step = [&](Pos it) { return FwdStep<K>{it, io.sK0, io.sV0, cw, lane, sl2}; };
+  // A tile's scores before its softmax: capped (SOFTCAP), then masked.
+  const auto cap_and_mask = [&](int n) {
+    if constexpr (K::SOFTCAP) softcap_scores(sacc, p.softcap_k2);
+    mask.template apply<BN>(sacc, w.n_first + n, row_base, wg_row0, qd);
+  };
   first_step<K>(
-      step(io.kv), bars, regs, wait_full, issue,
-      [&] { mask.template apply<BN>(sacc, w.n_first, row_base, wg_row0, qd); }, [&] { q_released(0); });
+      step(io.kv), bars, regs, wait_full, issue, [&] { cap_and_mask(0); }, [&] { q_released(0); });
   for (int n = 1; n < n_eff; ++n)
     steady_step<K>(
-        step(io.kv + n), bars, regs, wait_full, issue,
-        [&] { mask.template apply<BN>(sacc, w.n_first + n, row_base, wg_row0, qd); }, [&] { q_released(n); });
+        step(io.kv + n), bars, regs, wait_full, issue, [&] { cap_and_mask(n); }, [&] { q_released(n); });
   if constexpr (K::SKIP) {
     for (int n = n_eff; n < n_blocks; ++n) skip_step<K>(step(io.kv + n), bars, regs, wait_full);
   }

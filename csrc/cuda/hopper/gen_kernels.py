@@ -24,7 +24,7 @@ class Entry:
     enum: str  # kernels.h's KernelEntry
     backward: bool
     dims: tuple  # (d_qk, d_v) pairs it takes
-    templ_d: int = 1  # head-dim template arguments: 0, 1 (d_qk = d_v = D) or 2 (d_qk, d_v)
+    templ_d: int = 1  # head-dim template arguments: 0, 1 (d_qk = d_v = D) or 2 (d_qk, d_v, then softcap)
 
 
 SQUARE = ((64, 64), (128, 128), (256, 256))
@@ -56,9 +56,10 @@ class Row:
     dtype: str
     d_qk: int
     d_v: int
+    softcap: bool = False
 
     def targs(self):
-        dims = (f", {self.d_qk}", f", {self.d_qk}, {self.d_v}")
+        dims = (f", {self.d_qk}", f", {self.d_qk}, {self.d_v}, {str(self.softcap).lower()}")
         e = ENTRIES[self.entry]
         return DTYPES[self.dtype] + ("" if e.templ_d == 0 else dims[e.templ_d - 1])
 
@@ -75,12 +76,14 @@ def parse():
         if not line:
             continue
         parts = line.split()
-        ok = (len(parts) == 4 and parts[0] in ENTRIES and parts[1] in DTYPES and parts[2].isdigit() and
+        ok = (len(parts) in (4, 5) and parts[0] in ENTRIES and parts[1] in DTYPES and parts[2].isdigit() and
               parts[3].isdigit())
-        if not ok or (int(parts[2]), int(parts[3])) not in ENTRIES[parts[0]].dims:
-            sys.exit(f"kernels.list:{n}: expected '<entry> fp16|bf16 <d_qk> <d_v>' with an entry of "
-                     f"{sorted(ENTRIES)} and head dims it takes, got {line!r}")
-        rows.append(Row(parts[0], parts[1], int(parts[2]), int(parts[3])))
+        softcap = len(parts) == 5
+        if (not ok or (int(parts[2]), int(parts[3])) not in ENTRIES[parts[0]].dims or
+                (softcap and (parts[4] != "softcap" or ENTRIES[parts[0]].templ_d != 2))):
+            sys.exit(f"kernels.list:{n}: expected '<entry> fp16|bf16 <d_qk> <d_v> [softcap]' with an entry of "
+                     f"{sorted(ENTRIES)}, head dims it takes and softcap on general entries only, got {line!r}")
+        rows.append(Row(parts[0], parts[1], int(parts[2]), int(parts[3]), softcap))
     if len(set(rows)) != len(rows):
         sys.exit("kernels.list: duplicate lines")
     return rows
@@ -101,7 +104,8 @@ def files(rows):
         fn = f"&{e.function}<{r.targs()}>"
         fns = f"nullptr, {fn}" if e.backward else f"{fn}, nullptr"
         f16 = "true" if r.dtype == "fp16" else "false"
-        table.append(f"    {{KernelEntry::{e.enum}, {f16}, {r.d_qk}, {r.d_v}, {fns}}},\n")
+        cap = "true" if r.softcap else "false"
+        table.append(f"    {{KernelEntry::{e.enum}, {f16}, {r.d_qk}, {r.d_v}, {cap}, {fns}}},\n")
     table.append("};\nconst int kKernelRowCount = static_cast<int>(sizeof(kKernelRows) / sizeof(kKernelRows[0]));\n")
     out["table.cu"] = table
     return {n: "".join(parts) + ("\n" if n == "table.cu" else "") + "}  // namespace hopper\n}  // namespace fusedattn\n"

@@ -24,8 +24,8 @@ cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream);  // 
 template <typename T>
 cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t stream);  // D = 64
 // The general kernels (features.h: the call's window, diagonal and softmax at run time), persistent,
-// for head dims DQK, DV (on the tile of head dim features.h's tile_head_dim(DQK, DV)).
-template <typename T, int DQK, int DV>
+// for head dims DQK, DV (on the tile of head dim features.h's tile_head_dim(DQK, DV)), with softcap.
+template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream);
 template <typename T, int D>
 cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
@@ -33,9 +33,9 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
 // bwd_sm90_det_workspace_bytes().
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
-template <typename T, int DQK, int DV>
+template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_bwd_general(const Sm90BwdArgs& a, cudaStream_t stream);
-template <typename T, int DQK, int DV>  // tile_head_dim(DQK, DV) = 64, 128
+template <typename T, int DQK, int DV, bool SOFTCAP>  // tile_head_dim(DQK, DV) = 64, 128
 cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
 
 // The entries of kernels.list.
@@ -50,12 +50,13 @@ enum class KernelEntry {
   kBwdGeneral,
   kBwdGeneralDeterministic,
 };
-// One instantiation: its entry, dtype (fp16 or bf16) and head dims, and the function (fwd for the
-// forward entries, bwd for the backward ones).
+// One instantiation: its entry, dtype (fp16 or bf16), head dims and whether it caps logits, and the
+// function (fwd for the forward entries, bwd for the backward ones).
 struct KernelRow {
   KernelEntry entry;
   bool f16;
   int d_qk, d_v;
+  bool softcap;
   cudaError_t (*fwd)(const Sm90Args&, cudaStream_t);
   cudaError_t (*bwd)(const Sm90BwdArgs&, cudaStream_t);
 };

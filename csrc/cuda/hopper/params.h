@@ -26,6 +26,9 @@ struct KParams {
   int window_left, window_right, bottom_right;
   int softmax_type;
   const float* softmax_offset;
+  // Softcap kernels: softcap log2(e) (the capped scores' scale in the softmax) and 2 log2(e) scale /
+  // softcap (softmax.cuh's softcap_scores).
+  float softcap_log2, softcap_k2;
 };
 
 // Backward main-kernel parameters (besides the tensor maps). The workspace holds the fp32 dQ
@@ -41,6 +44,7 @@ struct BwdKParams {
   float scale;       // softmax scale
   int causal_chunk;  // causal, not deterministic: (kv head, batch) groups per chunk of the key-tile order
   int window_left, window_right, bottom_right;  // as KParams's
+  float softcap_log2, softcap_k2;              // as KParams's
 };
 
 namespace detail {
@@ -94,6 +98,7 @@ struct Sm90BwdArgs {
   int softmax_type = 0;
   const float* softmax_offset = nullptr;
   float* d_softmax_offset = nullptr;
+  double softcap = 0;  // > 0: the softcap kernels' cap
 };
 
 // The backward's workspace: the fp32 dQ accumulator [b, s_q, h, d], then lse2 and Dsum rows

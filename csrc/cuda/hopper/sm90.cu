@@ -12,10 +12,11 @@
 // forces one (the three-consumer ones only where d = 64) for A/B timing and for
 // the tests. Calls with a sliding window, a bottom-right diagonal with
 // s_q != s_kv, or off-by-one / learnable softmax run the general kernel
-// (features.h). Both take fp16 / bf16 on a compute-capability 9.0 device, the
-// listed head dims, bshd / sbhd / packed layouts (unit head-dim stride, 16-byte
-// aligned rows and strides), and no bias, ALiBi, dropout, padding, thd,
-// max_logit, softcap or KV cache. Every other call goes on to the sm80-class
+// (features.h), as do head dims and softcap the plain kernels do not have.
+// Both take fp16 / bf16 on a compute-capability 9.0 device, the listed head
+// dims, bshd / sbhd / packed layouts (unit head-dim stride, 16-byte aligned rows
+// and strides), and no bias, ALiBi, dropout, padding, thd, max_logit or KV
+// cache. Every other call goes on to the sm80-class
 // tensor-core kernels or the SIMT engine.
 //
 // Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
@@ -84,22 +85,26 @@ FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
 
 bool is_causal(const MaskParams& m) { return m.window_left < 0 && m.window_right == 0; }
 
-// The instantiation of kernels.list for an entry and a call's dtype and head dims; null if none.
-const KernelRow* find_kernel(KernelEntry entry, const Problem& pr) {
+// The instantiation of kernels.list for an entry and a call's dtype, head dims and softcap; null if
+// none.
+const KernelRow* find_kernel(KernelEntry entry, const FwdParams& p) {
+  const Problem& pr = p.prob;
   const bool f16 = pr.dtype == DType::kFloat16;
   for (int i = 0; i < kKernelRowCount; ++i) {
     const KernelRow& r = kKernelRows[i];
-    if (r.entry == entry && r.f16 == f16 && r.d_qk == pr.d_qk && r.d_v == pr.d_v) return &r;
+    if (r.entry == entry && r.f16 == f16 && r.d_qk == pr.d_qk && r.d_v == pr.d_v && r.softcap == (p.softcap > 0)) {
+      return &r;
+    }
   }
   return nullptr;
 }
 
 // Whether a call needs the general kernels (features.h): a sliding window, a bottom-right diagonal
 // that differs from the top-left one (s_q != s_kv), off-by-one or learnable softmax, or head dims
-// the plain kernels do not have (80, 96, 192, 192 / 128 on the tiles of 128 and 256).
+// the plain kernels do not have (80, 96, 192, 192 / 128 on the tiles of 128 and 256), softcap.
 bool needs_general(const FwdParams& p) {
   if (p.softmax.type != SoftmaxType::kVanilla) return true;
-  if (find_kernel(KernelEntry::kFwdOneTile, p.prob) == nullptr) return true;
+  if (find_kernel(KernelEntry::kFwdOneTile, p) == nullptr) return true;
   const MaskParams& m = p.mask;
   if (m.window_left < 0 && m.window_right < 0) return false;
   return !(is_causal(m) && (!m.bottom_right || p.prob.s_q == p.prob.s_kv));
@@ -148,10 +153,12 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   k.bottom_right = p.mask.bottom_right ? 1 : 0;
   k.softmax_type = static_cast<int>(p.softmax.type);
   k.softmax_offset = p.softmax.offset;
+  k.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
+  k.softcap_k2 = p.softcap > 0 ? static_cast<float>(2 * 1.4426950408889634 * p.scale / p.softcap) : 0.f;
   a.causal = causal;
   a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
-  const KernelRow* row = find_kernel(static_cast<KernelEntry>(plan.kernel), pr);  // plan_fwd found it
+  const KernelRow* row = find_kernel(static_cast<KernelEntry>(plan.kernel), p);  // plan_fwd found it
   const cudaError_t e = row != nullptr ? row->fwd(a, st) : cudaErrorInvalidValue;
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
@@ -163,7 +170,7 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
   const bool general = needs_general(p);
-  if (find_kernel(general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile, pr) == nullptr) {
+  if (find_kernel(general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile, p) == nullptr) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " with ", dtype_name(pr.dtype),
                general ? " on the general kernels" : "",
                " (no kernel in hopper/kernels.list)");
@@ -180,7 +187,6 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   if (p.bias.type != BiasType::kNoBias) return "bias or ALiBi";
   if (p.dropout.p > 0.f) return "dropout";
   if (p.max_logit != nullptr) return "max_logit";
-  if (p.softcap > 0) return "softcap";
   if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q + pr.s_kv >= kMaxPositionSum32) {
     return "batch, heads or sequence beyond the grid";
   }
@@ -211,7 +217,7 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   std::string r = fwd_support(f, dev);
   if (!r.empty()) return r;
   const Problem& pr = f.prob;
-  if (find_kernel(bwd_entry(p), pr) == nullptr) {
+  if (find_kernel(bwd_entry(p), f) == nullptr) {
     return cat(p.deterministic ? "deterministic mode" : "the backward", " at d_qk=", pr.d_qk, ", d_v=", pr.d_v,
                needs_general(f) ? " on the general kernels" : "",
                " (no kernel in hopper/kernels.list)");
@@ -271,7 +277,8 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.softmax_type = static_cast<int>(f.softmax.type);
   a.softmax_offset = f.softmax.offset;
   a.d_softmax_offset = p.d_softmax_offset;
-  const KernelRow* row = find_kernel(bwd_entry(p), pr);  // bwd_support found it
+  a.softcap = f.softcap;
+  const KernelRow* row = find_kernel(bwd_entry(p), f);  // bwd_support found it
   const cudaError_t e = row != nullptr ? row->bwd(a, st) : cudaErrorInvalidValue;
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();

@@ -101,6 +101,21 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&corr)
   }
 }
 
+// Logit soft-capping (FwdParams::softcap, features.h's SOFTCAP), the scores' first step: S = q.k ->
+// tanh(scale S / cap), computed as 1 - 2 / (1 + 2^(k2 S)) with k2 = 2 log2(e) scale / cap (ex2 and
+// rcp), whose absolute error is a few fp32 ulps of 1, so the capped logit cap tanh(.) is off by a few
+// ulps of cap (tanh.approx's relative 2^-11 would move a logit of 50 by 0.025). The softmax then runs
+// on these with cap log2(e) in place of scale log2(e); they are bounded by 1, so the lazy maximum's
+// vote fails only where the capped logits spread by more than ~10 (log2).
+__device__ __forceinline__ float softcap_tanh(float s, float k2) {
+  return 1.f - 2.f * fast_rcp(1.f + fast_exp2(s * k2));
+}
+template <int N>
+__device__ __forceinline__ void softcap_scores(float (&sacc)[N], float k2) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) sacc[i] = softcap_tanh(sacc[i], k2);
+}
+
 // One vote barrier per consumer warpgroup, ids 4, 5, 6 (0 is __syncthreads, 1-3 the turn rotation);
 // id 7 is the end-of-CTA timeout vote (ptx_sm90.cuh's timeout_vote).
 constexpr int kVoteBar = 4;

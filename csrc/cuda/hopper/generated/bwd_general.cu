@@ -3,19 +3,25 @@
 
 namespace fusedattn {
 namespace hopper {
-template cudaError_t run_bwd_general<__half, 64, 64>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__half, 128, 128>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__half, 256, 256>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__nv_bfloat16, 64, 64>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__nv_bfloat16, 128, 128>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__nv_bfloat16, 256, 256>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__half, 80, 80>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__half, 96, 96>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__half, 192, 192>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__half, 192, 128>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__nv_bfloat16, 80, 80>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__nv_bfloat16, 96, 96>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__nv_bfloat16, 192, 192>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general<__nv_bfloat16, 192, 128>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 64, 64, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 128, 128, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 256, 256, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 64, 64, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 128, 128, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 256, 256, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 80, 80, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 96, 96, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 192, 192, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 192, 128, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 80, 80, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 96, 96, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 192, 192, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 192, 128, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 64, 64, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 128, 128, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__half, 256, 256, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 64, 64, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 128, 128, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general<__nv_bfloat16, 256, 256, true>(const Sm90BwdArgs&, cudaStream_t);
 }  // namespace hopper
 }  // namespace fusedattn

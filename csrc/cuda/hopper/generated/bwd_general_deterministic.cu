@@ -3,13 +3,17 @@
 
 namespace fusedattn {
 namespace hopper {
-template cudaError_t run_bwd_general_deterministic<__half, 64, 64>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general_deterministic<__half, 128, 128>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 64, 64>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 128, 128>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general_deterministic<__half, 80, 80>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general_deterministic<__half, 96, 96>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 80, 80>(const Sm90BwdArgs&, cudaStream_t);
-template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 96, 96>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__half, 64, 64, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__half, 128, 128, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 64, 64, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 128, 128, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__half, 80, 80, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__half, 96, 96, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 80, 80, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 96, 96, false>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__half, 64, 64, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__half, 128, 128, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 64, 64, true>(const Sm90BwdArgs&, cudaStream_t);
+template cudaError_t run_bwd_general_deterministic<__nv_bfloat16, 128, 128, true>(const Sm90BwdArgs&, cudaStream_t);
 }  // namespace hopper
 }  // namespace fusedattn
