@@ -18,6 +18,17 @@ Bars: batch 1 at context 8192 <= 15 us per call; batch 64 at context 16384
 
     python bench/bench_decode.py [--out bench/RESULTS.md] [--cases 1x8192,64x16384]
 
+--steps times whole decoding steps instead: one new token per sequence appended
+to a cache holding context - 1 tokens, then attention over the context, through
+fusedattn.flash_attn_with_kvcache, DotProductAttention(inference_params=...)
+(non-paged and 64-slot pages) and cuDNN (index_copy_ of the new k / v into
+[b, h_kv, s, d] caches, then SDPA's cuDNN backend), each captured in CUDA
+graphs with the caches rotating as above (a model's layers each have their
+own). Bars: batch 1 / 8192 <= 16 us per step, batch 64 / 16384 >= 4.3 TB/s of
+cache read.
+
+    python bench/bench_decode.py --steps --cases 1x8192,64x16384 [--out bench/RESULTS.md]
+
 Where the time of a call goes: --profile prints, per case, each CUDA kernel of
 a contiguous-cache call with its mean duration (torch.profiler, eager calls,
 L2 flushed by a write between calls) instead of the table:
@@ -27,7 +38,8 @@ L2 flushed by a write between calls) instead of the table:
 --profile-graph does the same in the timed conditions (CUDA-graph replay,
 rotating cache copies) for fusedattn (contiguous) and cuDNN side by side, and
 prints each one's kernel time per call next to its replay time per call (the
-difference: the gaps between the graph's kernels).
+difference: the gaps between the graph's kernels); with --steps, for the step
+implementations.
 """
 
 from __future__ import annotations
@@ -187,6 +199,29 @@ def sdpa_call(q, k, v, backend):
     return f
 
 
+def print_graph_profile(name, calls):
+    """Replay time and kernel durations per call of `calls` captured in one graph."""
+    g = capture(calls)
+    replays = 5
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        e.record()
+        torch.cuda.synchronize()
+    per_call = a.elapsed_time(e) * 1e3 / (replays * len(calls))
+    total = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in ev.name:
+            total.setdefault(ev.name, []).append(ev.device_time)
+    kernel_sum = sum(sum(ts) for ts in total.values()) / (replays * len(calls))
+    print(f"  {name}: {per_call:.2f} us per call in replay, kernels {kernel_sum:.2f} us per call")
+    for kname, ts in sorted(total.items(), key=lambda kv: -sum(kv[1])):
+        print(f"    {sum(ts) / len(ts):8.2f} us x {len(ts) / (replays * len(calls)):.0f}/call  {kname[:100]}")
+    del g
+
+
 def profile_graph_case(b, ctx, gen):
     """Kernel durations per call inside the timed graphs (rotating copies), fusedattn vs cuDNN."""
     from torch.nn.attention import SDPBackend
@@ -208,25 +243,7 @@ def profile_graph_case(b, ctx, gen):
     }
     print(f"## graph profile b={b} ctx={ctx} ({cache_bytes(b, ctx) / 1e6:.1f} MB of cache per call)")
     for name, calls in impls.items():
-        g = capture(calls)
-        replays = 5
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(replays):
-                g.replay()
-            e.record()
-            torch.cuda.synchronize()
-        per_call = a.elapsed_time(e) * 1e3 / (replays * CALLS)
-        total = {}
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in ev.name:
-                total.setdefault(ev.name, []).append(ev.device_time)
-        kernel_sum = sum(sum(ts) for ts in total.values()) / (replays * CALLS)
-        print(f"  {name}: {per_call:.2f} us per call in replay, kernels {kernel_sum:.2f} us per call")
-        for kname, ts in sorted(total.items(), key=lambda kv: -sum(kv[1])):
-            print(f"    {sum(ts) / len(ts):8.2f} us x {len(ts) / (replays * CALLS):.0f}/call  {kname[:100]}")
-        del g
+        print_graph_profile(name, calls)
 
 
 def run_case(b, ctx, gen):
@@ -287,6 +304,139 @@ def run_case(b, ctx, gen):
     return results, err
 
 
+# ---------------------------------------------------------------------------
+# Decoding steps: append one token per sequence, then attend over the context.
+
+
+def step_caches(b, ctx, nrot, layout="bshd"):
+    """`nrot` (k, v) cache pairs of `ctx` positions with the same random contents in either layout
+    (bshd [b, ctx, h_kv, d], or bhsd [b, h_kv, ctx, d] for SDPA); position ctx - 1 is the step's."""
+    out = []
+    for r in range(nrot):
+        g = torch.Generator(device="cuda").manual_seed(1000 + r)
+        kv = [torch.randn(b, ctx, H_KV, D, device="cuda", dtype=DTYPE, generator=g) for _ in range(2)]
+        out.append(tuple(x.transpose(1, 2).contiguous() for x in kv) if layout == "bhsd" else tuple(kv))
+    return out
+
+
+def step_flash(b, ctx, nrot, new):
+    """fusedattn.flash_attn_with_kvcache on [b, ctx, h_kv, d] caches holding ctx - 1 tokens."""
+    from fusedattn import flash_attn_with_kvcache
+
+    q, k, v = new
+    caches = step_caches(b, ctx, nrot)
+    seqlens = torch.full((b,), ctx - 1, dtype=torch.int32, device="cuda")
+    return [(lambda kc=caches[i % nrot][0], vc=caches[i % nrot][1]:
+             flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, causal=True)) for i in range(CALLS)]
+
+
+def step_dpa(b, ctx, nrot, new, page=None):
+    """DotProductAttention(inference_params=...): one layer per cache copy, after a pre_step that
+    records ctx - 1 cached tokens per sequence and one more for the step."""
+    from collections import OrderedDict
+
+    from fusedattn import DotProductAttention
+    from fusedattn.inference import InferenceParams
+
+    q, k, v = new
+    p = InferenceParams(b, ctx, H_KV, D, DTYPE, is_paged=page is not None, page_size=page, device="cuda")
+    layers = [DotProductAttention(H_Q, D, num_gqa_groups=H_KV, qkv_format="bshd", attn_mask_type="padding_causal",
+                                  layer_number=r + 1) for r in range(nrot)]
+    for r, (kc, vc) in enumerate(step_caches(b, ctx, nrot)):
+        p.allocate_memory(r + 1)
+        pool_k, pool_v = p.cache_manager.cache[r + 1]
+        pool_k.view(-1).copy_(kc.view(-1))  # non-paged pools are the caches; paged ones hold pages in order
+        pool_v.view(-1).copy_(vc.view(-1))
+        del kc, vc
+    p.pre_step(OrderedDict((i, ctx - 1) for i in range(b)))
+    p.pre_step(OrderedDict((i, 1) for i in range(b)))
+    return [(lambda m=layers[i % nrot]: m(q, k, v, inference_params=p).view(b, 1, H_Q, D)) for i in range(CALLS)]
+
+
+def step_cudnn(b, ctx, nrot, new):
+    """cuDNN: index_copy_ of the new k / v into [b, h_kv, ctx, d] caches, then SDPA's cuDNN backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (x.transpose(1, 2).contiguous() for x in new)
+    caches = step_caches(b, ctx, nrot, "bhsd")
+    pos = torch.full((1,), ctx - 1, dtype=torch.long, device="cuda")
+
+    def call(kc, vc):
+        kc.index_copy_(2, pos, k)
+        vc.index_copy_(2, pos, v)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True).transpose(1, 2)
+
+    return [(lambda kc=caches[i % nrot][0], vc=caches[i % nrot][1]: call(kc, vc)) for i in range(CALLS)]
+
+
+STEP_IMPLS = {
+    "flash_attn_with_kvcache": step_flash,
+    "DotProductAttention": step_dpa,
+    "DotProductAttention paged-64": lambda b, ctx, nrot, new: step_dpa(b, ctx, nrot, new, page=64),
+    "cuDNN index_copy + SDPA": step_cudnn,
+}
+
+
+def run_steps_case(b, ctx, gen, profile=False):
+    """Per-step us (graph replay) of every implementation, and each one's max |out - cuDNN's out|."""
+    nrot = rotations(b, ctx)
+    new = tuple(torch.randn(b, 1, h, D, device="cuda", dtype=DTYPE, generator=gen) for h in (H_Q, H_KV, H_KV))
+    times, outs = {}, {}
+    for name, make in STEP_IMPLS.items():
+        calls = None
+        try:
+            calls = make(b, ctx, nrot, new)
+            outs[name] = calls[0]().float()
+            if profile:
+                print_graph_profile(name, calls)
+            else:
+                times[name] = time_graph(calls)
+        except Exception as e:  # a peer that does not take the shape
+            times[name] = float("nan")
+            print(f"# {name} b={b} ctx={ctx}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        del calls
+        torch.cuda.empty_cache()
+    ref = outs.get("cuDNN index_copy + SDPA")
+    err = {n: (o - ref).abs().max().item() if ref is not None else float("nan") for n, o in outs.items()}
+    return times, err
+
+
+def steps_table(cases, gen):
+    names = list(STEP_IMPLS)
+    rows, bars = [], []
+    for b, ctx in cases:
+        t, err = run_steps_case(b, ctx, gen)
+        nb = cache_bytes(b, ctx)
+        cells = [f"{fmt_us(t[n])} ({nb / (t[n] * 1e-6) / 1e12:.2f} TB/s)" for n in names]
+        cudnn = t["cuDNN index_copy + SDPA"]
+        ratios = [f"{cudnn / t[n]:.2f}x" for n in names[:-1]]
+        errs = " / ".join(f"{err.get(n, float('nan')):.1e}" for n in names[:-1])
+        rows.append(f"| {b} | {ctx} | {nb / 1e6:.1f} | " + " | ".join(cells + ratios) + f" | {errs} |")
+        print(rows[-1], flush=True)
+        for n in ("flash_attn_with_kvcache", "DotProductAttention"):
+            if (b, ctx) == (1, 8192):
+                bars.append(f"{n} batch 1, context 8192: {t[n]:.1f} us per step (bar <= 16 us; cuDNN "
+                            f"{cudnn:.1f}): {'PASS' if t[n] <= 16 else 'FAIL'}")
+            if (b, ctx) == (64, 16384):
+                tbs = nb / (t[n] * 1e-6) / 1e12
+                bars.append(f"{n} batch 64, context 16384: {tbs:.2f} TB/s (bar >= 4.3 TB/s): "
+                            f"{'PASS' if tbs >= 4.3 else 'FAIL'}")
+    head = [
+        f"### Decode step (append + attention; h_q={H_Q}, h_kv={H_KV}, d={D}, bf16, 1 new token) - "
+        f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}",
+        "",
+        "Per-step us from CUDA-graph replay (20 steps per graph, median of 15 replays; each step appends to and "
+        "reads another cache copy, so L2 does not serve it). TB/s: cache bytes read per step / time. Ratios: "
+        "cuDNN's time / fusedattn's. err: max |out - cuDNN's out|.",
+        "",
+        "| batch | context | cache MB | " + " | ".join(names) + " | " +
+        " | ".join(f"vs cuDNN: {n}" for n in names[:-1]) + " | err " + " / ".join(names[:-1]) + " |",
+        "|" + "---|" * (3 + len(names) + (len(names) - 1) + 1),
+    ]
+    return "\n".join(head + rows + [""] + [f"- {x}" for x in bars]) + "\n"
+
+
 def fmt_us(t):
     return "n/a" if t != t else f"{t:.1f}"
 
@@ -300,9 +450,25 @@ def main():
     ap.add_argument("--paged", action="store_true", help="with --profile: the paged-16 cache instead of the contiguous one")
     ap.add_argument("--profile-graph", action="store_true",
                     help="kernel durations inside the timed graphs, fusedattn and cuDNN, instead of the table")
+    ap.add_argument("--steps", action="store_true",
+                    help="decoding steps (append + attention) through flash_attn_with_kvcache, "
+                         "DotProductAttention(inference_params) and cuDNN instead of attention alone")
     opt = ap.parse_args()
     cases = CASES if not opt.cases else [tuple(int(x) for x in c.split("x")) for c in opt.cases.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if opt.steps and opt.profile_graph:
+        for b, ctx in cases:
+            print(f"## graph profile of steps b={b} ctx={ctx} ({cache_bytes(b, ctx) / 1e6:.1f} MB of cache per step)")
+            run_steps_case(b, ctx, gen, profile=True)
+        return
+    if opt.steps:
+        table = steps_table(cases, gen)
+        print()
+        print(table)
+        if opt.out:
+            with open(opt.out, "a") as f:
+                f.write("\n" + table)
+        return
     if opt.profile_graph:
         for b, ctx in cases:
             profile_graph_case(b, ctx, gen)

@@ -27,6 +27,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import fusedattn._ops  # noqa: F401  (loads the operators)
+from fusedattn._ops import FwdArgs
 from fusedattn import DotProductAttention
 from fusedattn.inference import InferenceParams, KVCacheFullError
 from conftest import DEVICE, ON_CUDA, tol_check
@@ -674,3 +675,236 @@ def test_append_op_rejects_strided_and_expanded(what, match):
         torch.ops.fusedattn.copy_to_kv_cache(*args)
     if what not in ("k_cache", "v_cache"):
         assert all(torch.equal(a, b) for a, b in zip(args[2:4], snap))
+
+
+# ---------------------------------------------------------------------------
+# The step operator (fwd_kvcache): append, then attend, in one call
+
+
+def _cumulative(lens, device="cpu"):
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=device)
+
+
+def step_case(fmt, cache, device, dtype=torch.float32, ragged=True):
+    """Three sequences holding 5 / 0 / 9 cached tokens take steps of 2 / 3 / 1 tokens (ragged: bshd/sbhd
+    padded to 3, with cu_seqlens_q) or 3 each. ``cache``: "paged" (pages of 4 in a shuffled pool),
+    "rows" (per-sequence caches in shuffled rows, a [b, 1] table) or "no_table" (row b, no table).
+    Every slot of the caches holds random values, so a read past a sequence shows in the output."""
+    gen = torch.Generator().manual_seed(6)
+    cached, lens = [5, 0, 9], ([2, 3, 1] if ragged else [3, 3, 3])
+    b, s, cap = 3, max(lens), 16
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    tok = {"bshd": (b, s), "sbhd": (s, b), "thd": (sum(lens) + 1,)}[fmt]  # thd: a spare token at the end
+    q, new_k, new_v = rnd(*tok, H, D_K), rnd(*tok, H_KV, D_K), rnd(*tok, H_KV, D_V)
+    cu_q = _cumulative(lens) if (ragged or fmt == "thd") else None
+    if cache == "paged":
+        ps, pages = 4, cap // 4
+        table = torch.randperm(b * pages + 2, generator=gen)[: b * pages].to(torch.int32).view(b, pages).contiguous()
+        k_cache, v_cache = rnd(b * pages + 2, ps, H_KV, D_K), rnd(b * pages + 2, ps, H_KV, D_V)
+    else:
+        table = torch.tensor([[2], [0], [3]], dtype=torch.int32) if cache == "rows" else None
+        rows = 4 if cache == "rows" else b
+        k_cache, v_cache = rnd(rows, cap, H_KV, D_K), rnd(rows, cap, H_KV, D_V)
+    args = FwdArgs(scale=1.0 / math.sqrt(D_K), q_format=fmt, kv_format="bshd", mask_type="padding_causal_bottom_right",
+                   max_seqlen_q=s if fmt == "thd" else None)
+    mv = lambda x: None if x is None else x.to(device)  # noqa: E731
+    return dict(q=mv(q), new_k=mv(new_k), new_v=mv(new_v), k_cache=mv(k_cache), v_cache=mv(v_cache),
+                page_table=mv(table), cache_seqlens=mv(torch.tensor(cached, dtype=torch.int32)), cu_q=mv(cu_q),
+                cached=cached, lens=lens, args=args, fmt=fmt)
+
+
+def run_step(c, **kw):
+    """fwd_kvcache on the case's caches (mutated): (out, lse)."""
+    out, lse, _ = fusedattn._ops.kv_step(c["q"], c["new_k"], c["new_v"], c["k_cache"], c["v_cache"],
+                                         c["cache_seqlens"], c["args"], page_table=c["page_table"],
+                                         cu_seqlens_q=c["cu_q"], **kw)
+    return out, lse
+
+
+def append_then_attend(c, **kw):
+    """copy_to_kv_cache then the forward op over the appended caches (the two-operator path), on
+    clones of the caches: (out, lse, k_cache, v_cache)."""
+    dev = c["q"].device
+    b = len(c["lens"])
+    k_cache, v_cache = c["k_cache"].clone(), c["v_cache"].clone()
+    table = c["page_table"] if c["page_table"] is not None else torch.arange(b, dtype=torch.int32,
+                                                                              device=dev).view(b, 1)
+    cu_new = c["cu_q"] if c["cu_q"] is not None else _cumulative([max(c["lens"])] * b, dev)
+    fusedattn._ops.copy_to_kv_cache(c["new_k"], c["new_v"], k_cache, v_cache, table, cu_new, c["cache_seqlens"],
+                                    c["fmt"])
+    cu_kv = _cumulative([n + m for n, m in zip(c["cached"], c["lens"])], dev)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    out, lse, _, _ = torch.ops.fusedattn.fwd(
+        c["q"], k_cache, v_cache, None, kw.get("softmax_offset"), None, kw.get("alibi_slopes"), c["cu_q"], cu_kv,
+        None, None, None, *c["args"].op_args(), False, table)
+    return out, lse, k_cache, v_cache
+
+
+def _seq_rows(x, fmt, lens, i):
+    return rows(x, fmt, lens, i) if fmt != "thd" else x[sum(lens[:i]):sum(lens[:i]) + lens[i]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache", ["paged", "rows", "no_table"])
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
+def test_step_op_equals_append_then_attention(fmt, cache, device):
+    """fwd_kvcache writes the caches as copy_to_kv_cache does and returns what the forward op returns over
+    the appended caches: bitwise where both run the same engine the same way (the same arithmetic on
+    the same keys); and the output matches full attention in float64 over each sequence's keys."""
+    c = step_case(fmt, cache, device)
+    want_out, want_lse, want_k, want_v = append_then_attend(c)
+    out, lse = run_step(c)
+    assert torch.equal(c["k_cache"], want_k) and torch.equal(c["v_cache"], want_v)
+    if device == "cpu" or cache != "no_table":
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    else:  # float32 on CUDA: the SIMT engine, reading rows without a table against a one-page table
+        torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+    lens, cached = c["lens"], c["cached"]
+    table = c["page_table"].cpu() if c["page_table"] is not None else torch.arange(3).view(3, 1)
+    ps = c["k_cache"].shape[1]
+    msgs = []
+    for i in range(3):
+        pos = torch.arange(cached[i] + lens[i])
+        pages = table[i, pos // ps].long()
+        k = c["k_cache"].cpu()[pages, pos % ps]
+        v = c["v_cache"].cpu()[pages, pos % ps]
+        qi = _seq_rows(c["q"].cpu(), fmt, lens, i)
+        ref = attention_ref(qi, k, v, torch.float64)
+        msgs.append(tol_check(f"seq {i}", _seq_rows(out.cpu(), fmt, lens, i).flatten(-2), ref,
+                              attention_ref(qi, k, v, torch.float32), torch.float32))
+    assert not [m for m in msgs if m], msgs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("feature", ["uniform", "alibi", "learnable", "window", "max_logit", "causal_no_table"])
+def test_step_op_features(feature, device):
+    """Uniform steps without cu_seqlens_q, ALiBi, a learnable softmax offset, a sliding window,
+    max_logit, and a mask type without padding over caches without a table (the key lengths still
+    come from cache_seqlens): the step equals the two-operator path."""
+    c = step_case("bshd", "no_table" if feature == "causal_no_table" else "paged", device,
+                  ragged=feature not in ("uniform", "causal_no_table"))
+    if feature == "causal_no_table":
+        c["args"] = c["args"].replace(mask_type="causal_bottom_right")
+    kw = {}
+    if feature == "alibi":
+        kw["alibi_slopes"] = torch.rand(H, generator=torch.Generator().manual_seed(1)).to(device)
+    elif feature == "learnable":
+        c["args"] = c["args"].replace(softmax_type="learnable")
+        kw["softmax_offset"] = torch.randn(H, generator=torch.Generator().manual_seed(2)).to(device)
+    elif feature == "window":
+        c["args"] = c["args"].replace(window_left=4, window_right=0)
+    want_out, want_lse, want_k, want_v = append_then_attend(c, **kw)
+    if feature == "max_logit":
+        c["args"] = c["args"].replace(return_max_logit=True)
+        out, lse, max_logit = fusedattn._ops.kv_step(c["q"], c["new_k"], c["new_v"], c["k_cache"], c["v_cache"],
+                                                     c["cache_seqlens"], c["args"], page_table=c["page_table"],
+                                                     cu_seqlens_q=c["cu_q"])
+        assert max_logit.shape == (H,) and torch.isfinite(max_logit).all()
+    else:
+        out, lse = run_step(c, **kw)
+    assert torch.equal(c["k_cache"], want_k) and torch.equal(c["v_cache"], want_v)
+    if device == "cpu" or feature != "causal_no_table":
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    else:  # float32 on CUDA: the SIMT engine, reading rows without a table against a one-page table
+        torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("what, exc, match", [
+    ("past_capacity", ValueError, r"would grow to 17 tokens"),
+    ("bad_page_below", ValueError, r"page_table\[2, 0\] = 99 is outside the page pool"),
+    ("cu_q_decreasing", ValueError, r"cu_seqlens_q must be non-negative and non-decreasing"),
+    ("thd_past_max_seqlen_q", ValueError, r"more than max_seqlen_q \(2\)"),
+    ("cu_seqlens_kv", ValueError, r"takes no cu_seqlens_kv"),
+    ("new_k_tokens", ValueError, r"new_k and new_v must have q's batch and sequence dims"),
+    ("new_k_dtype", ValueError, r"new_k must have q's dtype"),
+    ("cache_heads", ValueError, r"heads and head dims must match new_k/new_v"),
+    ("no_table_rows", ValueError, r"without a page_table, k_cache holds one row per sequence"),
+    ("dropout", NotImplementedError, r"dropout"),
+    ("head_dim", NotImplementedError, r"head dims must be multiples of 8"),
+])
+def test_step_op_errors_leave_caches_untouched(what, exc, match):
+    """Every error, on arguments or on the lengths and pages the CPU engine reads (also the pages below
+    the new tokens, which only the attention reads), is raised before anything is written."""
+    c = step_case("thd" if what == "thd_past_max_seqlen_q" else "bshd",
+                  "no_table" if what == "no_table_rows" else "paged", "cpu")
+    extra = {}
+    if what == "past_capacity":
+        c["cache_seqlens"] = torch.tensor([5, 0, 16], dtype=torch.int32)
+    elif what == "bad_page_below":
+        c["page_table"] = c["page_table"].clone()
+        c["page_table"][2, 0] = 99
+    elif what == "cu_q_decreasing":
+        c["cu_q"] = torch.tensor([0, 2, 1, 3], dtype=torch.int32)
+    elif what == "thd_past_max_seqlen_q":
+        c["args"] = c["args"].replace(max_seqlen_q=2)
+    elif what == "new_k_tokens":
+        c["new_k"], c["new_v"] = c["new_k"][:, :2], c["new_v"][:, :2]
+    elif what == "new_k_dtype":
+        c["new_k"], c["new_v"] = c["new_k"].double(), c["new_v"].double()
+    elif what == "cache_heads":
+        c["k_cache"], c["v_cache"] = c["k_cache"][:, :, :1].clone(), c["v_cache"][:, :, :1].clone()
+    elif what == "no_table_rows":
+        c["k_cache"], c["v_cache"] = c["k_cache"][:2].clone(), c["v_cache"][:2].clone()
+    elif what == "dropout":
+        c["args"] = c["args"].replace(dropout_p=0.1)
+    elif what == "head_dim":
+        c["q"], c["new_k"] = c["q"][..., :12].clone(), c["new_k"][..., :12].clone()
+        c["k_cache"] = c["k_cache"][..., :12].clone()
+    k0, v0 = c["k_cache"].clone(), c["v_cache"].clone()
+    with pytest.raises(exc, match=match):
+        if what == "cu_seqlens_kv":
+            torch.ops.fusedattn.fwd_kvcache(
+                c["q"], c["new_k"], c["new_v"], c["k_cache"], c["v_cache"], c["cache_seqlens"], c["page_table"],
+                None, None, None, None, c["cu_q"], _cumulative([7, 3, 10]), None, None, *c["args"].op_args(), False)
+        else:
+            run_step(c, **extra)
+    assert torch.equal(c["k_cache"], k0) and torch.equal(c["v_cache"], v0)
+
+
+def _opcheck_case(fmt, cache, device):
+    c = step_case(fmt, cache, device)
+    return (c["q"], c["new_k"], c["new_v"], c["k_cache"], c["v_cache"], c["cache_seqlens"], c["page_table"], None,
+            None, None, None, c["cu_q"], None, None, None, *c["args"].op_args(), False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt, cache", [("bshd", "paged"), ("thd", "rows"), ("sbhd", "no_table")])
+def test_opcheck_fwd_kvcache(fmt, cache, device):
+    torch.library.opcheck(torch.ops.fusedattn.fwd_kvcache.default, _opcheck_case(fmt, cache, device))
+
+
+def test_step_fake_takes_the_schema_arguments():
+    import inspect
+
+    params = inspect.signature(fusedattn._ops._fwd_kvcache_fake).parameters
+    assert tuple(params) == tuple(a.name for a in torch.ops.fusedattn.fwd_kvcache.default._schema.arguments)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_step_op_compiles_in_one_graph(device):
+    """Two decoding steps through fwd_kvcache under torch.compile(fullgraph=True): no graph break,
+    the outputs and the caches bitwise those of eager calls."""
+    c_eager, c_comp = step_case("bshd", "paged", device), step_case("bshd", "paged", device)
+
+    def two_steps(q, new_k, new_v, k_cache, v_cache, cache_seqlens, page_table, cu_q):
+        outs = []
+        for n in range(2):
+            out, _, _ = fusedattn._ops.kv_step(q, new_k * (n + 1), new_v, k_cache, v_cache, cache_seqlens + 3 * n,
+                                               c_eager["args"], page_table=page_table, cu_seqlens_q=cu_q)
+            outs.append(out)
+        return outs
+
+    names = ("q", "new_k", "new_v", "k_cache", "v_cache", "cache_seqlens", "page_table", "cu_q")
+    want = two_steps(*(c_eager[n] for n in names))
+    torch._dynamo.reset()
+    counters.clear()
+    got = torch.compile(two_steps, fullgraph=True)(*(c_comp[n] for n in names))
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(c_comp["k_cache"], c_eager["k_cache"]) and torch.equal(c_comp["v_cache"], c_eager["v_cache"])

@@ -5,6 +5,8 @@
 //
 //   fwd(q, k, v, <optional inputs>, rng_state, <settings>, return_max_logit, page_table=None)
 //   bwd(dout, q, k, v, out, softmax_lse, rng_state, <optional inputs>, <settings>, need_dbias)
+//   fwd_kvcache(q, new_k, new_v, k_cache!, v_cache!, cache_seqlens, page_table, <optional inputs>,
+//               <settings>, return_max_logit)
 #pragma once
 
 // X(name): a `Tensor?` input of both operators, in schema order.
@@ -53,3 +55,13 @@
   "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor rng_state, "      \
       FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_SCHEMA_OPTIONAL) FUSEDATTN_SETTINGS(FUSEDATTN_SCHEMA_SETTING)    \
           "bool need_dbias) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor d_softmax_offset)"
+
+// A decoding (or prefill) step against a KV cache the caller owns (fusedattn/kv_cache.h): new_k / new_v
+// are appended to the caches in place, then q attends over them. The caches are marked mutated, so
+// torch.compile functionalises the op and CUDA graphs replay it. page_table=None: per-sequence caches
+// [b, s_cache, h_kv, d], sequence b in row b.
+#define FUSEDATTN_FWD_KVCACHE_SCHEMA                                                                          \
+  "fwd_kvcache(Tensor q, Tensor new_k, Tensor new_v, Tensor(a!) k_cache, Tensor(b!) v_cache, "                \
+  "Tensor cache_seqlens, Tensor? page_table, " FUSEDATTN_OPTIONAL_INPUTS(FUSEDATTN_SCHEMA_OPTIONAL)           \
+      FUSEDATTN_SETTINGS(FUSEDATTN_SCHEMA_SETTING) "bool return_max_logit) -> (Tensor out, Tensor softmax_lse, " \
+                                                   "Tensor max_logit)"

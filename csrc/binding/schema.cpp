@@ -14,4 +14,5 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "copy_to_kv_cache(Tensor new_k, Tensor new_v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor page_table, "
       "Tensor cu_new_lens, Tensor cache_seqlens, str qkv_format) -> ()");
+  m.def(FUSEDATTN_FWD_KVCACHE_SCHEMA);
 }

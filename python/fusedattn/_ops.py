@@ -1,10 +1,10 @@
 """The operators' Python side: args objects, fake implementations and autograd.
 
-The C++ extension registers ``torch.ops.fusedattn.fwd``, ``torch.ops.fusedattn.bwd`` and
-``torch.ops.fusedattn.copy_to_kv_cache`` (schemas in csrc/binding/schema.cpp). Every
-non-tensor setting of a call lives in one frozen ``FwdArgs``; the op call, its fake
-implementation and its backward are all built from that one object, so they cannot
-disagree about a call.
+The C++ extension registers ``torch.ops.fusedattn.fwd``, ``torch.ops.fusedattn.bwd``,
+``torch.ops.fusedattn.copy_to_kv_cache`` and ``torch.ops.fusedattn.fwd_kvcache`` (schemas in
+csrc/binding/schema.cpp). Every non-tensor setting of a call lives in one frozen ``FwdArgs``;
+the op call, its fake implementation and its backward are all built from that one object, so
+they cannot disagree about a call.
 """
 
 from __future__ import annotations
@@ -353,3 +353,42 @@ def copy_to_kv_cache(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens, ca
     """
     torch.ops.fusedattn.copy_to_kv_cache(new_k, new_v, k_cache, v_cache, page_table, cu_new_lens,
                                          cache_seqlens, qkv_format)
+
+
+# ---------------------------------------------------------------------------
+# A KV-cache step (kv_cache.h): fwd_kvcache appends new_k / new_v to the caches (mutated: Tensor(a!)
+# k_cache, Tensor(b!) v_cache) and attends q over them; on the GPU's decode engine in one launch.
+# Inference only: it has no autograd.
+
+
+@torch.library.register_fake("fusedattn::fwd_kvcache")
+def _fwd_kvcache_fake(q, new_k, new_v, k_cache, v_cache, cache_seqlens, page_table, bias, softmax_offset, attn_mask,
+                      alibi_slopes, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                      q_format, kv_format, mask_type, window_left, window_right, bottom_right_diagonal, softmax_type,
+                      scale, softcap, dropout_p, max_seqlen_q, max_seqlen_kv, return_max_logit):
+    _check_devices(q, "the same device as q",
+                   zip(("new_k", "new_v", "k_cache", "v_cache", "cache_seqlens", "page_table") + _FWD_TENSOR_NAMES[2:-1],
+                       (new_k, new_v, k_cache, v_cache, cache_seqlens, page_table, bias, softmax_offset, attn_mask,
+                        alibi_slopes, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)))
+    out_shape, lse_shape, h_q = _out_shapes(q, v_cache, q_format)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    max_logit = q.new_empty((h_q,) if return_max_logit else (0,), dtype=torch.float32)
+    return out, lse, max_logit
+
+
+def kv_step(q, new_k, new_v, k_cache, v_cache, cache_seqlens, args: FwdArgs, *, page_table=None, cu_seqlens_q=None,
+            alibi_slopes=None, softmax_offset=None):
+    """Append one step's keys/values to the caches (in place) and attend q over them.
+
+    new_k / new_v have q's format and tokens (sequence b appends its ``len_q(b)`` tokens: from
+    ``cu_seqlens_q``, else the sequence dim) at cache positions ``cache_seqlens[b] + i``; the caches are
+    page pools read through ``page_table``, or per-sequence caches ``[>= b, s_cache, h_kv, d]`` without
+    one. q attends over keys ``[0, cache_seqlens[b] + len_q(b))``. Returns ``(out, softmax_lse,
+    max_logit)``: out in q's format with head dim d_v; max_logit ``[h_q]`` when
+    ``args.return_max_logit``, else None.
+    """
+    out, lse, max_logit = torch.ops.fusedattn.fwd_kvcache(
+        q, new_k, new_v, k_cache, v_cache, cache_seqlens, page_table, None, softmax_offset, None, alibi_slopes,
+        cu_seqlens_q, None, None, None, *args.op_args(), args.return_max_logit)
+    return out, lse, (max_logit if args.return_max_logit else None)

@@ -339,11 +339,14 @@ def _attention_forward(
     checkpoint_core_attention: bool = False,
     kv_format: Optional[str] = None,
     page_table: Optional[torch.Tensor] = None,
+    new_kv: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ):
     """Unpacked q/k/v in; output with heads merged (``[..., h_q * d_v]``) out.
 
     ``kv_format`` defaults to ``qkv_format``; with ``page_table`` k/v are KV-cache
-    page pools (kv_format 'bshd') and ``cu_seqlens_kv`` the cache lengths."""
+    page pools (kv_format 'bshd') and ``cu_seqlens_kv`` the cache lengths. ``new_kv``
+    ``(new_k, new_v, cache_seqlens)``: a KV-cache step (``fwd_kvcache``), which appends
+    new_k / new_v to the pools k / v first; the key lengths follow from cache_seqlens."""
     mask_type = canonical_mask_type(_checks.string("attn_mask_type", attn_mask_type))
     dropout_p = _checks.dropout("dropout_p", dropout_p)
     if softmax_scale is not None:
@@ -371,10 +374,15 @@ def _attention_forward(
         cu_seqlens_q=_dense(cu_seqlens_q), cu_seqlens_kv=_dense(cu_seqlens_kv),
         cu_seqlens_q_padded=_dense(cu_seqlens_q_padded), cu_seqlens_kv_padded=_dense(cu_seqlens_kv_padded),
     )
-    if page_table is not None:
-        tensors["page_table"] = page_table
-    out, max_logit = _run_attention(query_layer, key_layer, value_layer, args, tensors,
-                                    checkpoint_core_attention)
+    if new_kv is not None:
+        out, _lse, max_logit = _ops.kv_step(
+            query_layer, *new_kv[:2], key_layer, value_layer, new_kv[2], args, page_table=page_table,
+            cu_seqlens_q=tensors["cu_seqlens_q"], alibi_slopes=slopes, softmax_offset=tensors["softmax_offset"])
+    else:
+        if page_table is not None:
+            tensors["page_table"] = page_table
+        out, max_logit = _run_attention(query_layer, key_layer, value_layer, args, tensors,
+                                        checkpoint_core_attention)
     out = out.flatten(-2)  # [..., h, d_v] -> [..., h * d_v]: a view of the contiguous output
     if return_max_logit:
         return out, max_logit.to(out.dtype)
@@ -647,11 +655,21 @@ class DotProductAttention(torch.nn.Module):
         check_query = getattr(inference_params, "check_query", None)
         if check_query is not None:
             check_query(query_layer, qkv_format)
-        k_cache, v_cache, cu_q, cu_kv, _max_kv, _fmt = inference_params.step(
-            self.layer_number, key_layer, value_layer, qkv_format)
+        # fwd_kvcache appends and attends in one operator; a cache manager of the caller's own appends
+        # in its step(), then attention reads the cache.
+        kv_step = getattr(inference_params, "kv_step", None)
+        fused = kv_step(self.layer_number, query_layer, key_layer, value_layer, qkv_format) if kv_step else None
+        if fused is not None:
+            k_cache, v_cache, page_table, cu_q, cu_kv = (fused.k_cache, fused.v_cache, fused.page_table,
+                                                         fused.cu_seqlens_q, None)
+            new_kv = (key_layer, value_layer, fused.cache_seqlens)
+        else:
+            k_cache, v_cache, cu_q, cu_kv, _max_kv, _fmt = inference_params.step(
+                self.layer_number, key_layer, value_layer, qkv_format)
+            page_table, new_kv = inference_params.get_page_table(), None
         return _attention_forward(
             query_layer, k_cache, v_cache,
-            qkv_format=qkv_format, kv_format="bshd", page_table=inference_params.get_page_table(),
+            qkv_format=qkv_format, kv_format="bshd", page_table=page_table, new_kv=new_kv,
             attn_mask_type=mask_type,
             window_size=window_size,
             bottom_right_diagonal=True,

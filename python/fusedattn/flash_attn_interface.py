@@ -4,9 +4,10 @@ Same names, argument order, defaults, layouts and return values as
 ``flash_attn.flash_attn_interface``: ``flash_attn_func``, ``flash_attn_qkvpacked_func``,
 ``flash_attn_kvpacked_func``, their ``varlen`` forms and ``flash_attn_with_kvcache``; plus
 ``varlen_attn`` with the signature of ``torch.nn.attention.varlen.varlen_attn``. Every call
-is one ``torch.ops.fusedattn.fwd`` (with its autograd), and the KV-cache append is
-``torch.ops.fusedattn.copy_to_kv_cache``: torch.compile traces them without graph breaks and
-CUDA graphs capture them. What differs from flash-attn is listed in docs/integrations.md.
+is one ``torch.ops.fusedattn.fwd`` (with its autograd), and a ``flash_attn_with_kvcache`` step's
+append and attention are one ``torch.ops.fusedattn.fwd_kvcache`` (one launch on the GPU's decode
+engine): torch.compile traces them without graph breaks and CUDA graphs capture them. What differs
+from flash-attn is listed in docs/integrations.md.
 
 flash-attn's conventions, mapped onto the operator's: ``causal`` and ``window_size`` are
 aligned to the bottom-right corner (query i of a sequence sees keys up to
@@ -249,7 +250,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             num_splits=0, return_softmax_lse=False):
     """flash-attn's ``flash_attn_with_kvcache``: appends k/v (when given) to the caller's caches in
     place at positions ``cache_seqlens[b]...`` and attends q over each sequence's
-    ``cache_seqlens[b] + s_new`` keys.
+    ``cache_seqlens[b] + s_new`` keys. When k/v have q's batch and sequence dims (a decoding step),
+    the append and the attention are one operator (``fusedattn::fwd_kvcache``; one kernel launch
+    and the split-KV combine on the GPU).
 
     Caches are ``(b_cache, s_cache, h_k, d)`` (row ``cache_batch_idx[b]`` of sequence b, default b)
     or, with ``block_table`` (int32 ``(b, max_blocks)``), page pools ``(num_blocks, block_size, h_k,
@@ -286,6 +289,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     device = q.device
     s_new = 0 if k is None else k.shape[1]
 
+    # The new tokens at the queries' positions (s_new == s_q): one operator appends and attends.
+    step = k is not None and k.shape[:2] == q.shape[:2] and v.shape[:2] == q.shape[:2]
+
     if cache_seqlens is None:  # every sequence is the whole cache (or its blocks)
         full = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
         cache_seqlens = torch.full((b,), full, dtype=torch.int32, device=device)
@@ -298,9 +304,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k_pool, v_pool, page_table = k_cache, v_cache, block_table
         start = cache_seqlens
     elif cache_leftpad is None:
-        rows = (cache_batch_idx.to(torch.int32) if cache_batch_idx is not None
-                else torch.arange(b, dtype=torch.int32, device=device))
-        k_pool, v_pool, page_table = k_cache, v_cache, rows.view(b, 1)
+        # Sequence b's cache row: cache_batch_idx[b], else b (the step operator needs no table for it).
+        if cache_batch_idx is not None:
+            page_table = cache_batch_idx.to(torch.int32).view(b, 1)
+        elif step:
+            page_table = None
+        else:
+            page_table = torch.arange(b, dtype=torch.int32, device=device).view(b, 1)
+        k_pool, v_pool = k_cache, v_cache
         start = cache_seqlens
     else:
         # A cache starting at cache_leftpad[b]: pages of one slot each, so the table can start anywhere.
@@ -324,6 +335,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                                                           device=device))
         q = _apply_rotary(q, rotary_cos[q_pos], rotary_sin[q_pos], rotary_interleaved)
 
+    if step:
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** (-0.5)
+        args = flash_args(q_format="bshd", kv_format="bshd", causal=causal, window_size=window_size, lengths=True,
+                          scale=scale, softcap=softcap)
+        out, lse, _ = _ops.kv_step(q, k, v, k_pool, v_pool, start, args, page_table=page_table,
+                                   alibi_slopes=None if alibi_slopes is None else alibi_slopes.to(torch.float32))
+        return (out, lse) if return_softmax_lse else out
     if k is not None:
         cu_new = torch.arange(0, (b + 1) * s_new, s_new, dtype=torch.int32, device=device)
         _ops.copy_to_kv_cache(k, v, k_pool, v_pool, page_table, cu_new, start, "bshd")

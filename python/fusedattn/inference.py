@@ -19,10 +19,14 @@ table) into device buffers that are allocated once, with ``copy_``: the
 addresses never change, so a compiled, CUDA-graphed decode step reads the new
 values on replay. Caches and buffers are ``torch._dynamo.mark_static_address``-ed.
 
-``step`` (called by ``DotProductAttention``) runs the ``copy_to_kv_cache``
-operator, which mutates the caches in place inside the compiled graph, and
-returns what attention needs. It reads no host bookkeeping that changes from
-one decode step to the next, so a compiled decode step does not recompile.
+``DotProductAttention`` hands each layer's step to the ``fwd_kvcache`` operator
+(``kv_step`` gives it the layer's caches and the step's buffers): one operator
+that appends the new keys/values to the caches in place, inside the compiled
+graph, and attends over them (on the GPU's decode engine, in one launch).
+``step`` (TransformerEngine's: ``copy_to_kv_cache``, then attention separately)
+remains for cache managers of the caller's own. Neither reads host bookkeeping
+that changes from one decode step to the next, so a compiled decode step does
+not recompile.
 
 Both cache kinds are one page pool read through a page table: a non-paged
 cache ``[max_batch_size, max_sequence_length, h_kv, d]`` is the pool whose
@@ -34,7 +38,7 @@ no cache data. Bad use raises before anything is mutated (see docs/kv-cache.md).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Hashable, List, Mapping, Optional, Tuple
+from typing import Dict, Hashable, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -42,6 +46,7 @@ from . import _checks, _ops
 
 __all__ = [
     "InferenceParams",
+    "KVStep",
     "KVCacheFullError",
     "KVCacheManager",
     "NonPagedKVCacheManager",
@@ -49,6 +54,25 @@ __all__ = [
 ]
 
 QKV_FORMATS = ("bshd", "sbhd", "thd")
+
+
+class KVStep(NamedTuple):
+    """A layer's step for ``fusedattn::fwd_kvcache`` (``InferenceParams.kv_step``): the layer's caches
+    (page pools), the batch's page table and cache lengths before the step, and the step's
+    cumulative token counts (the queries' and the new keys'), all views of fixed buffers."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    page_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+
+
+def _same_tokens(query_layer: torch.Tensor, key_layer: torch.Tensor, value_layer: torch.Tensor, fmt: str) -> bool:
+    """Whether the new keys/values sit at the queries' tokens (fwd_kvcache's contract)."""
+    n = 1 if fmt == "thd" else 2
+    return (query_layer.dim() == key_layer.dim() == value_layer.dim()
+            and query_layer.shape[:n] == key_layer.shape[:n] == value_layer.shape[:n])
 
 
 class KVCacheFullError(RuntimeError):
@@ -568,6 +592,22 @@ class InferenceParams:
             if t.shape[s_dim] < self._max_step_len:
                 raise ValueError(f"layer {layer_number}: keys/values hold {t.shape[s_dim]} positions per sequence "
                                  f"but the step's longest sequence adds {self._max_step_len}")
+
+    def kv_step(self, layer_number: int, query_layer: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor,
+                qkv_format: str) -> Optional[KVStep]:
+        """What ``fusedattn::fwd_kvcache`` needs for layer ``layer_number``'s step (DotProductAttention
+        calls it): the op then appends new_k / new_v to the layer's cache and attends query_layer over
+        it. Validates like ``step`` and appends nothing itself. None when the op cannot take the step (a
+        cache manager of the caller's own, whose ``step`` appends; keys/values whose tokens are not the
+        queries'): then ``step`` and attention run separately."""
+        if not isinstance(self.cache_manager, _PagePoolManager) or not _same_tokens(query_layer, new_k, new_v,
+                                                                                      qkv_format):
+            return None
+        self._check_layer_inputs(layer_number, new_k, new_v, qkv_format)
+        manager = self.cache_manager
+        k_cache, v_cache = manager.cache[layer_number]
+        b = self.batch_size
+        return KVStep(k_cache, v_cache, manager.page_table[:b], manager.cache_seqlens[:b], self.cu_seqlens_q[: b + 1])
 
     def step(self, layer_number: int, new_k: torch.Tensor, new_v: torch.Tensor, qkv_format: str):
         """Append layer ``layer_number``'s new keys/values to its cache (in place,

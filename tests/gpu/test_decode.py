@@ -173,8 +173,17 @@ def reference(t, compute_dtype):
 
 def check(cfg: Dec, seed: int = 0, with_cpu: bool = True):
     t = build(cfg, seed)
-    dt = C.DTYPES[cfg.dtype]
     out, lse, ml = run_op(t, DEV)
+    msgs = reference_messages(cfg, t, out, lse, ml)
+    if with_cpu:
+        msgs += cpu_messages(t, out, lse, run_op(t, "cpu"), C.DTYPES[cfg.dtype])
+    C.assert_matches_reference(msgs)
+
+
+def reference_messages(cfg: Dec, t, out, lse, ml):
+    """out / lse / max_logit of a call on the inputs of `t` against the float64 reference: what
+    fails, as messages."""
+    dt = C.DTYPES[cfg.dtype]
     ref = reference(t, torch.float64)
     ref_lp = reference(t, dt)
     msgs = []
@@ -215,18 +224,25 @@ def check(cfg: Dec, seed: int = 0, with_cpu: bool = True):
                 msgs.append(f"max_logit: max error {err:.3e}")
         if not bool((ml[~fin] == float("-inf")).all()):
             msgs.append("max_logit of heads without visible logits is not -inf")
-    if with_cpu:
-        out_c, lse_c, _ = run_op(t, "cpu")
-        diff = (out.double() - out_c.double()).abs().max().item()
-        err_lp = (ref_lp.out.double() - ref.out).abs().max().item()
-        lim = 2 * (2 * err_lp + C.EPS[dt] * max(1.0, ref.out.abs().max().item()))
-        if not diff <= lim:
-            msgs.append(f"CUDA vs CPU engine: max difference {diff:.3e} > {lim:.3e}")
-        fin = torch.isfinite(lse_c)
-        if not torch.equal(fin, torch.isfinite(lse)) or \
-                (bool(fin.any()) and (lse[fin] - lse_c[fin]).abs().max().item() > 1e-3):
-            msgs.append("CUDA vs CPU engine: lse differs")
-    C.assert_matches_reference(msgs)
+    return msgs
+
+
+def cpu_messages(t, out, lse, cpu_result, dt):
+    """The CUDA call's out / lse against the CPU engine's on the same inputs (within twice the
+    tolerance rule's bound: both engines are held to it)."""
+    out_c, lse_c = cpu_result[:2]
+    ref, ref_lp = reference(t, torch.float64), reference(t, dt)
+    msgs = []
+    diff = (out.double() - out_c.double()).abs().max().item()
+    err_lp = (ref_lp.out.double() - ref.out).abs().max().item()
+    lim = 2 * (2 * err_lp + C.EPS[dt] * max(1.0, ref.out.abs().max().item()))
+    if not diff <= lim:
+        msgs.append(f"CUDA vs CPU engine: max difference {diff:.3e} > {lim:.3e}")
+    fin = torch.isfinite(lse_c)
+    if not torch.equal(fin, torch.isfinite(lse)) or \
+            (bool(fin.any()) and (lse[fin] - lse_c[fin]).abs().max().item() > 1e-3):
+        msgs.append("CUDA vs CPU engine: lse differs")
+    return msgs
 
 
 CASES = [
@@ -305,6 +321,20 @@ def test_decode_bad_page_entries_are_clamped():
     assert torch.equal(out_bad, out_ok) and torch.equal(lse_bad, lse_ok)
 
 
+def captured(step):
+    """step() captured in a CUDA graph, after warm-up calls on a side stream: (graph, its outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 def test_decode_cuda_graph_replay_new_lengths():
     """Capture one decode step; replay it after copying new lengths / queries into the same buffers."""
     cfg = Dec(dtype="bf16", b=4, h=(16, 4), dims=(128, 128), page=16, lens_kv=(100, 200, 300, 400), max_pages=40)
@@ -320,15 +350,7 @@ def test_decode_cuda_graph_replay_new_lengths():
         return torch.ops.fusedattn.fwd(q, pk, pv, None, None, None, None, None, cu_kv, None, None, None,
                                        *a.op_args(), False, table)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_lse, _, _ = step()
+    graph, (static_out, static_lse, _, _) = captured(step)
 
     for lens in ((1, 640, 17, 333), (600, 0, 64, 65), (100, 200, 300, 400)):
         q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
@@ -380,14 +402,7 @@ def test_rng_state_output_is_zero_without_dropout_across_replays(kind):
             return torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, None, None, None, None, None,
                                            *a.op_args(), False)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, _, rng_out, _ = step()
+    graph, (_, _, rng_out, _) = captured(step)
     for _ in range(2):
         rng_out.fill_(-7)
         graph.replay()
@@ -506,3 +521,239 @@ def test_copy_to_kv_cache_cuda_skips_out_of_range():
     want[1, 3] = True  # seq 0 position 7
     want[2, 3] = True  # seq 1 position 3; positions 4, 5 -> page 99: skipped
     assert torch.equal(written.cpu(), want)
+
+
+# ---------------------------------------------------------------------------
+# KV-cache steps (fwd_kvcache): the decode kernel reads the step's new tokens from new_k / new_v and
+# its owner blocks write them into the cache, in the attention launch.
+
+
+def step_of(t, cfg: Dec, seed: int = 0):
+    """The decode problem `t` (build) as a KV-cache step: each sequence's last len_q keys become
+    new_k / new_v at its queries' tokens, and their cache slots hold NaN until the step writes them (a
+    read of such a slot instead of new_k / new_v shows as NaN). Also the caches the step must leave
+    (t's pools) and the cache lengths before it."""
+    g = torch.Generator().manual_seed(seed + 100)
+    b = cfg.b
+    lens_q = list(cfg.lens_q) if cfg.lens_q is not None else [cfg.s_q] * b
+    cached = [n - m for n, m in zip(cfg.lens_kv, lens_q)]
+    assert min(cached) >= 0
+    q, dt = t["q"], t["q"].dtype
+    new_k = torch.randn(*q.shape[:-2], cfg.h[1], cfg.dims[0], generator=g).to(dt)  # padded rows: not appended
+    new_v = torch.randn(*q.shape[:-2], cfg.h[1], cfg.dims[1], generator=g).to(dt)
+    pool_k, pool_v = t["pool_k"].clone(), t["pool_v"].clone()
+    ps = pool_k.shape[1]
+    starts = [0] + list(itertools.accumulate(lens_q))
+    for bi in range(b):
+        for i in range(lens_q[bi]):
+            pos = cached[bi] + i
+            src = (starts[bi] + i,) if cfg.q_format == "thd" else (bi, i)
+            new_k[src] = t["k_dense"][bi, pos]
+            new_v[src] = t["v_dense"][bi, pos]
+            page = int(t["table"][bi, pos // ps])
+            pool_k[page, pos % ps] = float("nan")
+            pool_v[page, pos % ps] = float("nan")
+    return dict(new_k=new_k, new_v=new_v, pool_k=pool_k, pool_v=pool_v,
+                cache_seqlens=torch.tensor(cached, dtype=torch.int32))
+
+
+def run_step_op(t, s, device, table=True):
+    """fwd_kvcache on `device` over copies of the step's caches: (out, lse, max_logit, k_cache,
+    v_cache) on the CPU. table=False: no page table (the caches' row b is sequence b)."""
+    from fusedattn._ops import kv_step
+
+    def mv(x):
+        return None if x is None else x.to(device)
+
+    kc, vc = mv(s["pool_k"].clone()), mv(s["pool_v"].clone())
+    out, lse, ml = kv_step(mv(t["q"]), mv(s["new_k"]), mv(s["new_v"]), kc, vc, mv(s["cache_seqlens"]), t["args"],
+                           page_table=mv(t["table"]) if table else None, cu_seqlens_q=mv(t["cu_q"]),
+                           alibi_slopes=mv(t["alibi_slopes"]), softmax_offset=mv(t["softmax_offset"]))
+    if device != "cpu":
+        torch.cuda.synchronize()
+    ml = ml if ml is not None else torch.empty(0)
+    return out.cpu(), lse.cpu(), ml.cpu(), kc.cpu(), vc.cpu()
+
+
+def same_bits(a, b):
+    """Bitwise equality that also holds where both hold the same NaN."""
+    return a.shape == b.shape and torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+                                              b.view(torch.int16 if b.element_size() == 2 else torch.int32))
+
+
+def check_step(cfg: Dec, table=True, fused=True, seed=0, **arg_changes):
+    """The step on the GPU: caches, results against float64 and the CPU operator, and (fused) bitwise
+    against the decode kernel over the appended caches. arg_changes: FwdArgs fields Dec has not."""
+    t = build(cfg, seed)
+    t["args"] = t["args"].replace(**arg_changes)
+    s = step_of(t, cfg, seed)
+    out, lse, ml, kc, vc = run_step_op(t, s, DEV, table)
+    assert same_bits(kc, t["pool_k"]) and same_bits(vc, t["pool_v"]), f"{cfg}: the caches after the step"
+    msgs = reference_messages(cfg, t, out, lse, ml)
+    cpu = run_step_op(t, s, "cpu", table)
+    assert same_bits(cpu[3], t["pool_k"]) and same_bits(cpu[4], t["pool_v"])
+    msgs += cpu_messages(t, out, lse, cpu, C.DTYPES[cfg.dtype])
+    if fused:
+        # The decode kernel over the appended caches (the two-operator path) reads the same keys in the
+        # same order: bitwise the same results.
+        out2, lse2, _ = run_op(t, DEV)
+        if not (torch.equal(out, out2) and torch.equal(lse, lse2)):
+            msgs.append(f"the step differs from copy_to_kv_cache + fwd: max {(out - out2).abs().max().item():.3e}")
+    C.assert_matches_reference(msgs)
+
+
+STEP_CASES = [
+    # decoding: one new token per sequence, GQA folded rows, a sequence whose cache was empty
+    Dec(dtype="bf16", b=4, h=(32, 8), dims=(128, 128), page=16, lens_kv=(1, 77, 300, 1030)),
+    Dec(dtype="fp16", b=3, h=(8, 2), dims=(64, 64), page=1, lens_kv=(1, 33, 129)),
+    Dec(dtype="bf16", b=2, h=(4, 1), dims=(256, 256), page=256, s_q=3, lens_kv=(3, 700)),
+    Dec(dtype="bf16", b=3, h=(16, 4), dims=(128, 128), page="none", lens_kv=(64, 200, 9)),
+    Dec(dtype="bf16", b=3, h=(32, 8), dims=(128, 128), page="none", lens_kv=(700, 1, 64), slot_perm=True),
+    # several tokens per sequence (ragged, a window), thd steps, a prefill chunk
+    Dec(dtype="fp16", b=3, h=(8, 2), dims=(128, 128), page=16, s_q=5, lens_q=(5, 1, 3), lens_kv=(20, 140, 65),
+        window=(40, 0)),
+    Dec(dtype="bf16", b=3, h=(8, 2), dims=(64, 64), page=16, q_format="thd", s_q=4, lens_q=(1, 4, 2),
+        lens_kv=(4, 60, 19)),
+    Dec(dtype="bf16", b=2, h=(8, 2), dims=(128, 128), page=16, s_q=40, lens_q=(40, 23), lens_kv=(100, 23)),
+    # softmax types, ALiBi, max_logit, d_qk != d_v, a table wider than needed
+    Dec(dtype="bf16", b=3, h=(8, 2), dims=(128, 128), page=16, softmax="off-by-one", alibi="h", lens_kv=(1, 50, 333)),
+    Dec(dtype="fp16", b=2, h=(8, 4), dims=(128, 128), page=32, s_q=2, softmax="learnable", alibi="bh",
+        max_logit=True, lens_kv=(2, 250)),
+    Dec(dtype="fp16", b=2, h=(4, 2), dims=(128, 64), page=16, lens_kv=(10, 130)),
+    Dec(dtype="bf16", b=2, h=(8, 2), dims=(128, 128), page=16, lens_kv=(5, 40), max_pages=256),
+]
+
+
+@pytest.mark.parametrize("cfg", STEP_CASES, ids=str)
+def test_step_appends_in_the_attention_launch(cfg):
+    check_step(cfg)
+
+
+def test_step_without_page_table():
+    """Per-sequence caches without a table (sequence b in row b): the decode kernel takes the row
+    from the batch index."""
+    check_step(Dec(dtype="bf16", b=3, h=(16, 4), dims=(128, 128), page="none", lens_kv=(64, 200, 9)), table=False)
+
+
+def test_step_long_context_many_splits():
+    check_step(Dec(dtype="bf16", b=1, h=(32, 8), dims=(128, 128), page=16, lens_kv=(8190,)))
+
+
+@pytest.mark.parametrize("case", ["fp32_paged", "fp32_no_table", "bf16_softcap", "bf16_softcap_no_table_causal",
+                                  "bf16_strided_new_kv"])
+def test_step_unfused(case):
+    """Steps the decode engine does not take (float32; softcap; new_k / new_v rows that are not
+    16-byte aligned): the append kernel, which writes the key lengths, then the attention's engine;
+    without a table the caches are read as bshd rows, also under a mask type without padding (the
+    lengths still apply: no engine that ignores them may take the call)."""
+    if case == "fp32_paged":
+        check_step(Dec(dtype="fp32", b=3, h=(8, 2), dims=(64, 64), page=16, s_q=3, lens_kv=(3, 45, 130)), fused=False)
+    elif case == "fp32_no_table":
+        check_step(Dec(dtype="fp32", b=2, h=(4, 2), dims=(128, 128), page="none", lens_kv=(70, 3)), table=False,
+                   fused=False)
+    elif case == "bf16_softcap":
+        check_step(Dec(dtype="bf16", b=2, h=(8, 2), dims=(64, 64), page=16, lens_kv=(33, 90)), fused=False,
+                   softcap=20.0)
+    elif case == "bf16_softcap_no_table_causal":
+        check_step(Dec(dtype="bf16", b=2, h=(8, 2), dims=(128, 128), page="none", s_q=2, lens_kv=(130, 64),
+                       mask="causal_bottom_right"), table=False, fused=False, softcap=20.0)
+    else:
+        cfg = Dec(dtype="bf16", b=2, h=(8, 2), dims=(64, 64), page=16, lens_kv=(33, 90))
+        t = build(cfg)
+        s = step_of(t, cfg)
+        # new_k / new_v as views of one buffer with an odd head stride: rows not 16-byte aligned
+        for name in ("new_k", "new_v"):
+            x = s[name]
+            buf = torch.zeros(*x.shape[:-1], x.shape[-1] + 1, dtype=x.dtype)
+            buf[..., 1:] = x
+            s[name] = buf[..., 1:]
+        out, lse, ml, kc, vc = run_step_op(t, s, DEV)
+        assert same_bits(kc, t["pool_k"]) and same_bits(vc, t["pool_v"])
+        C.assert_matches_reference(reference_messages(cfg, t, out, lse, ml))
+
+
+def test_step_cuda_graph_replay():
+    """One captured step, replayed with new queries, new tokens and cache lengths copied into the same
+    buffers: the replay's outputs and caches equal an eager step's (which writes the same slots again)."""
+    from fusedattn._ops import kv_step
+
+    cfg = Dec(dtype="bf16", b=3, h=(16, 4), dims=(128, 128), page=16, lens_kv=(100, 200, 300), max_pages=40)
+    t = build(cfg, seed=2)
+    s = step_of(t, cfg, seed=2)
+    q, nk, nv = t["q"].to(DEV), s["new_k"].to(DEV), s["new_v"].to(DEV)
+    table, seqlens = t["table"].to(DEV), s["cache_seqlens"].to(DEV)
+    kc = torch.randn(t["pool_k"].shape).to(torch.bfloat16).to(DEV)
+    vc = torch.randn(t["pool_v"].shape).to(torch.bfloat16).to(DEV)
+
+    def step():
+        return kv_step(q, nk, nv, kc, vc, seqlens, t["args"], page_table=table)
+
+    graph, (g_out, g_lse, _) = captured(step)
+    for n, lens in enumerate(((1, 639, 17), (600, 0, 64), (99, 199, 299))):
+        for x in (q, nk, nv):
+            x.copy_(torch.randn(x.shape, device=DEV).to(x.dtype))
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32, device=DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        caches = kc.clone(), vc.clone()
+        want_out, want_lse, _ = step()
+        torch.cuda.synchronize()
+        assert torch.equal(g_out, want_out) and torch.equal(g_lse, want_lse), f"replay {n} differs from eager"
+        assert torch.equal(kc, caches[0]) and torch.equal(vc, caches[1])
+        for bi, c in enumerate(lens):  # the new token is in its slot
+            page = int(t["table"][bi, c // 16])
+            assert torch.equal(kc[page, c % 16], nk[bi, 0]) and torch.equal(vc[page, c % 16], nv[bi, 0])
+
+
+def _kernels(fn):
+    """Names of the CUDA kernels one call of fn launches (after a warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+
+
+@pytest.mark.parametrize("path", ["op", "flash_attn_with_kvcache", "dot_product_attention",
+                                  "dot_product_attention_paged"])
+def test_step_is_one_decode_launch(path):
+    """A decoding step at batch 1 (context 8192, h 32 / 8, d 128, bf16) launches the decode kernel once,
+    then (split keys) its combine, and nothing else: no append kernel, no length arithmetic."""
+    from collections import OrderedDict
+
+    import fusedattn
+    from fusedattn._ops import kv_step
+    from fusedattn.inference import InferenceParams
+
+    b, ctx, h_q, h_kv, d, dt = 1, 8192, 32, 8, 128, torch.bfloat16
+    q = torch.randn(b, 1, h_q, d, device=DEV, dtype=dt)
+    nk, nv = (torch.randn(b, 1, h_kv, d, device=DEV, dtype=dt) for _ in range(2))
+    if path.startswith("dot_product_attention"):
+        paged = path.endswith("paged")
+        p = InferenceParams(b, ctx, h_kv, d, dt, is_paged=paged, page_size=64 if paged else None, device=DEV)
+        p.allocate_memory(1)
+        p.pre_step(OrderedDict([(0, ctx - 1)]))
+        p.pre_step(OrderedDict([(0, 1)]))
+        layer = fusedattn.DotProductAttention(h_q, d, num_gqa_groups=h_kv, qkv_format="bshd",
+                                              attn_mask_type="padding_causal", layer_number=1)
+
+        def fn():
+            return layer(q, nk, nv, inference_params=p)
+    else:
+        kc, vc = (torch.randn(b, ctx, h_kv, d, device=DEV, dtype=dt) for _ in range(2))
+        seqlens = torch.full((b,), ctx - 1, dtype=torch.int32, device=DEV)
+        if path == "op":
+            args = FwdArgs(scale=d ** -0.5, mask_type="padding_causal_bottom_right")
+
+            def fn():
+                return kv_step(q, nk, nv, kc, vc, seqlens, args)
+        else:
+            def fn():
+                return fusedattn.flash_attn_with_kvcache(q, kc, vc, nk, nv, cache_seqlens=seqlens, causal=True)
+    names = _kernels(fn)
+    decode = [n for n in names if "decode_kernel" in n]
+    others = [n for n in names if "decode_kernel" not in n and "decode_combine_kernel" not in n]
+    assert len(decode) == 1 and not others, names
+    assert sum("decode_combine_kernel" in n for n in names) <= 1, names

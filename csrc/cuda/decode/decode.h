@@ -7,7 +7,10 @@
 // the call captures in a CUDA graph; the keys a split covers are derived on
 // the device from the actual cache length.
 //
-// plan_fwd (host) -> workspace bytes -> run_fwd (decode kernel [+ combine]).
+// A KV-cache step (fwd_kvcache) runs on the same kernels: the step's new tokens are read from
+// new_k / new_v as the last keys of each sequence and written into the cache by their owner block.
+//
+// plan_fwd / plan_step (host) -> workspace bytes -> run_fwd (decode kernel [+ combine]).
 #pragma once
 
 #include <cstddef>
@@ -38,14 +41,25 @@ struct KernelArgs {
   // the decode kernel (pdl), the decode kernel as one of the work before it (pdl_main).
   bool pdl = false;
   bool pdl_main = false;
+  // A KV-cache step (fusedattn/kv_cache.h; null cache_seqlens: plain attention over the cache).
+  // Sequence b's keys are its c_b = cache_seqlens[b] cached ones, then its len_q(b) new ones, which
+  // are read from new_k / new_v at the queries' tokens (never from the slots being written). New
+  // token i of (sequence, KV head) is written into its slot by one block: the one whose
+  // chunk * splits + split is i modulo chunks * splits.
+  const int32_t* cache_seqlens = nullptr;
+  SeqTensor new_k, new_v;
 };
 
 // "" and a filled plan (CudaPlan::decode, the workspace) when the engine takes the call, else why
 // not. The split count comes from the shapes and the device's SM count.
 std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan);
+// The same for a KV-cache step: s.attn is the attention (its page table may be null: per-sequence
+// caches, page b = sequence b's row), s.append the step's new tokens.
+std::string plan_step(const KvStepParams& s, const gpu::DeviceAttrs& dev, CudaPlan* plan);
 
-// Launch a call planned here (launch.workspace of at least plan.workspace_bytes).
-Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch);
+// Launch a call planned here (launch.workspace of at least plan.workspace_bytes); `step` for a
+// call planned by plan_step (then p is step->attn).
+Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch, const KvStepParams* step = nullptr);
 
 // Typed launchers (decode_<dtype>_hd<D>.cu).
 template <class T, int D>

@@ -11,11 +11,15 @@
 // warps' partial softmax states merge in shared memory and the block writes
 // either the final output and lse (one split) or its normalised partial O and
 // log2-lse to the workspace (several splits; decode_combine_kernel finishes).
+// In a KV-cache step (KernelArgs::cache_seqlens) the keys past a sequence's
+// cache are its new tokens, read from new_k / new_v; their owner blocks write
+// them into the cache (write_new_tokens).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <climits>
 
 #include "decode.h"
 #include "epilogue.cuh"
@@ -30,6 +34,33 @@ namespace fusedattn {
 namespace decode {
 
 using gpu::SeqInfo;
+
+// The KV-cache step's tokens of (sequence b, KV head hk) that this block owns (KernelArgs), copied
+// from new_k / new_v into their cache slots in 16-byte pieces (plan_step checked the rows). A token
+// whose position is negative or past the page table, or whose page is outside the pool, is skipped
+// (kv_cache.h: the CUDA engines never write out of bounds).
+template <class T>
+__device__ __forceinline__ void write_new_tokens(const FwdParams& p, const KernelArgs& a, const SeqInfo& si, int b,
+                                                 int hk, int cached, int owner, int owners) {
+  const int ck = static_cast<int>(p.prob.d_qk) / 8, cv = static_cast<int>(p.prob.d_v) / 8;
+  for (int i = owner; i < si.len_q; i += owners) {
+    const int64_t pos = int64_t(cached) + i;
+    if (cached < 0 || pos >= p.paged.max_pages * p.paged.page_size) continue;
+    const int64_t page = kv_page_of(p.paged, b, pos);
+    if (page < 0 || page >= p.paged.num_pages) continue;
+    const int64_t slot = a.div_ps.mod(static_cast<uint32_t>(pos));
+    const int64_t tok = si.tok_q + i;
+    for (int u = threadIdx.x; u < ck + cv; u += kThreads) {
+      const bool is_k = u < ck;
+      const SeqTensor& src = is_k ? a.new_k : a.new_v;
+      const SeqTensor& dst = is_k ? p.k : p.v;
+      const int c = (is_k ? u : u - ck) * 8;
+      const T* s = static_cast<const T*>(src.data) + gpu::row_base(src, b, tok, hk) + c;
+      T* d = static_cast<T*>(dst.data) + page * dst.stride_b + slot * dst.stride_s + int64_t(hk) * dst.stride_h + c;
+      *reinterpret_cast<uint4*>(d) = __ldg(reinterpret_cast<const uint4*>(s));
+    }
+  }
+}
 
 template <class T, int D, int WM>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, const KernelArgs a) {
@@ -67,13 +98,26 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const int b = blockIdx.z;
   const int group = a.group;
   // A one-page table (a contiguous cache: s_kv = page_size, so every key is on entry 0) is read
-  // here, alongside cu_seqlens, rather than after the split's tiles are known from the length.
-  const int32_t* pt = p.paged.page_table + static_cast<int64_t>(b) * p.paged.stride_b;
+  // here, alongside cu_seqlens, rather than after the split's tiles are known from the length. A
+  // step's per-sequence caches have no table: sequence b is page b.
+  const int32_t* pt = p.paged.page_table + (p.paged.page_table != nullptr ? int64_t(b) * p.paged.stride_b : 0);
   const bool one_page = p.paged.max_pages == 1;
-  const int32_t entry0 = one_page ? __ldg(pt) : 0;
+  const int32_t entry0 = one_page ? (pt != nullptr ? __ldg(pt) : b) : 0;
   const int dqk = static_cast<int>(pr.d_qk), dv = static_cast<int>(pr.d_v);
+  const bool step = a.cache_seqlens != nullptr;
+  const int cached_raw = step ? __ldg(a.cache_seqlens + b) : 0;
 
-  const SeqInfo si = gpu::seq_info(p, b);
+  SeqInfo si = gpu::seq_info(p, b);
+  // A step's keys: the cache's (clamped into the page table), then the new tokens (kv_cache.h),
+  // which are read from new_k / new_v from key c_new on.
+  int c_new = INT_MAX;
+  if (step) {
+    const int s_kv = static_cast<int>(pr.s_kv);
+    c_new = min(max(cached_raw, 0), s_kv);
+    si.len_kv = static_cast<int>(min(kv_step_len(c_new, si.len_q), int64_t(s_kv)));
+    si.vis = Visibility<int>::make(static_cast<int>(p.mask.window_left), static_cast<int>(p.mask.window_right),
+                                   p.mask.bottom_right, si.len_q, si.len_kv);
+  }
 
   // Valid rows of the block: r < rows and query i = r / group < len_q. The
   // keys any of them may see form [lo, hi) (bounds grow with i).
@@ -108,16 +152,28 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   const auto clamp_page = [&](int64_t pg) -> int64_t { return pg < 0 ? 0 : (pg > last_page ? last_page : pg); };
   const auto key_live = [&](int x) { return x < n && (t0 + x) * BN + tid < si.len_kv; };
   const auto entry_of = [&](int x, bool live) -> int32_t {
+    const int tok = (t0 + x) * BN + tid;
     int32_t e = 0;
-    if (live) e = one_page ? entry0 : __ldg(pt + a.div_ps.div((t0 + x) * BN + tid));
+    if (live && tok < c_new) e = one_page ? entry0 : __ldg(pt + a.div_ps.div(tok));
     return e;
   };
+  // Key tid of tile x: its K and V rows as element offsets from kg / vg (kNoKey: not in the cache,
+  // zero-filled). A step's new token i lives in new_k / new_v, at new_k_off + i * stride_s: the
+  // distance between flat addresses (both tensors hold T, so it is a whole number of elements).
+  int64_t new_k_off = 0, new_v_off = 0;
+  if (step) {
+    new_k_off = elem_distance(static_cast<const T*>(a.new_k.data) + gpu::row_base(a.new_k, b, si.tok_q, hk), kg);
+    new_v_off = elem_distance(static_cast<const T*>(a.new_v.data) + gpu::row_base(a.new_v, b, si.tok_q, hk), vg);
+  }
   const auto put_offsets = [&](int x, int64_t pg) {
     const int tok = (t0 + x) * BN + tid;
     longlong2 o;
     if (pg < 0) {
-      o.x = -1;
-      o.y = -1;
+      o.x = kNoKey;
+      o.y = kNoKey;
+    } else if (tok >= c_new) {
+      o.x = new_k_off + int64_t(tok - c_new) * a.new_k.stride_s;
+      o.y = new_v_off + int64_t(tok - c_new) * a.new_v.stride_s;
     } else {
       const int64_t slot = a.div_ps.mod(tok);
       o.x = pg * p.k.stride_b + slot * p.k.stride_s + int64_t(hk) * p.k.stride_h;
@@ -155,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
       for (int k = 0; k < kRowBatch; ++k) {
         const int r = r_first + (k0 + k) * kRowStep;
         const uint32_t so = swz<RB>(r, cc);
-        const bool kin = k_col && ov[k].x >= 0, vin = v_col && ov[k].y >= 0;
+        const bool kin = k_col && ov[k].x != kNoKey, vin = v_col && ov[k].y != kNoKey;
         cp_async16_l2(kb + so, kin ? kg_c + ov[k].x : kg, kin ? 16 : 0);
         cp_async16_l2(vb + so, vin ? vg_c + ov[k].y : vg, vin ? 16 : 0);
       }
@@ -197,6 +253,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   for (int x = 0; x < S - 1; ++x) {
     if (x < n) issue(x);
     cp_async_commit();
+  }
+  if (step) {
+    const int chunk = static_cast<int>(a.div_hkv.div(blockIdx.y));
+    const int owners = a.splits * static_cast<int>(a.div_hkv.div(gridDim.y));
+    write_new_tokens<T>(p, a, si, b, hk, cached_raw, chunk * a.splits + split, owners);
   }
 
   // The thread's two rows (fragment rows g and g + 8 of its warp's tile): their key ranges and

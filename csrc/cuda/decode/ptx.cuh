@@ -21,6 +21,15 @@ __device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src, int
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// The element offset of `p` from `base` (two T arrays of the flat global address space), and the
+// decode kernel's marker of a key outside the cache.
+constexpr long long kNoKey = -0x7fffffffffffffffLL - 1;
+template <class T>
+__device__ __forceinline__ long long elem_distance(const T* p, const T* base) {
+  const long long bytes = static_cast<long long>(reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(base));
+  return bytes / static_cast<long long>(sizeof(T));
+}
+
 // ldmatrix row addresses of one operand with the swizzle folded into four
 // registers: common/ptx.cuh's SwzAddr for operands of at most 4 k-steps per line, without its chunk
 // offset (which costs the decode kernel's prologue a few instructions). Each lane reads chunk

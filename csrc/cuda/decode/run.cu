@@ -74,9 +74,11 @@ int pdl_mode() { return process_overrides().values.decode_pdl; }
 
 }  // namespace
 
-std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+namespace {
+
+// What the engine needs of any call over a cache (a page pool, or per-sequence rows in a step).
+std::string plan_cache(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
   const Problem& pr = p.prob;
-  if (p.paged.page_table == nullptr) return "not a paged KV cache";
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return "dtype is not float16/bfloat16";
   if (p.bias.type == BiasType::kPostScaleBias || p.mask.mask.data != nullptr || p.dropout.p > 0.f) {
     return "bias, explicit mask or dropout";
@@ -123,6 +125,21 @@ std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   return "";
 }
 
+}  // namespace
+
+std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  if (p.paged.page_table == nullptr) return "not a paged KV cache";
+  return plan_cache(p, dev, plan);
+}
+
+std::string plan_step(const KvStepParams& s, const gpu::DeviceAttrs& dev, CudaPlan* plan) {
+  // The owner blocks copy new tokens in 16-byte pieces, and the kernel reads them as cache rows.
+  if (!gpu::rows16(s.append.new_k) || !gpu::rows16(s.append.new_v)) {
+    return "new_k and new_v need a unit head-dim stride and 16-byte aligned rows";
+  }
+  return plan_cache(s.attn, dev, plan);
+}
+
 namespace {
 
 template <class T>
@@ -139,7 +156,7 @@ Status run_typed(const FwdParams& p, const DecodeSchedule& plan, const KernelArg
 
 }  // namespace
 
-Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
+Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch, const KvStepParams* step) {
   const DecodeSchedule& sc = plan.decode;
   KernelArgs a;
   a.group = static_cast<int>(p.prob.h_q / p.prob.h_kv);
@@ -154,6 +171,11 @@ Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launc
   a.div_hq = FastDiv(static_cast<uint32_t>(p.prob.h_q));
   a.pdl = sc.pdl;
   a.pdl_main = sc.pdl_main;
+  if (step != nullptr) {
+    a.cache_seqlens = step->append.cache_seqlens;
+    a.new_k = step->append.new_k;
+    a.new_v = step->append.new_v;
+  }
   if (sc.splits > 1) {
     unsigned char* ws = static_cast<unsigned char*>(launch.workspace);
     a.ws_o = reinterpret_cast<float*>(ws + sc.ws_o_off);

@@ -66,4 +66,16 @@ Status run_bwd_cuda(const BwdParams& params, const CudaPlan& plan, const CudaLau
 // outside the pool) are skipped, never written out of bounds.
 Status run_kv_append_cuda(const KvAppendParams& params, const CudaLaunch& launch);
 
+// fusedattn::fwd_kvcache on the device (see fusedattn/kv_cache.h). Fused: the decode engine appends
+// inside its attention launch. Otherwise the append kernel runs first (writing the step's key
+// lengths at lens_off of the workspace) and the attention plan `attn` reads the appended caches.
+struct KvStepPlan {
+  bool fused = false;
+  CudaPlan attn;
+  size_t lens_off = 0;
+  size_t workspace_bytes = 0;
+};
+Status plan_kv_step_cuda(const KvStepParams& params, KvStepPlan* plan);
+Status run_kv_step_cuda(const KvStepParams& params, const KvStepPlan& plan, const CudaLaunch& launch);
+
 }  // namespace fusedattn
