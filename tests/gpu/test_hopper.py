@@ -5,6 +5,7 @@ profiler that such calls run its kernel. Skipped without a compute-capability 9.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -208,6 +209,49 @@ def test_hopper_forward_causal_schedule(d, s, b, h, sched):
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3)
+
+
+@needs_hopper_engine
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_hopper_nan_reaches_the_rows_that_see_it(where, d, causal):
+    """A NaN score reaches its row's output and lse instead of making the row look empty: the lazy
+    maximum's vote fails on it, the slow path's row maximum keeps it (max.NaN) and the epilogue carries
+    a NaN sum into out and lse. A NaN in query row 70 (head 1) poisons that row; a NaN in key 150 (head
+    0) every row of the head that sees it (causally rows >= 150). Every other row matches the float64
+    reference, as does dq outside the NaN query row, whose dq is NaN."""
+    gen = torch.Generator(device="cuda").manual_seed(d + causal)
+    q = torch.randn(1, 300, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(1, 300, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    if where == "q":
+        q[0, 70, 1, 5] = float("nan")
+    else:
+        k[0, 150, 0, 3] = float("nan")
+    q.requires_grad_()
+    scale = 1 / math.sqrt(d)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, lse = attention(q, k, v, FwdArgs(scale=scale, mask_type="causal" if causal else "no_mask"))
+        torch.cuda.synchronize()
+    assert "fwd_sm90" in " ".join(e.name for e in prof.events())
+    ref, ref_lse = _reference(q.detach(), k, v, "bshd", causal, scale)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(lse.isnan(), ref_lse.isnan())
+    rows = ref.isnan().any(-1)  # [b, s, h]
+    assert rows.any() and not rows.all()
+    torch.testing.assert_close(out.double()[~rows], ref[~rows], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse.double()[~ref_lse.isnan()], ref_lse[~ref_lse.isnan()], rtol=0, atol=1e-3)
+    if where == "q" and HOPPER_BWD:
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+        (dq,) = torch.autograd.grad(out, (q,), dout)
+        q64 = q.detach().double().requires_grad_()
+        (want,) = torch.autograd.grad(_reference(q64, k, v, "bshd", causal, scale)[0], (q64,), dout.double())
+        nan_row = torch.zeros_like(rows)
+        nan_row[0, 70, 1] = True
+        assert dq[nan_row].isnan().all()
+        got, want = dq[~nan_row].double(), want[~nan_row]
+        assert torch.isfinite(got).all()
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < 1e-2, f"dq outside the NaN row: relative error {err:.2e}"
 
 
 @needs_hopper_engine
@@ -524,3 +568,167 @@ def test_hopper_causal_chunk_order(tmp_path):
             if key[1] == "":
                 for i, name in ((0, "out"), (2, "dk"), (3, "dv")):
                     assert torch.equal(res[d][i], runs[("1", "")][d][i]), f"d={d}: {name} with chunk {key[0]} differs"
+
+
+# ---------------------------------------------------------------------------
+# The Hopper support list: csrc/cuda/hopper/kernels.list, the instantiations, which are what the Hopper
+# path takes (sm90.cu looks calls up in the table generated from it). Every line gets calls that must
+# run its kernel, forward and backward, and match the float64 reference by FlashAttention's rule
+# (conftest.check_case: out, lse, every gradient, padded rows zero).
+def _kernel_rows():
+    spec = importlib.util.spec_from_file_location("hopper_gen_kernels", C.REPO / "csrc/cuda/hopper/gen_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.parse()
+
+
+KERNEL_ROWS = _kernel_rows()
+
+
+def _dims(entry, softcap=False):
+    """(dtype, d_qk, d_v) of the list's lines of an entry (with softcap or without)."""
+    return sorted({(r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS if r.entry == entry and r.softcap == softcap})
+
+
+# Calls for the general kernels (features.h): mask type, (non-causal, causal) window, bottom_right_diagonal,
+# (b, s_q, s_kv), softmax type. Windows cut tiles off either side of a query tile's key range and leave
+# tiles inside it whole; the bottom-right cases have s_q != s_kv, one with query tiles that see no key at
+# all; the sink logits of off-by-one and learnable softmax join the normaliser (gpt-oss: learnable
+# sinks, windows of 128 on alternate layers), where rows without a visible key get lse = the sink.
+GENERAL_CALLS = {
+    "causal_window": ("causal", ((-1, -1), (100, 0)), None, (2, 300, 300), "vanilla"),
+    "sliding": ("no_mask", ((70, 150), (70, 0)), None, (2, 260, 400), "vanilla"),
+    "bottom_right_long_kv": ("causal_bottom_right", ((-1, -1), (-1, 0)), None, (2, 200, 450), "vanilla"),
+    "bottom_right_window_long_q": ("causal_bottom_right", ((-1, -1), (64, 0)), None, (2, 450, 200), "vanilla"),
+    "bottom_right_sliding": ("no_mask", ((30, 30), (30, 0)), True, (2, 300, 180), "vanilla"),
+    "learnable_window": ("causal", ((-1, -1), (128, 0)), None, (2, 400, 400), "learnable"),
+    "learnable_causal": ("causal", ((-1, -1), (-1, 0)), None, (2, 300, 300), "learnable"),
+    "off_by_one_long_q": ("causal_bottom_right", ((-1, -1), (-1, 0)), None, (2, 330, 140), "off-by-one"),
+}
+
+
+# Head dims below their tile's (80, 96 on the tile of 128; 192, 192 / 128 on that of 256) run on the
+# general kernels with no window too (Phi-2: d = 80 causal; DeepSeek MLA prefill: 192 / 128 causal).
+GENERAL_CALLS["causal"] = ("causal", ((-1, -1), (-1, 0)), None, (2, 300, 300), "vanilla")
+TILE_DIMS = (64, 128, 256)
+
+
+def _general_params():
+    """(dtype, d_qk, d_v, call) for every fwd_general line: bf16 on the tiles' head dims with every
+    call, the others with three (a window, a bottom-right diagonal, a learnable sink) and plain causal
+    attention where their head dims make the call general (kept short: the float64 reference runs on
+    the CPU)."""
+    out = []
+    for dtype, d_qk, d_v in _dims("fwd_general"):
+        square = d_qk == d_v and d_qk in TILE_DIMS
+        if dtype == "bf16" and square:
+            calls = [c for c in GENERAL_CALLS if c != "causal"]
+        else:
+            calls = ["causal_window", "bottom_right_window_long_q", "learnable_window"] + ([] if square else ["causal"])
+        out += [(dtype, d_qk, d_v, c) for c in calls]
+    return out
+
+
+def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla", softcap=0.0, heads=(4, 2)):
+    monkeypatch.setitem(C.SHAPES, "hopper", shape)
+    monkeypatch.setitem(C.WINDOWS, "hopper", windows)
+    cfg = C.normalise(C.Config(layout="bshd", mask=mask, window="hopper", brd=brd, heads=heads, dims=dims,
+                               shape="hopper", dtype=dtype, softmax=softmax))
+    case = C.build_case(cfg)
+    if softcap:
+        case.args = case.args.replace(softcap=softcap)
+    return case
+
+
+def _check_with_kernels(case):
+    """check_case on the GPU; the names of the CUDA kernels it ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        C.check_case(case, device="cuda")
+    return " ".join(e.name for e in prof.events())
+
+
+def _features_of(names, kernel):
+    """The features.h mask kinds (Features<k>) of the named kernel in the profiler's kernel names."""
+    return {int(k) for k in re.findall(rf"{kernel}<[^()]*?Features<(\d)[,>]", names)}
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("dtype,d_qk,d_v,call", _general_params())
+def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
+    """Every general line of the support list (fwd_general, bwd_general) on sliding windows, bottom-right
+    diagonals, softmax sinks and head dims below the tile's: the general kernels (Features<2, ...>) run
+    forward and backward, key tiles outside a query tile's window skipped, and the results
+    (d_softmax_offset too; only d_v columns of out and dv, d_qk of dq and dk) match the float64
+    reference."""
+    assert ("bwd_general", dtype, d_qk, d_v) in {(r.entry, r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS}
+    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), *GENERAL_CALLS[call]))
+    bwd_kernel = "bwd_sm90_d256_kernel" if max(d_qk, d_v) > 128 else "bwd_sm90_kernel"
+    assert _features_of(names, "fwd_sm90_kernel") == {2} and _features_of(names, bwd_kernel) == {2}, names[:800]
+
+
+# Softcap lines: scores of standard deviation ~1 (scale 1 / sqrt(d)) capped at 2 or 3, so the cap bites
+# on the largest of them (the backward's factor 1 - tanh^2 far from 1), with a window or causal.
+SOFTCAP_CALLS = {
+    "window": ("causal", ((-1, -1), (100, 0)), None, (2, 300, 300), "vanilla", 2.0),
+    "causal_learnable": ("causal", ((-1, -1), (-1, 0)), None, (2, 300, 300), "learnable", 3.0),
+    "sliding_long_kv": ("no_mask", ((70, 150), (70, 0)), None, (2, 260, 400), "vanilla", 2.0),
+}
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("call", list(SOFTCAP_CALLS))
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_general", softcap=True))
+def test_hopper_softcap_kernels(monkeypatch, dtype, d_qk, d_v, call):
+    """The softcap lines of the support list: logits capped as softcap tanh(scale q.k / softcap)
+    before the masks in the general kernels (the capped scores feed the lazy maximum, and the d = 256
+    backward's second consumer recovers tanh from P), forward and backward, against the float64
+    reference."""
+    assert ("bwd_general", dtype, d_qk, d_v, True) in {(r.entry, r.dtype, r.d_qk, r.d_v, r.softcap) for r in KERNEL_ROWS}
+    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), *SOFTCAP_CALLS[call]))
+    bwd_kernel = "bwd_sm90_d256_kernel" if max(d_qk, d_v) > 128 else "bwd_sm90_kernel"
+    assert re.search(r"fwd_sm90_kernel<[^()]*Features<2, \d+, \d+, true>", names), names[:800]
+    assert re.search(rf"{bwd_kernel}<[^()]*Features<2, \d+, \d+, true>", names), names[:800]
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("softcap", [0.0, 2.0], ids=["plain", "softcap"])
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("bwd_general_deterministic"))
+def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v, softcap):
+    """The bwd_general_deterministic lines: under torch.use_deterministic_algorithms the general
+    backward whose dQ reduce-adds take turns runs (its turn order follows the window's tile ranges),
+    twice bitwise equal (d_softmax_offset too, summed in a fixed order) and matching the float64
+    reference."""
+    if softcap and (dtype, d_qk, d_v) not in _dims("bwd_general_deterministic", softcap=True):
+        pytest.skip("no deterministic softcap kernel at these head dims")
+    mask, windows, brd, _, _ = GENERAL_CALLS["causal_window"]
+    case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700), "learnable", softcap)
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        names = _check_with_kernels(case)
+        first, second = (C.device_run(case, "cuda")[4] for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    assert _features_of(names, "bwd_sm90_det_kernel") == {2}, names[:800]
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_one_tile"))
+def test_hopper_plain_kernels(monkeypatch, dtype, d_qk, d_v, causal):
+    """The plain lines of the support list (their forward variants are forced one by one in
+    test_hopper_forward_forced_variant): a call without a window runs the plain kernels (Features<0>,
+    or <1> causally) forward and backward, also with a bottom-right diagonal when s_q = s_kv, and
+    matches the float64 reference."""
+    mask = "causal_bottom_right" if causal else "no_mask"
+    names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), mask, ((-1, -1), (-1, 0)), None,
+                                      (2, 200, 200)))
+    bwd_kernel = "bwd_sm90_d256_kernel" if d_qk == 256 else "bwd_sm90_kernel"
+    want = {1 if causal else 0}
+    assert _features_of(names, "fwd_sm90_kernel") == want and _features_of(names, bwd_kernel) == want, names[:800]

@@ -13,7 +13,7 @@ NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 # shellcheck disable=SC2086
-"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo -I "$ROOT/csrc/core/include" ${HARNESS_NVCC_FLAGS:-} \
+"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo -I "$ROOT/csrc/core/include" -I "$ROOT/csrc/cuda" ${HARNESS_NVCC_FLAGS:-} \
   -o "$OUT" "$ROOT/tools/hopper/harness.cu" -ldl 2>&1 | tee "$LOG"
 echo "built $OUT"
 # Summary: kernels that spill, and ptxas wgmma diagnostics (C75xx: a

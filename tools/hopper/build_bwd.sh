@@ -8,7 +8,7 @@ OUT="${1:-/tmp/hopper_bwd_harness}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 # HARNESS_NVCC_FLAGS adds nvcc flags.
 # shellcheck disable=SC2086
-"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo -I "$ROOT/csrc/core/include" ${HARNESS_NVCC_FLAGS:-} \
+"$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -lineinfo -I "$ROOT/csrc/core/include" -I "$ROOT/csrc/cuda" ${HARNESS_NVCC_FLAGS:-} \
   -o "$OUT" "$ROOT/tools/hopper/bwd_harness.cu" -ldl
 echo "built $OUT"
 # Optional: confirm the main kernels use Hopper wgmma (needs cuobjdump).

@@ -16,7 +16,8 @@
 # A wait holds the whole consumer warpgroup (wgmma is warpgroup-wide), so it delays the next tile.
 # Orders of the additions into one query tile (the turns):
 #   desc: the kernel's: key tiles in decreasing n, the key tiles dispatched in decreasing n
-#         (blockIdx.x = N - 1 - n), so that a CTA only waits for CTAs dispatched before it
+#         (the kernel's ticket t, drawn on arrival, gives n = N - 1 - t % N), so that a CTA only
+#         waits for CTAs dispatched before it
 #         (FlashAttention-3's deterministic causal backward does the same: SPT scheduler, lock
 #         value n_max(m) - 1 - n). Without causal masking it is the mirror image of asc.
 #   asc:  key tile n = 0, 1, ... (dispatched n = 0 first); causal only, to show why not.

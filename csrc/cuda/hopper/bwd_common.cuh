@@ -23,25 +23,27 @@
 // take turns in a fixed order of key tiles, so every dQ element sums its terms in one order
 // whatever the CTAs' timing (dK, dV are per-CTA register sums and already reproducible).
 //  * Order: key tiles n_last(m), n_last(m) - 1, ..., 0 (n_last: the mask's last key tile that
-//    meets m), the key tiles dispatched in decreasing order (tile_scheduler.cuh's bwd_work). In
-//    that order the tile a CTA waits for (n + 1) reaches every m earlier and was dispatched
-//    earlier, so in steady state nobody waits; in increasing order every CTA of a group would wait
-//    for tile 0, which reaches the later query tiles last (causally).
+//    meets m), the key tiles taken in decreasing order (tile_scheduler.cuh's bwd_work). In that
+//    order the tile a CTA waits for (n + 1) reaches every m earlier and was taken earlier, so in
+//    steady state nobody waits; in increasing order every CTA of a group would wait for tile 0,
+//    which reaches the later query tiles last (causally).
 //  * Counters: one int32 per (batch, head, m, consumer) after the workspace
-//    (bwd_sm90_det_workspace_bytes), zeroed by the preprocess. One per consumer because the two
-//    consumers' dQ_parts of an iteration are disjoint, so ordering each consumer's reduces on its
-//    own fixes the order for every element, with no barrier between the consumers.
+//    (bwd_sm90_det_workspace_bytes), then the ticket counter, all zeroed by the preprocess. One per
+//    consumer because the two consumers' dQ_parts of an iteration are disjoint, so ordering each
+//    consumer's reduces on its own fixes the order for every element, with no barrier between the
+//    consumers.
 //  * Protocol (the consumer's issuing thread): after the staging barrier it polls the counter with
 //    ld.acquire.gpu until it equals its turn, executes fence.proxy.async.global, issues and
 //    commits its reduces. The release is deferred to the next tile, right after that tile's
 //    S^T / dP^T wgmmas are issued (or to after the loop), so the reduces complete under other
 //    work: wait_group 0 (writes done and visible to the thread; a bulk completion implies a
 //    generic-async proxy fence), then st.release.gpu of turn + 1.
-//  * Deadlock freedom assumes, as csrc/cuda/tc's deterministic dQ does, that CTAs become resident
-//    in increasing linear block index: a CTA's waits depend only on lower-indexed CTAs of its
-//    group, and a consumer releases a tile's turn before it waits for its next one. CUDA does not
-//    guarantee the order; the watchdog (dq_wait_turn gives up, NaN dK) turns a violation into a
-//    failed check instead of a hang.
+//  * Deadlock freedom: a CTA takes its key tile from a ticket drawn on arrival (an atomic counter,
+//    as csrc/cuda/tc's deterministic dQ does), not from blockIdx, whose start order CUDA does not
+//    promise. Its waits are then on CTAs with lower tickets, which were running when it drew its
+//    own, and a consumer releases a tile's turn before it waits for its next one, so every wait
+//    ends. A protocol bug instead meets the watchdog (dq_wait_turn gives up), and the CTA's
+//    timeout vote fails the launch: never plausible numbers.
 #pragma once
 
 #include <cuda.h>
@@ -56,6 +58,7 @@
 
 #include "epilogue.cuh"
 #include "mask.cuh"
+#include "softmax.cuh"  // softcap_tanh
 #include "params.h"
 #include "ptx_sm90.cuh"
 #include "tile_scheduler.cuh"
@@ -67,6 +70,9 @@ namespace hopper {
 
 constexpr int kBwdThreads = 384;
 constexpr int kBwdConsumerWarps = 8;
+// The end-of-CTA timeout vote (ptx_sm90.cuh's timeout_vote) of the consumers and the producer's
+// first warp; the main kernels' own named barriers are 1-5.
+constexpr int kBwdTimeoutBar = 6, kBwdTimeoutVoters = 256 + 32;
 
 // A main kernel's shared memory: K, V; STAGES x (Q, dO); kTileBufs 16-bit [BM][BN] tiles (dS^T, or
 // P and dS, each double-buffered by iteration parity); STAGES x (lse2, Dsum) row slices; the
@@ -89,7 +95,8 @@ struct BwdSmemLayout {
   static constexpr int kL = kTiles + kTileBufs * kTileBytes;
   static constexpr int kDs = kL + STAGES * kRowBytes;
   static constexpr int kBar = kDs + STAGES * kRowBytes;
-  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES);
+  // The barriers, then 8 bytes for the deterministic mode's ticket (bwd_kernel_body).
+  static constexpr int kBarBytes = 8 * (1 + 2 * STAGES) + 8;
   static constexpr int kStgBytes = 64 * 64 * 4;  // one consumer's dQ_part staging tile
   static constexpr int kStg = ((kBar + kBarBytes + 1023) / 1024) * 1024;
   // + 1024 slack for aligning the dynamic shared-memory base to the swizzle atom
@@ -125,31 +132,37 @@ __device__ __forceinline__ BwdShared<Smem> bwd_shared(uint32_t sbase) {
   return sh;
 }
 
-// A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work), the G
-// query heads of the group, and the query tiles [m_start, n_m) of each that the key tile meets.
+// A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work; ticket: the
+// deterministic mode's), the G query heads of the group, and the query tiles [m_start, m_end) of each
+// that the key tile meets, of n_m.
 struct BwdCta {
-  int n_blk, hk, batch, G, n_m, m_start;
+  int n_blk, hk, batch, G, n_m, m_start, m_end;
 };
-template <int BM, int BN, bool CAUSAL, bool DET>
-__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const TileMask<CAUSAL>& mask) {
-  const BwdWork tile = bwd_work<CAUSAL, DET>(p);
+template <int BM, int BN, bool DET, class Mask>
+__device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const Mask& mask, int ticket) {
+  const BwdWork tile = bwd_work<Mask::CAUSAL, DET>(p, ticket);
   BwdCta c;
   c.n_blk = tile.n_blk;
   c.hk = tile.hk;
   c.batch = tile.batch;
   c.G = p.h / p.h_kv;
   c.n_m = (p.s_q + BM - 1) / BM;
-  c.m_start = mask.template first_query_tile<BM, BN>(c.n_blk, c.n_m);
+  const TileRange r = mask.template query_tiles<BM, BN>(c.n_blk, c.n_m);
+  c.m_start = r.first;
+  c.m_end = r.first + r.count;
   return c;
 }
 
-// Thread 0 initialises the barriers and prefetches the tensor maps; the whole CTA syncs, so that no
-// thread waits on a barrier before its init.
+// Thread 0 initialises the barriers, prefetches the tensor maps and, given a ticket counter (the
+// deterministic mode), draws the CTA's ticket into *ticket_smem; the whole CTA syncs, so that no
+// thread waits on a barrier before its init and every thread sees the ticket.
 template <class Smem>
 __device__ __forceinline__ void bwd_cta_start(const BwdShared<Smem>& sh, const CUtensorMap& tmQ,
                                               const CUtensorMap& tmK, const CUtensorMap& tmV,
-                                              const CUtensorMap& tmdO, const CUtensorMap* tmdQ) {
+                                              const CUtensorMap& tmdO, const CUtensorMap* tmdQ,
+                                              int* ticket_counter, int* ticket_smem) {
   if (threadIdx.x == 0) {
+    if (ticket_counter != nullptr) *ticket_smem = atomicAdd(ticket_counter, 1);
     mbar_init(sh.bar_kv(), 1);
     for (int s = 0; s < Smem::STAGES; ++s) {
       mbar_init(sh.bar_full(s), 1);
@@ -166,7 +179,7 @@ __device__ __forceinline__ void bwd_cta_start(const BwdShared<Smem>& sh, const C
 }
 
 // A consumer's start: its dK / dV accumulators zeroed, then its wait for K and V. Returns whether
-// the wait gave up (mbar_wait's watchdog; reported as NaN dK).
+// the wait gave up (mbar_wait's watchdog; voted at the end of the CTA, kBwdTimeoutBar).
 template <int N, class Smem>
 __device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N], const BwdShared<Smem>& sh) {
 #pragma unroll
@@ -179,25 +192,31 @@ __device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N
   return timed_out;
 }
 
-// The epilogue: a consumer thread's dK (times scale; NaN after a watchdog give-up) and dV rows
-// key_of(0) and key_of(1) (its accumulator fragment rows), N columns (the whole head dim, or
-// consumer cw's N-column part when N < D), as 16-bit values; rows >= s_kv are not stored. dk, dv
-// are contiguous bshd: rows D elements apart, so only the bases decide the 16-byte path.
-template <typename T, int D, int N, class KeyOf>
+// The epilogue: a consumer thread's dK (times scale) and dV rows key_of(0) and key_of(1) (its
+// accumulator fragment rows), N columns (the whole head dim, or consumer cw's N-column part when
+// N < D), as 16-bit values; rows >= s_kv are not stored, nor columns past the problem's head dims
+// DQK (dK) and DV (dV). dk, dv are contiguous bshd: rows DQK / DV elements apart (multiples of 8),
+// so only the bases decide the 16-byte path.
+template <typename T, int D, int N, int DQK = D, int DV = D, class KeyOf>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[N / 2], const float (&dv)[N / 2],
-                                               KeyOf&& key_of, int hk, int batch, int cw, int qd, bool timed_out) {
+                                               KeyOf&& key_of, int hk, int batch, int cw, int qd) {
   T* dkp = reinterpret_cast<T*>(p.dk);
   T* dvp = reinterpret_cast<T*>(p.dv);
-  const float ks = timed_out ? __int_as_float(0x7fffffff) : p.scale;
+  const float ks = p.scale;
   const bool vec16 = rows_16b_aligned<T>(p.dk, 0, 0, 0) && rows_16b_aligned<T>(p.dv, 0, 0, 0);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int key = key_of(hf);
     const bool active = key < p.s_kv;
-    const size_t off = ((static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk) * D +
-                       (N < D ? cw * N : 0);
-    store_frag_row<T, N>(dkp + off, dk, hf, ks, qd, vec16, active);
-    store_frag_row<T, N>(dvp + off, dv, hf, 1.f, qd, vec16, active);
+    const int col0 = N < D ? cw * N : 0;
+    const size_t row = (static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk;
+    if constexpr (DQK == D && DV == D) {
+      store_frag_row<T, N>(dkp + row * D + col0, dk, hf, ks, qd, vec16, active);
+      store_frag_row<T, N>(dvp + row * D + col0, dv, hf, 1.f, qd, vec16, active);
+    } else {
+      store_frag_row<T, N>(dkp + row * DQK + col0, dk, hf, ks, qd, vec16, active, DQK - col0);
+      store_frag_row<T, N>(dvp + row * DV + col0, dv, hf, 1.f, qd, vec16, active, DV - col0);
+    }
   }
 }
 
@@ -230,7 +249,7 @@ struct BwdProducerArgs {
   uint32_t sK, sV, sQ0, sdO0, sL0, sDs0, bar0;
   const CUtensorMap *tmQ, *tmK, *tmV, *tmdO;
   int n_blk, hk, batch;  // the CTA's key tile, KV head, batch
-  int m_start, n_m;      // its query tiles [m_start, n_m)
+  int m_start, m_end;    // its query tiles [m_start, m_end)
   const CUtensorMap* tmdQ;  // DQ_Q only
 };
 
@@ -248,7 +267,7 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
   for (int c = 0; c < DCH; ++c) tma_load_4d(a.sV + c * BN * 128, a.tmV, bar_kv, c * 64, a.hk, a.n_blk * BN, a.batch);
   const int G = p.h / p.h_kv;
   // DQ_Q: consumer 1's staged dQ_part of iteration j (query tile and head recomputed from j).
-  const int per_head = a.n_m - a.m_start;
+  const int per_head = a.m_end - a.m_start;
   const auto reduce_dq = [&](int j) {
     // Consumer 1's half: columns [DCH * 32, DCH * 64), DCH boxes of 32.
     reduce_dq_part<DCH>(a.tmdQ, a.sQ0 + (j % STAGES) * Smem::kQBytes, DCH * 32, a.hk * G + j / per_head,
@@ -257,7 +276,7 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
   int it = 0;
   for (int g = 0; g < G; ++g) {
     const int head = a.hk * G + g;
-    for (int m = a.m_start; m < a.n_m; ++m, ++it) {
+    for (int m = a.m_start; m < a.m_end; ++m, ++it) {
       const int s = it % STAGES;
       const uint32_t use = it / STAGES;
       mbar_wait<true>(bar_empty(s), (use & 1u) ^ 1u);
@@ -298,12 +317,12 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
 // The main kernels' shared body: the shared-memory carve-up, the CTA's work, the barrier init, the
 // producer warpgroup, then the consumer role (Consumer::consume: bwd_kernel.cuh's and
 // bwd_kernel_d256.cuh's), which gets the pieces in a BwdCtx.
-template <class Smem, bool CAUSAL>
+template <class Smem, class Mask>
 struct BwdCtx {
   const BwdShared<Smem>& sh;
   uint32_t sbase;
   const float *gL0, *gDs0;  // the lse2 / Dsum slices, generic pointers
-  const TileMask<CAUSAL>& mask;
+  const Mask& mask;
   const BwdCta& cta;
   // The consumer thread: warpgroup cw (0, 1), its thread ltid, warp, lane, quad lane qd and
   // fragment row r0 (lane / 4).
@@ -314,7 +333,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
                                                 const CUtensorMap& tmdO, const CUtensorMap* tmdQ, const BwdKParams& p,
                                                 int* dq_cnt) {
   using Smem = typename Consumer::Smem;
-  constexpr bool CAUSAL = Consumer::CAUSAL;
+  using Mask = typename Consumer::Mask;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = smem_u32(smem_raw);
   const uint32_t sbase = (sraw + 1023u) & ~1023u;
@@ -325,17 +344,29 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const TileMask<CAUSAL> mask{p.s_q, p.s_kv};
-  const BwdCta cta = bwd_cta<Smem::BM, Smem::BN, CAUSAL, Consumer::DET>(p, mask);
-  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ);
+  const Mask mask = Mask::of(p);
+  constexpr bool DET = Consumer::DET;
+  // The deterministic mode's ticket counter follows the dQ turn counters (one per batch, head,
+  // query tile and consumer).
+  int* const ticket_counter =
+      DET ? dq_cnt + static_cast<size_t>(p.b) * p.h * ((p.s_q + Smem::BM - 1) / Smem::BM) * 2 : nullptr;
+  int* const ticket_smem = reinterpret_cast<int*>(gbase + Smem::kBar + Smem::kBarBytes - 8);
+  BwdCta cta;
+  if constexpr (!DET) cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, 0);
+  bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ, ticket_counter, ticket_smem);
+  if constexpr (DET) cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, *ticket_smem);
 
   if (wg == 0) {
     setmaxnreg_dec<24>();
-    if (tid == 0) {
-      bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
-          BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
-                          cta.hk, cta.batch, cta.m_start, cta.n_m, tmdQ},
-          p);
+    if (tid < 32) {
+      if (tid == 0) {
+        bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
+            BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
+                            cta.hk, cta.batch, cta.m_start, cta.m_end, tmdQ},
+            p);
+      }
+      __syncwarp();
+      timeout_trap<kBwdTimeoutBar, kBwdTimeoutVoters>();
     }
     return;
   }
@@ -344,7 +375,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
   const int ltid = tid & 127;
   const int warp = ltid / 32;
   const int lane = tid & 31;
-  Consumer::consume(BwdCtx<Smem, CAUSAL>{sh, sbase, gL0, gDs0, mask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
+  Consumer::consume(BwdCtx<Smem, Mask>{sh, sbase, gL0, gDs0, mask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
                     tmdQ, p, dq_cnt);
 }
 
@@ -352,8 +383,8 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
 // completed and been released; then its own reduces (async proxy) may follow. Watchdog as in
 // mbar_wait<false> (a __trap path would make ptxas spill and serialise the wgmmas): after 2^26
 // polls (each an L2 round trip: seconds, where a legitimate wait is at most the time a predecessor
-// needs to reach this query tile) it gives up and returns false; the caller reports NaN dK and
-// stops taking turns.
+// needs to reach this query tile) it gives up and returns false; the caller stops taking turns and
+// votes the timeout at the end of the CTA (kBwdTimeoutBar), which fails the launch.
 __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
   uint32_t polls = 0;
   while (ld_acquire_gpu(cnt) != turn) {
@@ -374,11 +405,24 @@ constexpr int kBwdPreRowsPerWarp = 256 / D;
 // lane, one vector load), zeroes the row's dQ accumulator slice (two 16-byte stores per lane), and
 // sums Dsum across the group by shuffles. s_pad is a multiple of 128, so a warp's rows are all in
 // range or all out (the early return is warp-uniform); rows i >= s in range take part in the
-// shuffles with zeros. bwd_prepare checks the 16-byte alignment this needs. The body of
-// bwd_pre_kernel and bwd_pre_det_kernel.
-template <typename T, int D>
-__device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
-                                             float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
+// shuffles with zeros. bwd_prepare checks the 16-byte alignment this needs. The body of the
+// preprocess kernels. O and dO rows hold DV columns (<= D; the lanes past them read nothing), the
+// accumulator's D. Returns, in the row's first lane, the row's term of d_softmax_offset (learnable
+// softmax: -exp(offset[h] - lse) Dsum, with softmax_offset given; else 0).
+struct BwdPreArgs {
+  const void *o, *dout;
+  const float* lse;
+  float *lse2, *dsum, *dq_acc;
+  int b, s, h, s_pad;
+  int* dq_cnt;  // the general deterministic kernel: n_cnt counters to zero (else null)
+  long long n_cnt;
+  const float* softmax_offset;  // learnable softmax: the offsets, and where each block's sum of the
+  float* dsink_part;            // rows' d_softmax_offset terms goes (bwd_sm90_dsink_partials); else null
+};
+template <typename T, int D, int DV = D>
+__device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
+                                              float* dsum, float* dq_acc, int b, int s, int h, int s_pad,
+                                              const float* softmax_offset = nullptr) {
   constexpr int PER = 8;
   constexpr int LPR = D / PER;  // lanes per row
   static_assert(LPR * kBwdPreRowsPerWarp<D> == 32, "a warp covers whole rows");
@@ -389,15 +433,15 @@ __device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, 
   const int sub = lane % LPR;
   const long long row = warp * kBwdPreRowsPerWarp<D> + lane / LPR;
   const long long total = static_cast<long long>(b) * h * s_pad;
-  if (warp * kBwdPreRowsPerWarp<D> >= total) return;
+  if (warp * kBwdPreRowsPerWarp<D> >= total) return 0.f;
   const int i = static_cast<int>(row % s_pad);
   const long long bh = row / s_pad;
   const int hh = static_cast<int>(bh % h);
   const int bb = static_cast<int>(bh / h);
   const bool valid = i < s;
   float acc = 0.f;
-  if (valid) {
-    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + sub * PER;
+  if (valid && (DV == D || sub * PER < DV)) {
+    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * DV + sub * PER;
     const uint4 ov = *reinterpret_cast<const uint4*>(o + base);
     const uint4 dv = *reinterpret_cast<const uint4*>(dout + base);
     T oe[PER], de[PER];
@@ -411,21 +455,27 @@ __device__ __forceinline__ void bwd_pre_rows(const void* o_, const void* dout_, 
         acc = fmaf(__bfloat162float(oe[e]), __bfloat162float(de[e]), acc);
       }
     }
+  }
+  if (valid) {
+    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + sub * PER;
     *reinterpret_cast<float4*>(dq_acc + base) = make_float4(0.f, 0.f, 0.f, 0.f);
     *reinterpret_cast<float4*>(dq_acc + base + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  float dsink = 0.f;
   if (sub == 0) {
     if (valid) {
       dsum[row] = acc;
       const float l = lse[bh * s + i];
       lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+      if (softmax_offset != nullptr) dsink = -expf(softmax_offset[hh] - l) * acc;
     } else {
       dsum[row] = 0.f;
       lse2[row] = INFINITY;
     }
   }
+  return dsink;
 }
 
 template <typename T, int D>
@@ -434,8 +484,8 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void
   bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
 }
 
-// The deterministic variant's preprocess: also zeroes the n_cnt dQ turn counters, so that every
-// call and every CUDA-graph replay starts from turn 0 without a memset of its own.
+// The deterministic variant's preprocess: also zeroes the n_cnt dQ turn and ticket counters, so that
+// every call and every CUDA-graph replay starts from turn 0 and ticket 0 without a memset of its own.
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
     bwd_pre_det_kernel(const void* o_, const void* dout_, const float* lse, float* lse2, float* dsum, float* dq_acc,
@@ -446,13 +496,58 @@ __global__ void __launch_bounds__(256)
   bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
 }
 
+// The general kernels' preprocess: bwd_pre_rows, the deterministic mode's counters zeroed (as
+// bwd_pre_det_kernel), and with the learnable softmax each block's sum of its rows' d_softmax_offset
+// terms (its rows lie in one (batch, head): 8 warps of 256 / D rows, s_pad a multiple of 128), summed
+// per head in a fixed order by bwd_dsink_kernel, so d_softmax_offset is reproducible in every mode.
+// Every block is whole (the launch covers b h s_pad rows exactly), so no warp returns early.
+template <typename T, int D, int DV>
+__global__ void __launch_bounds__(256) bwd_pre_general_kernel(const BwdPreArgs a) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n_cnt;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    a.dq_cnt[i] = 0;
+  float t = bwd_pre_rows<T, D, DV>(a.o, a.dout, a.lse, a.lse2, a.dsum, a.dq_acc, a.b, a.s, a.h, a.s_pad,
+                               a.softmax_offset);
+  if (a.dsink_part == nullptr) return;
+  __shared__ float part[8];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = t;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int w = 0; w < 8; ++w) sum += part[w];
+    a.dsink_part[blockIdx.x] = sum;
+  }
+}
+
+// d_softmax_offset[h] = the sum of head h's per-block partials [b][h][per_bh], in a fixed order (one
+// warp of W = 32 lanes per head: strided lanes, then a fixed shuffle tree). A template so that every
+// translation unit including this header may define it.
+template <int W = 32>
+__global__ void __launch_bounds__(W) bwd_dsink_kernel(const float* part, float* d_sink, int b, int h, int per_bh) {
+  static_assert(W == 32, "one warp");
+  const int hh = blockIdx.x, lane = threadIdx.x;
+  float t = 0.f;
+  for (long long i = lane; i < static_cast<long long>(b) * per_bh; i += W) {
+    const long long bb = i / per_bh, k = i - bb * per_bh;
+    t += part[(bb * h + hh) * per_bh + k];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+  if (lane == 0) d_sink[hh] = t;
+}
+
 // ------------------------------------------------------------ postprocess
-template <typename T>
+// dq = dQ_acc * scale in 16 bits: n4 groups of 4 columns of dq, whose rows hold DQK of the
+// accumulator's D columns.
+template <typename T, int D, int DQK>
 __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void* dq_, long long n4, float scale) {
   T* dq = static_cast<T*>(dq_);
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(dq_acc)[i];
+    const long long src = DQK == D ? i : i / (DQK / 4) * (D / 4) + i % (DQK / 4);
+    const float4 v = reinterpret_cast<const float4*>(dq_acc)[src];
     uint2 w;
     if constexpr (std::is_same<T, __half>::value) {
       w.x = pack2<true>(v.x * scale, v.y * scale);

@@ -33,18 +33,19 @@ using BwdSmem = BwdSmemLayout<D, 2, true>;
 // group's shared-memory reads (wait_group.read 0) before the next iteration's barrier 1, which every
 // consumer thread passes before rewriting the tile. DET: the reduces take turns on the counters
 // dq_cnt (bwd_common.cuh); the key tiles run in reverse blockIdx.x order.
-template <typename T, int D, bool CAUSAL_, bool DET_>
+template <typename T, int D, class Feat, bool DET_>
 struct BwdConsumer {
   using Smem = BwdSmem<D>;
-  static constexpr bool CAUSAL = CAUSAL_, DET = DET_, kDqInQ = false;
-  static __device__ __forceinline__ void consume(const BwdCtx<Smem, CAUSAL>& c, const CUtensorMap* tmdQ,
+  using Mask = TileMask<Feat::MASK>;
+  static constexpr bool DET = DET_, kDqInQ = false;
+  static __device__ __forceinline__ void consume(const BwdCtx<Smem, Mask>& c, const CUtensorMap* tmdQ,
                                                  const BwdKParams& p, int* dq_cnt);
 };
 
-template <typename T, int D, bool CAUSAL, bool DET>
-__device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const BwdCtx<Smem, CAUSAL>& c,
-                                                                       const CUtensorMap* tmdQ, const BwdKParams& p,
-                                                                       int* dq_cnt) {
+template <typename T, int D, class Feat, bool DET>
+__device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdCtx<Smem, Mask>& c,
+                                                                     const CUtensorMap* tmdQ, const BwdKParams& p,
+                                                                     int* dq_cnt) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
   constexpr int BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
@@ -59,13 +60,13 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
   const uint32_t sdS0 = sbase + Smem::kTiles;
   const float *gL0 = c.gL0, *gDs0 = c.gDs0;
   const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
-  const int m_start = c.cta.m_start;
+  const int m_start = c.cta.m_start, m_end = c.cta.m_end;
   const int cw = c.cw;  // keys [64cw, 64cw+64) of the tile
   const int ltid = c.ltid, warp = c.warp, lane = c.lane, qd = c.qd, r0 = c.r0;
   // This thread's key rows (accumulator fragment rows) inside the tile: key_l, key_l + 8.
   const int key_l = cw * 64 + warp * 16 + r0;
   const int key_g = n_blk * BN + key_l;
-  const float sl2 = p.scale_log2;
+  const float sl2 = Feat::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softmax.cuh's softcap_scores
 
   float dk[D / 2], dv[D / 2];
   bool timed_out = bwd_consumer_start(dk, dv, sh);
@@ -78,7 +79,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
   int it = 0;
   for (int g = 0; g < G; ++g) {
     const int head = hk * G + g;
-    for (int m = m_start; m < n_m; ++m, ++it) {
+    for (int m = m_start; m < m_end; ++m, ++it) {
       const int s = it % STAGES;
       const uint32_t ph = (it / STAGES) & 1u;
       const uint32_t sQ = sQ0 + s * Smem::kQBytes;
@@ -139,16 +140,27 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
       // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
       // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
       const bool ktail = c.mask.has_key_tail((n_blk + 1) * BN);
+      // General masks: any score of a tile the window cuts (keys past s_kv included).
+      const bool partial = c.mask.template tile_partial<BM, BN>(m * BM, n_blk * BN);
       uint32_t pa[BM / 16][4], da[BM / 16][4];
       // P^T of accumulator element idx = 4j + 2hf + e (key key_g + 8hf, query m BM + 8j + 2qd + e):
-      // masked (causal diagonal, keys past s_kv), exponentiated against the row's lse2 (l2e).
-      auto p_of = [&](int j, int hf, int e, float l2e) {
+      // capped (SOFTCAP: the score's gradient factor 1 - tanh^2 into g), masked (causal diagonal,
+      // keys past s_kv, a general mask), exponentiated against the row's lse2 (l2e).
+      auto p_of = [&](int j, int hf, int e, float l2e, float& g) {
         float sv = sacc[4 * j + 2 * hf + e];
-        if (diag) {
-          const int q = m * BM + 8 * j + 2 * qd + e;
-          if (c.mask.above_diagonal(q, key_g + 8 * hf)) sv = -INFINITY;
+        if constexpr (Feat::SOFTCAP) {
+          sv = softcap_tanh(sv, p.softcap_k2);
+          g = 1.f - sv * sv;
         }
-        if (ktail && c.mask.past_keys(key_g + 8 * hf)) sv = -INFINITY;
+        if constexpr (Mask::GENERAL) {
+          if (partial && c.mask.hidden(m * BM + 8 * j + 2 * qd + e, key_g + 8 * hf)) sv = -INFINITY;
+        } else {
+          if (diag) {
+            const int q = m * BM + 8 * j + 2 * qd + e;
+            if (c.mask.above_diagonal(q, key_g + 8 * hf)) sv = -INFINITY;
+          }
+          if (ktail && c.mask.past_keys(key_g + 8 * hf)) sv = -INFINITY;
+        }
         return fast_exp2(fmaf(sv, sl2, -l2e));
       };
       // dS^T -> smem [key][query], 64-query chunks of [BN][64] (128 B rows, 128B swizzle).
@@ -184,9 +196,11 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int idx = 4 * j + 2 * hf + e;
-              const float pv = p_of(j, hf, e, e ? l2.y : l2.x);
+              float g = 1.f;
+              const float pv = p_of(j, hf, e, e ? l2.y : l2.x, g);
               sacc[idx] = pv;
               pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
+              if constexpr (Feat::SOFTCAP) pacc[idx] *= g;
             }
           }
         }
@@ -291,30 +305,32 @@ __device__ __forceinline__ void BwdConsumer<T, D, CAUSAL, DET>::consume(const Bw
   }
 
   // ---------------------------------------------------------------- epilogue
-  bwd_store_dkdv<T, D, D>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch, cw, qd, timed_out);
+  bwd_store_dkdv<T, D, D, Feat::template DQK_OF<D>, Feat::template DV_OF<D>>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch,
+                                                      cw, qd);
   if constexpr (!DET) {
     if (ltid == 0) bulk_wait_group<0>();
   }
+  timeout_vote<kBwdTimeoutBar, kBwdTimeoutVoters>(timed_out);  // a wait gave up: the launch fails
 #endif
 }
 
-// tmdQ: the fp32 map over p.dq_acc (tma_host.h's make_dq_acc_map).
-template <typename T, int D, bool CAUSAL>
+// tmdQ: the fp32 map over p.dq_acc (tma_host.h's make_dq_acc_map). Feat: features.h.
+template <typename T, int D, class Feat>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                     const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_kernel_body<BwdConsumer<T, D, CAUSAL, false>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
+  bwd_kernel_body<BwdConsumer<T, D, Feat, false>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
 }
 
-// Deterministic dQ: dq_cnt, the turn counters after the workspace (bwd_sm90_det_workspace_bytes),
-// zeroed by the deterministic preprocess.
-template <typename T, int D, bool CAUSAL>
+// Deterministic dQ: dq_cnt, the turn and ticket counters after the workspace
+// (bwd_sm90_det_workspace_bytes), zeroed by the deterministic preprocess.
+template <typename T, int D, class Feat>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_det_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                         const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                         const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ, int* dq_cnt) {
-  bwd_kernel_body<BwdConsumer<T, D, CAUSAL, true>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, dq_cnt);
+  bwd_kernel_body<BwdConsumer<T, D, Feat, true>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, dq_cnt);
 }
 
 }  // namespace hopper

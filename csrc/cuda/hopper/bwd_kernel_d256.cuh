@@ -93,18 +93,18 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
 
 }  // namespace d256
 
-template <typename T, bool CAUSAL_>
+template <typename T, class Feat>
 struct BwdConsumerD256 {
   using Smem = BwdSmemD256;
-  static constexpr bool CAUSAL = CAUSAL_, DET = false, kDqInQ = true;
-  static __device__ __forceinline__ void consume(const BwdCtx<Smem, CAUSAL>& c, const CUtensorMap* tmdQ,
+  using Mask = TileMask<Feat::MASK>;
+  static constexpr bool DET = false, kDqInQ = true;
+  static __device__ __forceinline__ void consume(const BwdCtx<Smem, Mask>& c, const CUtensorMap* tmdQ,
                                                  const BwdKParams& p, int*);
 };
 
-template <typename T, bool CAUSAL>
-__device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx<Smem, CAUSAL>& c,
-                                                                   const CUtensorMap* tmdQ, const BwdKParams& p,
-                                                                   int*) {
+template <typename T, class Feat>
+__device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<Smem, Mask>& c,
+                                                                 const CUtensorMap* tmdQ, const BwdKParams& p, int*) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr bool F16 = std::is_same<T, __half>::value;
   constexpr int D = Smem::D, BM = Smem::BM, BN = Smem::BN, STAGES = Smem::STAGES;
@@ -117,14 +117,14 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
   const uint32_t sP0 = sbase + Smem::kTiles;
   const uint32_t sdS0 = sP0 + 2 * Smem::kTileBytes;
   const float *gL0 = c.gL0, *gDs0 = c.gDs0;
-  const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
-  const int m_start = c.cta.m_start;
+  const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G;
+  const int m_start = c.cta.m_start, m_end = c.cta.m_end;
   const int cw = c.cw;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
   const int ltid = c.ltid, warp = c.warp, lane = c.lane, qd = c.qd, r0 = c.r0;
   // Accumulator fragment rows of this thread: row_l, row_l + 8 (queries for
   // S / dP / dQ, keys for dK / dV); columns 8j + 2qd (+1).
   const int row_l = warp * 16 + r0;
-  const float sl2 = p.scale_log2;
+  const float sl2 = Feat::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softmax.cuh's softcap_scores
   // Operands of this consumer's score GEMM: S = Q K^T (cw 0), dP = dO V^T (cw 1).
   const uint32_t sA0 = cw == 0 ? sQ0 : sdO0;
   const uint32_t sB = cw == 0 ? sK : sV;
@@ -139,7 +139,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
   int it = 0;
   for (int g = 0; g < G; ++g) {
     const int head = hk * G + g;
-    for (int m = m_start; m < n_m; ++m, ++it) {
+    for (int m = m_start; m < m_end; ++m, ++it) {
       const int s = it % STAGES;
       const uint32_t ph = (it / STAGES) & 1u;
       const uint32_t sQ = sQ0 + s * Smem::kQBytes;
@@ -183,6 +183,8 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
         // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
         // finite but able to overflow to inf (-> NaN): mask them.
         const bool ktail = c.mask.has_key_tail((n_blk + 1) * BN);
+        // General masks: any score of a tile the window cuts (keys past s_kv included).
+        const bool partial = c.mask.template tile_partial<BM, BN>(m * BM, n_blk * BN);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int ql = row_l + 8 * hf;
@@ -195,8 +197,13 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
               const int idx = 4 * j + 2 * hf + e;
               const int key = n_blk * BN + 8 * j + 2 * qd + e;
               float sv = acc[idx];
-              if (diag && c.mask.above_diagonal(q, key)) sv = -INFINITY;
-              if (ktail && c.mask.past_keys(key)) sv = -INFINITY;
+              if constexpr (Feat::SOFTCAP) sv = softcap_tanh(sv, p.softcap_k2);
+              if constexpr (Mask::GENERAL) {
+                if (partial && c.mask.hidden(q, key)) sv = -INFINITY;
+              } else {
+                if (diag && c.mask.above_diagonal(q, key)) sv = -INFINITY;
+                if (ktail && c.mask.past_keys(key)) sv = -INFINITY;
+              }
               acc[idx] = fast_exp2(fmaf(sv, sl2, -l2));
             }
             st_shared_b32(sP + d256::swz_pair(ql, j, qd), pack2<F16>(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]));
@@ -230,8 +237,17 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
           for (int j = 0; j < BN / 8; ++j) {
             const uint32_t off = d256::swz_pair(ql, j, qd);
             const float2 pv = unpack2<F16>(ld_shared_b32(sP + off));
-            const float d0 = pv.x * (acc[4 * j + 2 * hf] - dd);
-            const float d1 = pv.y * (acc[4 * j + 2 * hf + 1] - dd);
+            float d0 = pv.x * (acc[4 * j + 2 * hf] - dd);
+            float d1 = pv.y * (acc[4 * j + 2 * hf + 1] - dd);
+            if constexpr (Feat::SOFTCAP) {
+              // The capped score t behind P = 2^(cap log2(e) t - lse2), from P (consumer 0 keeps t;
+              // shared memory has no room for it): t = (log2 P + lse2) / (cap log2(e)), exact to
+              // P's 16-bit rounding. P = 0 contributes nothing.
+              const float l2 = Ls[ql], inv = fast_rcp(sl2);
+              const float t0 = (fast_log2(pv.x) + l2) * inv, t1 = (fast_log2(pv.y) + l2) * inv;
+              d0 = pv.x > 0.f ? d0 * (1.f - t0 * t0) : 0.f;
+              d1 = pv.y > 0.f ? d1 * (1.f - t1 * t1) : 0.f;
+            }
             st_shared_b32(sdS + off, pack2<F16>(d0, d1));
           }
         }
@@ -311,8 +327,8 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
   }
 
   // ---------------------------------------------------------------- epilogue
-  bwd_store_dkdv<T, D, DH>(
-      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd, timed_out);
+  bwd_store_dkdv<T, D, DH, Feat::template DQK_OF<D>, Feat::template DV_OF<D>>(
+      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd);
   // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
   // stores, which they overlap). Then the last release: the producer waits for it before it reduces
   // cw 1's last staged tile.
@@ -320,16 +336,17 @@ __device__ __forceinline__ void BwdConsumerD256<T, CAUSAL>::consume(const BwdCtx
     bulk_wait_group<0>();
     if (pend >= 0) mbar_arrive(sh.bar_empty(pend));
   }
+  timeout_vote<kBwdTimeoutBar, kBwdTimeoutVoters>(timed_out);  // a wait gave up: the launch fails
 #endif
 }
 
 // tmdQ: the fp32 map over p.dq_acc (tma_host.h's make_dq_acc_map).
-template <typename T, bool CAUSAL>
+template <typename T, class Feat>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_sm90_d256_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                          const BwdKParams p, const __grid_constant__ CUtensorMap tmdQ) {
-  bwd_kernel_body<BwdConsumerD256<T, CAUSAL>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
+  bwd_kernel_body<BwdConsumerD256<T, Feat>>(tmQ, tmK, tmV, tmdO, &tmdQ, p, nullptr);
 }
 
 }  // namespace hopper

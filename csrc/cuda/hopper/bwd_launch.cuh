@@ -11,6 +11,7 @@
 
 #include "bwd_kernel.cuh"
 #include "bwd_kernel_d256.cuh"
+#include "features.h"
 #include "kernels.h"
 #include "params.h"
 #include "tma_host.h"
@@ -33,20 +34,29 @@ struct BwdLaunch {
   void (*pre)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int) = nullptr;
   void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap) = nullptr;
   void (*post)(const float*, void*, long long, float);
-  // Deterministic mode (else null): launched instead of pre and kern, with the n_cnt turn counters.
+  // Deterministic mode (else null): launched instead of pre and kern, with the n_cnt turn and ticket
+  // counters.
   void (*pre_det)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int, int*,
                   long long) = nullptr;
   void (*kern_det)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap, int*) = nullptr;
   int* dq_cnt = nullptr;
   long long n_cnt = 0;
+  // General kernels: their preprocess, launched instead of pre / pre_det, and with the learnable
+  // softmax the d_softmax_offset sum over dsink_per_bh partials per (batch, head).
+  void (*pre_general)(BwdPreArgs) = nullptr;
+  BwdPreArgs pre_args{};
+  float* d_sink = nullptr;
+  int dsink_per_bh = 0;
 };
 
-// DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()). Returns
-// cudaErrorInvalidValue on arguments the kernels do not take or a failed map encode.
-template <typename T, int D, bool DET>
+// DET: the deterministic mode (d = 64, 128; a.ws of bwd_sm90_det_workspace_bytes()); GENERAL: the
+// general kernel (features.h) for head dims DQK, DV on the tile of head dim D, else the plain one for
+// a.causal. Returns cudaErrorInvalidValue on arguments the kernels do not take or a failed map encode.
+template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D, bool SOFTCAP = false>
 inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(!DET || D != 256, "deterministic mode: d = 64, 128");
+  static_assert(tile_head_dim(DQK, DV) == D && (GENERAL || (DQK == D && DV == D)), "head dims");
   using Tile = BwdTile<D>;
   if (a.b <= 0 || a.s_q <= 0 || a.s_kv <= 0 || a.h <= 0 || a.h_kv <= 0 || a.h % a.h_kv != 0 || a.h_kv > 65535 ||
       a.b > 65535)
@@ -58,14 +68,15 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
     return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.dk) | reinterpret_cast<uintptr_t>(a.dv)) & 3) return cudaErrorInvalidValue;
   const int s_pad = bwd_sm90_s_pad(a.s_q);
-  auto desc = [](const void* ptr, BshdStrides st, int b, int s, int h) {
-    if (st.b == 0 && st.s == 0 && st.h == 0) st = BshdStrides{int64_t{s} * h * D, int64_t{h} * D, D};
-    return detail::MapDesc{ptr, b, s, h, D, st.b, st.s, st.h};
+  // The maps' head dims are the problem's: the columns up to D read as zeros.
+  auto desc = [](const void* ptr, BshdStrides st, int b, int s, int h, int d) {
+    if (st.b == 0 && st.s == 0 && st.h == 0) st = BshdStrides{int64_t{s} * h * d, int64_t{h} * d, d};
+    return detail::MapDesc{ptr, b, s, h, d, st.b, st.s, st.h};
   };
-  const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h);
-  const detail::MapDesc mdo = desc(a.dout, BshdStrides{}, a.b, a.s_q, a.h);
-  const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv);
-  const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv);
+  const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h, DQK);
+  const detail::MapDesc mdo = desc(a.dout, BshdStrides{}, a.b, a.s_q, a.h, DV);
+  const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv, DQK);
+  const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv, DV);
   if (!detail::make_map<T>(&L->tq, mq, Tile::BM) || !detail::make_map<T>(&L->tdo, mdo, Tile::BM) ||
       !detail::make_map<T>(&L->tk, mk, Tile::BN) || !detail::make_map<T>(&L->tv, mv, Tile::BN))
     return cudaErrorInvalidValue;
@@ -86,9 +97,16 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   p.s_pad = s_pad;
   p.scale = a.scale;
   p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.window_left = a.window_left;
+  p.window_right = a.window_right;
+  p.bottom_right = a.bottom_right ? 1 : 0;
+  p.softcap_log2 = static_cast<float>(a.softcap * 1.4426950408889634);
+  p.softcap_k2 = a.softcap > 0 ? static_cast<float>(2 * 1.4426950408889634 * a.scale / a.softcap) : 0.f;
   const int n_kt = (a.s_kv + Tile::BN - 1) / Tile::BN;
-  // The deterministic mode keeps its own order (tile_scheduler.cuh's bwd_work).
-  p.causal_chunk = DET ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
+  // The deterministic mode keeps its own order (tile_scheduler.cuh's bwd_work), general masks the
+  // plain one.
+  p.causal_chunk =
+      DET || GENERAL ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
   if (!detail::make_dq_acc_map(&L->tdq, p.dq_acc, a.b, a.s_q, a.h, D)) return cudaErrorInvalidValue;
   L->o = a.o;
   L->dout = a.dout;
@@ -97,43 +115,66 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   L->grid = dim3(n_kt, a.h_kv, a.b);
   const long long rows = static_cast<long long>(a.b) * a.h * s_pad;
   constexpr int kPreRowsPerBlock = 8 * kBwdPreRowsPerWarp<D>;  // 8 warps of 256 threads
+  static_assert(kPreRowsPerBlock * D == 8 * 256, "params.h's bwd_sm90_pre_rows_per_block");
   L->pre_blocks = static_cast<int>((rows + kPreRowsPerBlock - 1) / kPreRowsPerBlock);
-  L->n4 = static_cast<long long>(nacc / 4);
+  L->n4 = static_cast<long long>(nacc / D * DQK / 4);  // float4 groups of dq
   L->post_blocks = static_cast<int>(std::min<long long>((L->n4 + 255) / 256, 132LL * 16));
-  L->post = bwd_post_kernel<T>;
+  L->post = bwd_post_kernel<T, D, DQK>;
+  // The kernel's features: general, or plain for the call's causality (index 1 causal, 0 not).
+  using General = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
+  using Causal = std::conditional_t<GENERAL, General, PlainFeatures<true>>;
+  using NoMask = std::conditional_t<GENERAL, General, PlainFeatures<false>>;
+  const int which = !GENERAL && a.causal ? 1 : 0;
   const void* main_kern;
   if constexpr (D == 256) {
     L->smem = BwdSmemD256::kTotal;
     L->pre = bwd_pre_kernel<T, D>;
-    L->kern = a.causal ? bwd_sm90_d256_kernel<T, true> : bwd_sm90_d256_kernel<T, false>;
+    L->kern = which ? bwd_sm90_d256_kernel<T, Causal> : bwd_sm90_d256_kernel<T, NoMask>;
     main_kern = reinterpret_cast<const void*>(L->kern);
   } else if constexpr (DET) {
     L->smem = BwdSmem<D>::kTotal;
     L->pre_det = bwd_pre_det_kernel<T, D>;
-    L->kern_det = a.causal ? bwd_sm90_det_kernel<T, D, true> : bwd_sm90_det_kernel<T, D, false>;
+    L->kern_det = which ? bwd_sm90_det_kernel<T, D, Causal> : bwd_sm90_det_kernel<T, D, NoMask>;
     L->dq_cnt = reinterpret_cast<int*>(static_cast<char*>(a.ws) + bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D));
     L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
     main_kern = reinterpret_cast<const void*>(L->kern_det);
   } else {
     L->smem = BwdSmem<D>::kTotal;
     L->pre = bwd_pre_kernel<T, D>;
-    L->kern = a.causal ? bwd_sm90_kernel<T, D, true> : bwd_sm90_kernel<T, D, false>;
+    L->kern = which ? bwd_sm90_kernel<T, D, Causal> : bwd_sm90_kernel<T, D, NoMask>;
     main_kern = reinterpret_cast<const void*>(L->kern);
   }
-  static std::atomic<uint64_t> raised[2];  // per instantiation of this function: causal or not
-  return detail::raise_smem_limit(main_kern, L->smem, raised[a.causal ? 1 : 0]);
+  if constexpr (GENERAL) {
+    BwdPreArgs& pa = L->pre_args;
+    pa = BwdPreArgs{a.o, a.dout, a.lse, const_cast<float*>(p.lse2), const_cast<float*>(p.dsum), p.dq_acc, a.b,
+                    a.s_q, a.h, s_pad, L->dq_cnt, L->n_cnt, nullptr, nullptr};
+    L->pre_general = bwd_pre_general_kernel<T, D, DV>;
+    if (a.softmax_type == 2 && a.d_softmax_offset != nullptr) {
+      // The partials follow the variant's workspace (params.h's bwd_sm90_dsink_partials).
+      const size_t base = DET ? bwd_sm90_det_workspace_bytes(a.b, a.s_q, a.h, D) : bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D);
+      pa.softmax_offset = a.softmax_offset;
+      pa.dsink_part = reinterpret_cast<float*>(static_cast<char*>(a.ws) + base);
+      L->d_sink = a.d_softmax_offset;
+      L->dsink_per_bh = s_pad / bwd_sm90_pre_rows_per_block(D);
+    }
+  }
+  static std::atomic<uint64_t> raised[2];  // per instantiation of this function and kernel
+  return detail::raise_smem_limit(main_kern, L->smem, raised[which]);
 }
 
 // Preprocess, main and postprocess on one stream.
 inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
   const BwdKParams& p = L.p;
-  if (L.pre_det)
+  if (L.pre_general)
+    L.pre_general<<<L.pre_blocks, 256, 0, stream>>>(L.pre_args);
+  else if (L.pre_det)
     L.pre_det<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
                                                 const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad,
                                                 L.dq_cnt, L.n_cnt);
   else
     L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
                                             const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
+  if (L.d_sink != nullptr) bwd_dsink_kernel<<<p.h, 32, 0, stream>>>(L.pre_args.dsink_part, L.d_sink, p.b, p.h, L.dsink_per_bh);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (L.kern_det)
@@ -146,10 +187,10 @@ inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int D, bool DET>
+template <typename T, int D, bool DET, bool GENERAL = false, int DQK = D, int DV = D, bool SOFTCAP = false>
 inline cudaError_t bwd_run(const Sm90BwdArgs& a, cudaStream_t stream) {
   BwdLaunch L;
-  const cudaError_t e = bwd_prepare<T, D, DET>(&L, a);
+  const cudaError_t e = bwd_prepare<T, D, DET, GENERAL, DQK, DV, SOFTCAP>(&L, a);
   if (e != cudaSuccess) return e;
   return bwd_launch(L, stream);
 }
@@ -163,6 +204,14 @@ cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream) {
 template <typename T, int D>
 cudaError_t run_bwd_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
   return bwd_run<T, D, true>(a, stream);
+}
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_bwd_general(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, tile_head_dim(DQK, DV), false, true, DQK, DV, SOFTCAP>(a, stream);
+}
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs& a, cudaStream_t stream) {
+  return bwd_run<T, tile_head_dim(DQK, DV), true, true, DQK, DV, SOFTCAP>(a, stream);
 }
 
 }  // namespace hopper

@@ -28,24 +28,27 @@ __device__ __forceinline__ bool rows_16b_aligned(const void* base, int64_t s0, i
 // 8 rows, 16 bytes each, and leave the epilogue issue-bound; with vec16 (dst 16-byte aligned) a
 // 4 x 4 transpose of 32-bit pairs within the quad (two shfl_xor rounds) gives each thread 8
 // consecutive columns, stored as one 16-byte vector: a quarter of the store instructions. Every
-// lane of the warp must call it (the shuffles).
+// lane of the warp must call it (the shuffles). Only columns below ncols (a multiple of 8) are
+// stored: a head dim below the tile's.
 template <typename T, int N>
 __device__ __forceinline__ void store_frag_row(T* dst, const float (&acc)[N / 2], int hf, float scale, int qd,
-                                               bool vec16, bool active) {
+                                               bool vec16, bool active, int ncols = N) {
   constexpr bool F16 = std::is_same<T, __half>::value;
   static_assert(N % 32 == 0, "whole 4-chunk groups");
   if (!vec16) {
     if (active) {
 #pragma unroll
       for (int j = 0; j < N / 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * qd) =
-            pack2<F16>(acc[4 * j + 2 * hf] * scale, acc[4 * j + 2 * hf + 1] * scale);
+        if (8 * j < ncols)
+          *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * qd) =
+              pack2<F16>(acc[4 * j + 2 * hf] * scale, acc[4 * j + 2 * hf + 1] * scale);
     }
     return;
   }
   const bool b1 = (qd & 2) != 0, b0 = (qd & 1) != 0;
 #pragma unroll
   for (int g = 0; g < N / 32; ++g) {
+    if (32 * g >= ncols) break;  // uniform over the warp
     // x[c]: this thread's pair of chunk 4g + c; after the transpose, the pair c of chunk 4g + qd.
     uint32_t x[4];
 #pragma unroll
@@ -65,33 +68,46 @@ __device__ __forceinline__ void store_frag_row(T* dst, const float (&acc)[N / 2]
       if (b0) x[k] = r;
       else x[k + 1] = r;
     }
-    if (active) *reinterpret_cast<uint4*>(dst + 8 * (4 * g + qd)) = make_uint4(x[0], x[1], x[2], x[3]);
+    if (active && 8 * (4 * g + qd) < ncols)
+      *reinterpret_cast<uint4*>(dst + 8 * (4 * g + qd)) = make_uint4(x[0], x[1], x[2], x[3]);
   }
 }
 
 // The forward's epilogue for a consumer thread's two rows (accumulator fragment rows row_base and
-// row_base + 8): O / l to the output (rows < s_q) and lse = max ln2 + ln l, NaN when a wait of the
-// tile gave up (timed_out, see mbar_wait), -inf for a row that saw no key. o holds the thread's
-// D / 2 fp32 accumulators; row_l its columns' part of the row sums (summed over the quad here).
-template <typename T, int D>
+// row_base + 8): O / l to the output (rows < s_q) and lse = max ln2 + ln l, -inf for a row that saw
+// no key (l = 0); a NaN sum (a NaN score) carries into both. o holds the thread's D / 2 fp32
+// accumulators, of which DV columns are stored; row_l its columns' part of the row sums (summed over
+// the quad here). GENERAL: with
+// off-by-one or learnable softmax (p.softmax_type) the sink logit (0, softmax_offset[head]) joins
+// the normaliser: l' = l 2^(m - mt) + 2^(sink - mt), mt = max(m, sink) (log2 units), so a row
+// without a visible key has lse = the sink logit and a zero output.
+template <typename T, int D, int DV, bool GENERAL>
 __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o)[D / 2], const float (&row_m)[2],
-                                               const float (&row_l)[2], int row_base, int batch, int head, int qd,
-                                               bool timed_out) {
+                                               const float (&row_l)[2], int row_base, int batch, int head, int qd) {
   T* out = reinterpret_cast<T*>(p.o);
   const bool vec16 = rows_16b_aligned<T>(p.o, p.o_sb, p.o_ss, p.o_sh);
+  const bool sink = GENERAL && p.softmax_type != 0;
+  const float sink2 = GENERAL && p.softmax_type == 2 ? p.softmax_offset[head] * 1.4426950408889634f : 0.f;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float l = row_l[hf];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = (l > 0.f) ? 1.f / l : 0.f;
+    float inv = (l != 0.f) ? 1.f / l : 0.f;
+    float m2 = row_m[hf];  // log2 units; the normaliser is l 2^m2
+    if (sink) {
+      const float mt = fmaxf(m2, sink2);  // finite: the sink is (a NaN offset carries through tot)
+      const float tot = l * fast_exp2(m2 - mt) + fast_exp2(sink2 - mt);
+      inv = fast_exp2(m2 - mt) / tot;
+      l = tot;
+      m2 = mt;
+    }
     const int row = row_base + 8 * hf;
     const bool active = row < p.s_q;
     T* orow = out + batch * p.o_sb + (active ? row : 0) * p.o_ss + head * p.o_sh;
-    store_frag_row<T, D>(orow, o, hf, inv, qd, vec16, active);
+    store_frag_row<T, D>(orow, o, hf, inv, qd, vec16, active, DV);
     if (active && qd == 0) {
-      float lse = (l > 0.f) ? (row_m[hf] * 0.69314718055994531f + logf(l)) : -INFINITY;
-      if (timed_out) lse = __int_as_float(0x7fffffff);
+      const float lse = (l != 0.f) ? (m2 * 0.69314718055994531f + logf(l)) : -INFINITY;
       p.lse[batch * p.lse_sb + head * p.lse_sh + row * p.lse_ss] = lse;
     }
   }

@@ -1,7 +1,8 @@
 // The Hopper (sm_90a) forward kernel: one template composed of a tile configuration (Cfg: element
 // type, head dim, consumer warpgroups, tile and ring sizes, per-warpgroup options; tuning.h picks
-// them) and a tile scheduler (Sched: one tile per CTA or persistent; tile_scheduler.cuh), with the
-// roles of fwd_mainloop.cuh (producer, consumers), mask.cuh, softmax.cuh and epilogue.cuh.
+// them), a tile scheduler (Sched: one tile per CTA or persistent; tile_scheduler.cuh) and the
+// features it computes (Feat, features.h: the mask kind), with the roles of fwd_mainloop.cuh
+// (producer, consumers), mask.cuh, softmax.cuh and epilogue.cuh.
 //
 //   q [b, s_q, h, d], k / v [b, s_kv, h_kv, d], o like q, lse fp32 [b, h, s_q] (natural log), each
 //   through its own (b, s, h) element strides with a unit head-dim stride. GQA: h % h_kv == 0.
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "features.h"
 #include "fwd_mainloop.cuh"
 #include "params.h"
 #include "tile_scheduler.cuh"
@@ -41,20 +43,24 @@ template <typename T, int D, int NCONS, bool CAUSAL>
 using FwdConfigFor = FwdConfig<T, D, NCONS, FwdTileConfig<D, NCONS, CAUSAL>::BN, FwdTileConfig<D, NCONS, CAUSAL>::STAGES,
                                FwdTileConfig<D, NCONS, CAUSAL>::PP, FwdTileConfig<D, NCONS, CAUSAL>::SKIP>;
 
-// Everything the roles read at compile time: the configuration, what the scheduler implies, the
-// thread and register split, and the shared-memory layout.
-template <class Cfg, class Sched>
+// Everything the roles read at compile time: the configuration, what the scheduler and the features
+// imply, the thread and register split, and the shared-memory layout.
+template <class Cfg, class Sched, class Feat>
 struct FwdTraits : Cfg {
   using T = typename Cfg::T;
   using Pos = typename Sched::Pos;
+  using Mask = TileMask<Feat::MASK>;
+  static constexpr bool GENERAL = Feat::GENERAL, SOFTCAP = Feat::SOFTCAP;
+  static constexpr int DQK = Feat::template DQK_OF<Cfg::D>, DV = Feat::template DV_OF<Cfg::D>;  // the problem's
   static constexpr int D = Cfg::D, NCONS = Cfg::NCONS, BN = Cfg::BN, STAGES = Cfg::STAGES;
-  static constexpr bool CAUSAL = Sched::CAUSAL, kPersistent = Sched::kPersistent;
+  static constexpr bool kPersistent = Sched::kPersistent;
   static constexpr bool F16 = std::is_same<T, __half>::value;
   static constexpr int BM = 64 * NCONS;
   static constexpr int kThreads = 128 * (NCONS + 1), kConsumerWarps = 4 * NCONS;
-  // setmaxnreg: 24 for the producer, for the consumers the largest multiple of 8 that fits the
+  // setmaxnreg: 24 for the producer (32 for general masks, whose key-tile ranges need more; the
+  // consumers' share stays the same), for the consumers the largest multiple of 8 that fits the
   // 64K-register file beside it.
-  static constexpr int kProducerRegs = 24;
+  static constexpr int kProducerRegs = Feat::GENERAL ? 32 : 24;
   static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / NCONS / 8 * 8;
   static constexpr bool QREG = fwd_q_in_registers(D, BN, NCONS, Sched::kPersistent);
   // A persistent CTA's consumers release each Q slot for the producer's next tiles.
@@ -78,6 +84,7 @@ struct FwdTraits : Cfg {
   static constexpr int kBarOffset = kKOffset + 2 * STAGES * kKVBytes;
   static constexpr int kTotal = total(QBUF);
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
+  static_assert(tile_head_dim(DQK, DV) == D, "the problem's head dims belong to this tile");
   static_assert(NCONS == 2 || NCONS == 3, "consumer warpgroups (turn and vote barrier ids)");
   static_assert(NCONS == 2 || D == 64, "three consumers: d = 64 (registers)");
   static_assert(BM <= 256, "TMA box rows");
@@ -85,15 +92,16 @@ struct FwdTraits : Cfg {
   static_assert((BN * 128) % 1024 == 0 && kQBytes % 1024 == 0, "chunks start on 1024-byte swizzle atoms");
   static_assert(STAGES >= 2, "ring depth");  // one slot would expose every load's latency
   static_assert(kTotal <= kSmemLimit, "dynamic shared memory");
+  static_assert(!Feat::GENERAL || !Cfg::SKIP, "general masks: no SKIP (mask.cuh's n_key_tiles_of_rows)");
   static_assert(kProducerRegs * 128 + NCONS * kConsumerRegs * 128 <= 65536, "setmaxnreg budget");
 };
 
-template <class Cfg, class Sched>
-__global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
+template <class Cfg, class Sched, class Feat>
+__global__ void __launch_bounds__(FwdTraits<Cfg, Sched, Feat>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV, const KParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using K = FwdTraits<Cfg, Sched>;
+  using K = FwdTraits<Cfg, Sched, Feat>;
   using Pos = typename K::Pos;
   constexpr int BM = K::BM, BN = K::BN;
 
@@ -106,7 +114,7 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = warpgroup_index();
-  const TileMask<K::CAUSAL> mask{p.s_q, p.s_kv};
+  const typename K::Mask mask = K::Mask::of(p);
   const Sched sched = Sched::template make<BM, BN>(p, mask);
 
   // Thread 0 initialises the barriers and prefetches the tensor maps; the whole CTA syncs, so that
@@ -119,15 +127,20 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
   }
   __syncthreads();
 
+  constexpr int kVoters = K::NCONS * 128 + 32;  // the consumers and the producer's first warp
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
-    if (tid == 0) {
-      const FwdProducerIo io{&tmQ, &tmK, &tmV, sQ0, sK0, sV0};
-      Pos kv = 0;  // the ring position of the tile's first key tile
-      sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool) {
-        produce_tile<K>(io, bars, w, kv, j);
-        kv += w.n_blocks;
-      });
+    if (tid < 32) {
+      if (tid == 0) {
+        const FwdProducerIo io{&tmQ, &tmK, &tmV, sQ0, sK0, sV0};
+        Pos kv = 0;  // the ring position of the tile's first key tile
+        sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool) {
+          produce_tile<K>(io, bars, w, kv, j);
+          kv += w.n_blocks;
+        });
+      }
+      __syncwarp();
+      timeout_trap<kFwdTimeoutBar, kVoters>();
     }
     return;
   }
@@ -147,7 +160,7 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
   float sacc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
-  bool timed_out = false;  // sticky for the CTA's life
+  bool timed_out = false;  // sticky for the CTA's life; voted at its end
   Pos kv = 0;
   sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool last) {
     FwdConsumerIo<K> io;
@@ -169,6 +182,8 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched>::kThreads, 1)
     kv += w.n_blocks;
     if (Sched::kPersistent) __syncwarp();  // reconverge (row < s_q) before the next tile's .aligned ops
   });
+  // A wait that gave up (mbar_wait's watchdog) fails the launch, through the producer's trap.
+  timeout_vote<kFwdTimeoutBar, kVoters>(timed_out);
 #endif
 }
 
@@ -184,12 +199,12 @@ struct FwdLaunch {
 };
 
 // Returns cudaErrorInvalidValue on arguments the kernel does not take or a failed map encode.
-template <class Cfg, class Sched>
+template <class Cfg, class Sched, class Feat = PlainFeatures<Sched::CAUSAL>>
 inline cudaError_t fwd_prepare(FwdLaunch* L, const Sm90Args& a) {
-  using K = FwdTraits<Cfg, Sched>;
+  using K = FwdTraits<Cfg, Sched, Feat>;
   const KParams& p = a.out;
-  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || a.q.d != K::D ||
-      a.k.d != K::D || a.v.d != K::D)
+  if (p.b <= 0 || p.s_q <= 0 || p.s_kv <= 0 || p.h <= 0 || p.h_kv <= 0 || p.h % p.h_kv != 0 || a.q.d != K::DQK ||
+      a.k.d != K::DQK || a.v.d != K::DV)
     return cudaErrorInvalidValue;
   if (Sched::kPersistent) {
     // The kernel's tile indices (up to one round past the last) must fit in int.
@@ -214,7 +229,7 @@ inline cudaError_t fwd_prepare(FwdLaunch* L, const Sm90Args& a) {
   L->grid = Sched::grid(p, K::BM, a.sm_count);
   L->smem = K::kTotal;
   L->threads = K::kThreads;
-  L->kern = fwd_sm90_kernel<Cfg, Sched>;
+  L->kern = fwd_sm90_kernel<Cfg, Sched, Feat>;
   static std::atomic<uint64_t> raised;  // per instantiation: devices whose limit is raised
   return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised);
 }
@@ -263,20 +278,28 @@ cudaError_t run_fwd_one_tile(const Sm90Args& a, cudaStream_t stream) {
   return fwd_run(fwd_prepare_one_tile<T, D, 2>, a, stream);
 }
 template <typename T, int D>
-cudaError_t run_fwd_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
-  Sm90Args b = a;
-  b.sm_count = num_sms;
-  return fwd_run(fwd_prepare_persistent<T, D, 2>, b, stream);
+cudaError_t run_fwd_persistent(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run(fwd_prepare_persistent<T, D, 2>, a, stream);
 }
 template <typename T>
 cudaError_t run_fwd_three_consumer(const Sm90Args& a, cudaStream_t stream) {
   return fwd_run(fwd_prepare_one_tile<T, 64, 3>, a, stream);
 }
 template <typename T>
-cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, int num_sms, cudaStream_t stream) {
-  Sm90Args b = a;
-  b.sm_count = num_sms;
-  return fwd_run(fwd_prepare_persistent<T, 64, 3>, b, stream);
+cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run(fwd_prepare_persistent<T, 64, 3>, a, stream);
+}
+// The general kernel (features.h) for head dims DQK, DV, on the tile of features.h's tile_head_dim:
+// persistent, two consumers, the tiles longest first (snake).
+template <typename T, int DQK, int DV, bool SOFTCAP>
+inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
+  constexpr int D = tile_head_dim(DQK, DV);
+  using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
+  return fwd_prepare<FwdConfigFor<T, D, 2, true>, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
+}
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run(fwd_prepare_general<T, DQK, DV, SOFTCAP>, a, stream);
 }
 
 }  // namespace hopper

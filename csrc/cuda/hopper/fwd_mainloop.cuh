@@ -25,8 +25,10 @@
 // sequence over the CTA's life: each consumer takes n_blocks + 1 turns per tile, the last consumer
 // hands consumer 0 the first turn and skips the pass of its very last turn, so every barrier ends
 // balanced with at most one pending arrival.
-// Waits are bounded (mbar_wait): the producer traps, a consumer warp that gave up reports NaN lse for
-// its rows of this and later tiles and skips its later waits, but keeps every turn and arrival.
+// Waits are bounded (mbar_wait): the producer traps; a consumer thread that gave up skips its later
+// waits but keeps every turn and arrival, and reports it at the end of the CTA (fwd_kernel.cuh:
+// ptx_sm90.cuh's timeout_vote, on which the producer's first warp traps), so the launch fails
+// instead of returning numbers from stale shared memory.
 #pragma once
 
 #include "epilogue.cuh"
@@ -75,7 +77,8 @@ struct FwdProducerIo {
   uint32_t sQ0, sK0, sV0;
 };
 
-// One work tile's loads (the order in the header); kv: the ring position of its first key tile, j:
+// One work tile's loads (the order in the header; key tile n of the work is the mask's w.n_first + n);
+// kv: the ring position of its first key tile, j:
 // the CTA's local tile index (Q slot j % QBUF). D / 64 boxes of 128-byte rows per load; BM-row Q
 // boxes (rows past s_q are zero-filled and still counted in the transaction bytes), BN-row K / V.
 template <class K, class Bars>
@@ -92,7 +95,8 @@ __device__ __forceinline__ void produce_tile(const FwdProducerIo& a, const Bars&
     mbar_arrive_expect_tx(bars.kf(s), kKVBytes);
 #pragma unroll
     for (int c = 0; c < DCH; ++c)
-      tma_load_4d(a.sK0 + s * kKVBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, w.head_kv, n * BN, w.batch);
+      tma_load_4d(a.sK0 + s * kKVBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
+                  w.batch);
   };
   auto load_v = [&](int n) {
     const Pos it = kv + n;
@@ -101,7 +105,8 @@ __device__ __forceinline__ void produce_tile(const FwdProducerIo& a, const Bars&
     mbar_arrive_expect_tx(bars.vf(s), kKVBytes);
 #pragma unroll
     for (int c = 0; c < DCH; ++c)
-      tma_load_4d(a.sV0 + s * kKVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, w.head_kv, n * BN, w.batch);
+      tma_load_4d(a.sV0 + s * kKVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
+                  w.batch);
   };
   // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
   auto load_q = [&] {
@@ -372,7 +377,7 @@ struct FwdConsumerIo {
 // caller's (zeroed once: the first k-step of every S GEMM ignores the old value). last_tile: the
 // CTA's last tile, whose last turn the last consumer does not pass on.
 template <class K, class Bars>
-__device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K::CAUSAL>& mask, const FwdWork& w,
+__device__ __forceinline__ void consume_tile(const KParams& p, const typename K::Mask& mask, const FwdWork& w,
                                              const FwdConsumerIo<K>& io, const Bars& bars, const ConsumerThread& th,
                                              float (&sacc)[K::BN / 2], bool& timed_out, bool last_tile) {
   using Pos = typename K::Pos;
@@ -387,7 +392,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K:
   const int row_base = kHeld ? io.row_base : w.m_blk * BM + cw * 64 + warp * 16 + (lane >> 2);
   const int wg_row0 = kHeld ? io.wg_row0 : w.m_blk * BM + cw * 64;
   const int n_blocks = w.n_blocks;
-  const float sl2 = p.scale_log2;
+  const float sl2 = K::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softcap_scores's scale
   // The key tiles this warpgroup's rows see (SKIP), at least 1: S_0 is always computed.
   const int n_eff = K::SKIP ? mask.template n_key_tiles_of_rows<BN>(wg_row0, n_blocks) : n_blocks;
 
@@ -422,13 +427,16 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K:
   const FwdRegs<K> regs{sacc, o, pa, row_m, row_l, corr};
   const auto issue = [&](uint32_t sK) { issue_s<K>(sacc, qa, io.sQ, sK, cw); };
   const auto step = [&](Pos it) { return FwdStep<K>{it, io.sK0, io.sV0, cw, lane, sl2}; };
+  // A tile's scores before its softmax: capped (SOFTCAP), then masked.
+  const auto cap_and_mask = [&](int n) {
+    if constexpr (K::SOFTCAP) softcap_scores(sacc, p.softcap_k2);
+    mask.template apply<BN>(sacc, w.n_first + n, row_base, wg_row0, qd);
+  };
   first_step<K>(
-      step(io.kv), bars, regs, wait_full, issue, [&] { mask.template apply<BN>(sacc, 0, row_base, wg_row0, qd); },
-      [&] { q_released(0); });
+      step(io.kv), bars, regs, wait_full, issue, [&] { cap_and_mask(0); }, [&] { q_released(0); });
   for (int n = 1; n < n_eff; ++n)
     steady_step<K>(
-        step(io.kv + n), bars, regs, wait_full, issue,
-        [&] { mask.template apply<BN>(sacc, n, row_base, wg_row0, qd); }, [&] { q_released(n); });
+        step(io.kv + n), bars, regs, wait_full, issue, [&] { cap_and_mask(n); }, [&] { q_released(n); });
   if constexpr (K::SKIP) {
     for (int n = n_eff; n < n_blocks; ++n) skip_step<K>(step(io.kv + n), bars, regs, wait_full);
   }
@@ -436,7 +444,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const TileMask<K:
   // two-consumer form of that test (cw == 0) lets ptxas keep a single predicated bar.arrive.
   const bool pass = K::NCONS == 2 && !K::kPersistent ? cw == 0 : !(cw == K::NCONS - 1 && last_tile);
   last_step<K>(step(io.kv + n_blocks - 1), bars, regs, wait_full, pass);
-  fwd_store_rows<typename K::T, D>(p, o, row_m, row_l, row_base, w.batch, w.head, qd, timed_out);
+  fwd_store_rows<typename K::T, D, K::DV, K::GENERAL>(p, o, row_m, row_l, row_base, w.batch, w.head, qd);
 }
 
 }  // namespace hopper

@@ -21,6 +21,14 @@ struct KParams {
   int b, s_q, s_kv, h, h_kv;
   float scale_log2;  // softmax scale * log2(e)
   int causal_chunk;  // one-tile causal order: (batch, head) groups per chunk (<= 1: none); tile_scheduler.cuh
+  // The general kernels' window (fusedattn/visibility.h's, clamped; -1: unbounded) and diagonal, and
+  // softmax: 0 vanilla, 1 off-by-one, 2 learnable (a sink logit softmax_offset[h] in the normaliser).
+  int window_left, window_right, bottom_right;
+  int softmax_type;
+  const float* softmax_offset;
+  // Softcap kernels: softcap log2(e) (the capped scores' scale in the softmax) and 2 log2(e) scale /
+  // softcap (softmax.cuh's softcap_scores).
+  float softcap_log2, softcap_k2;
 };
 
 // Backward main-kernel parameters (besides the tensor maps). The workspace holds the fp32 dQ
@@ -35,6 +43,8 @@ struct BwdKParams {
   float scale_log2;  // softmax scale * log2(e)
   float scale;       // softmax scale
   int causal_chunk;  // causal, not deterministic: (kv head, batch) groups per chunk of the key-tile order
+  int window_left, window_right, bottom_right;  // as KParams's
+  float softcap_log2, softcap_k2;              // as KParams's
 };
 
 namespace detail {
@@ -50,7 +60,7 @@ struct MapDesc {
 // One forward call's tensors and settings.
 struct Sm90Args {
   detail::MapDesc q, k, v;  // k, v: hh = h_kv
-  KParams out;              // o, lse and their strides; b, s_q, s_kv, h, h_kv; scale_log2
+  KParams out;              // o, lse and their strides; b, s_q, s_kv, h, h_kv; scale_log2; the window
   bool causal;
   // The device's SM count: the persistent grid and the one-tile causal order's chunk (0, unknown:
   // group by group).
@@ -80,6 +90,15 @@ struct Sm90BwdArgs {
   // SM count (0, unknown: group by group).
   int causal_chunk = 0;
   int sm_count = 0;
+  // The general kernels' window and diagonal (KParams's), softmax type and learnable offset, and
+  // d_softmax_offset (fp32 [h], learnable only; the workspace then also holds
+  // bwd_sm90_dsink_partials() floats).
+  int window_left = -1, window_right = -1;
+  bool bottom_right = false;
+  int softmax_type = 0;
+  const float* softmax_offset = nullptr;
+  float* d_softmax_offset = nullptr;
+  double softcap = 0;  // > 0: the softcap kernels' cap
 };
 
 // The backward's workspace: the fp32 dQ accumulator [b, s_q, h, d], then lse2 and Dsum rows
@@ -95,15 +114,23 @@ inline size_t bwd_sm90_workspace_bytes(int b, int s_q, int h, int d) {
   return (nacc + 2 * nrow) * sizeof(float) + 256;
 }
 
-// DET variant (d = 64, 128): one int32 turn counter per (batch, head, query tile, consumer),
-// placed after the bwd_sm90_workspace_bytes() bytes of the other variants.
+// DET variant (d = 64, 128): one int32 turn counter per (batch, head, query tile, consumer), then
+// the ticket counter (bwd_common.cuh), placed after the bwd_sm90_workspace_bytes() bytes of the other
+// variants.
 inline long long bwd_sm90_det_counters(int b, int s_q, int h, int d) {
   const int bm = d == 64 ? BwdTile<64>::BM : BwdTile<128>::BM;
-  return static_cast<long long>(b) * h * ((s_q + bm - 1) / bm) * 2;
+  return static_cast<long long>(b) * h * ((s_q + bm - 1) / bm) * 2 + 1;
 }
 inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
   return bwd_sm90_workspace_bytes(b, s_q, h, d) +
          static_cast<size_t>(bwd_sm90_det_counters(b, s_q, h, d)) * sizeof(int);
+}
+
+// The learnable softmax's d_softmax_offset partial sums: one per preprocess block (bwd_common.cuh:
+// 8 warps of 256 / d rows each, within one (batch, head)), after the bytes of the variants above.
+inline int bwd_sm90_pre_rows_per_block(int d) { return 8 * (256 / d); }
+inline long long bwd_sm90_dsink_partials(int b, int s_q, int h, int d) {
+  return static_cast<long long>(b) * h * (bwd_sm90_s_pad(s_q) / bwd_sm90_pre_rows_per_block(d));
 }
 
 }  // namespace hopper

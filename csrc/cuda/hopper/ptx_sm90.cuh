@@ -55,8 +55,8 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
 // itself suspend briefly: a second or more in all; legitimate waits are microseconds)
 //   TRAP = true : the thread traps -> "unspecified launch failure";
 //   TRAP = false: the wait gives up and returns false; the caller carries on with stale shared
-//                 memory, so results are garbage (NaN lse / dK mark them) but the kernel ends.
-//                 The consumers' form: a __trap path there makes ptxas spill and serialise wgmma.
+//                 memory so that the CTA still ends, and reports it there (timeout_vote: the
+//                 consumers' form, whose code must hold no trap).
 template <bool TRAP>
 __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t polls = 0;
@@ -155,6 +155,17 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -211,6 +222,21 @@ __device__ __forceinline__ bool bar_red_or_imm(bool pred) {
       : "r"(static_cast<uint32_t>(pred)), "n"(ID), "n"(NTHREADS)
       : "memory");
   return any != 0;
+}
+
+// A consumer's wait that gave up (mbar_wait<false>, the backward's dQ turn wait) must fail the
+// launch, but a trap reachable from the consumer warpgroups' code makes ptxas spill them (it then
+// allocates them as if setmaxnreg had not raised their budget). So at the end of the CTA every
+// consumer thread votes whether it gave up (timeout_vote) on barrier ID with the producer
+// warpgroup's first warp (NTHREADS: the consumers' threads + 32), and that warp traps
+// (timeout_trap): the launch fails, never returning numbers read from stale shared memory.
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void timeout_vote(bool timed_out) {
+  bar_red_or_imm<ID, NTHREADS>(timed_out);
+}
+template <int ID, int NTHREADS>
+__device__ __forceinline__ void timeout_trap() {
+  if (bar_red_or_imm<ID, NTHREADS>(false)) __trap();
 }
 
 // This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0 so that ptxas knows it is

@@ -1,37 +1,42 @@
 // The Hopper path's entry points (hopper.h): which calls it takes, which kernel
 // runs them, and the launches. Built only for sm_90a (cmake/cuda.cmake compiles
 // this directory on its own, for that target alone); without it the dispatch
-// never asks. The kernels' host entries (kernels.h) are instantiated from
-// kernels.list.
+// never asks. The kernels are found in the table generated from kernels.list
+// (kernels.h's kKernelRows): a call is taken only where its kernel is listed.
 //
-// Forward, on by default: four variants of fwd_kernel.cuh (one tile per CTA
-// ("v2"), persistent, and at d = 64 three-consumer and persistent
-// three-consumer), chosen per call by tuning.h;
-// FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h) forces one (the three-consumer
-// ones only where d = 64) for A/B timing and for the tests.
-// Taken: fp16/bf16 on a compute-capability 9.0 device, d_qk = d_v in {64, 128,
-// 256}, bshd/sbhd/packed layouts (unit head-dim stride, 16-byte aligned rows
-// and strides), no_mask or top-left causal (a bottom-right causal mask too
-// when s_q = s_kv, where the diagonals coincide), vanilla softmax, no bias,
-// ALiBi, dropout, padding, thd, sliding window, max_logit, softcap or KV cache. Every
-// other call goes on to the sm80-class tensor-core kernels or the SIMT engine.
+// Forward, on by default. Plain calls (no mask, or top-left causal; a
+// bottom-right causal mask too when s_q = s_kv, where the diagonals coincide)
+// run one of four variants of fwd_kernel.cuh (one tile per CTA ("v2"),
+// persistent, and at d = 64 three-consumer and persistent three-consumer),
+// chosen per call by tuning.h; FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h)
+// forces one (the three-consumer ones only where d = 64) for A/B timing and for
+// the tests. Calls with a sliding window, a bottom-right diagonal with
+// s_q != s_kv, or off-by-one / learnable softmax run the general kernel
+// (features.h), as do head dims and softcap the plain kernels do not have.
+// Both take fp16 / bf16 on a compute-capability 9.0 device, the listed head
+// dims, bshd / sbhd / packed layouts (unit head-dim stride, 16-byte aligned rows
+// and strides), and no bias, ALiBi, dropout, padding, thd, max_logit or KV
+// cache. Every other call goes on to the sm80-class
+// tensor-core kernels or the SIMT engine.
 //
 // Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
-// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls restricted to
-// s_q = s_kv (d = 64, 128 and 256), contiguous bshd tensors (q, k, v, out, dout
-// and the gradients), no dbias. Deterministic mode (torch.use_deterministic_
-// algorithms) at d = 64 and 128 runs the variant whose dQ reduce-adds take turns
-// in a fixed order (bwd_common.cuh, DET); at d = 256, whose dQ reduce-adds sum
-// in an order that varies from run to run, it goes to the sm80-class backward,
-// as does everything else.
+// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with contiguous
+// bshd out, dout and gradients (q, k, v keep their strides) and no dbias, on the
+// plain or the general kernel as the forward. Deterministic mode
+// (torch.use_deterministic_algorithms) runs the listed deterministic kernels
+// (d = 64 and 128: dQ reduce-adds take turns in a fixed order); at d = 256,
+// whose dQ reduce-adds sum in an order that varies from run to run, it goes to
+// the sm80-class backward, as does everything else.
 #include <cuda_runtime.h>
 
 #include <string>
+#include <tuple>
 
 #include "common/rows.h"
 #include "fusedattn/cat.h"
 #include "fusedattn/overrides.h"
 #include "fusedattn/visibility.h"
+#include "hopper/features.h"
 #include "hopper/hopper.h"
 #include "hopper/kernels.h"
 #include "hopper/tuning.h"
@@ -49,10 +54,10 @@ detail::MapDesc map_of(const SeqTensor& t, const Problem& pr, int64_t s, int64_t
                          static_cast<int>(d), t.stride_b, t.stride_s, t.stride_h};
 }
 
-// The variant a forward call runs: tuning.h's choice or FUSEDATTN_HOPPER_FWD's, on the tiles it can
-// take. The persistent kernels need the SM count, and their tile indices (one round past the last)
-// must fit in int; a call without either takes the same tiles one per CTA (v2, three-consumer),
-// which covers every shape plan_fwd admits.
+// The plain variant a forward call runs: tuning.h's choice or FUSEDATTN_HOPPER_FWD's, on the tiles it
+// can take. The persistent kernels need the SM count, and their tile indices (one round past the
+// last) must fit in int; a call without either takes the same tiles one per CTA (v2,
+// three-consumer), which covers every shape plan_fwd admits.
 FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
   const int d = static_cast<int>(pr.d_qk);
   FwdVariant variant = choose_fwd_variant(d, causal, pr.s_kv);
@@ -80,15 +85,54 @@ FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
 
 bool is_causal(const MaskParams& m) { return m.window_left < 0 && m.window_right == 0; }
 
-template <typename T, int D>
+// The instantiation of kernels.list for an entry and a call's dtype, head dims and softcap; null if
+// none.
+const KernelRow* find_kernel(KernelEntry entry, const FwdParams& p) {
+  const Problem& pr = p.prob;
+  const bool f16 = pr.dtype == DType::kFloat16;
+  for (int i = 0; i < kKernelRowCount; ++i) {
+    const KernelRow& r = kKernelRows[i];
+    if (r.entry == entry && r.f16 == f16 && r.d_qk == pr.d_qk && r.d_v == pr.d_v && r.softcap == (p.softcap > 0)) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+// Whether a call needs the general kernels (features.h): a sliding window, a bottom-right diagonal
+// that differs from the top-left one (s_q != s_kv), off-by-one or learnable softmax, or head dims
+// the plain kernels do not have (80, 96, 192, 192 / 128 on the tiles of 128 and 256), softcap.
+bool needs_general(const FwdParams& p) {
+  if (p.softmax.type != SoftmaxType::kVanilla) return true;
+  if (find_kernel(KernelEntry::kFwdOneTile, p) == nullptr) return true;
+  const MaskParams& m = p.mask;
+  if (m.window_left < 0 && m.window_right < 0) return false;
+  return !(is_causal(m) && (!m.bottom_right || p.prob.s_q == p.prob.s_kv));
+}
+
+KernelEntry entry_of(FwdVariant v) {
+  switch (v) {
+    case FwdVariant::kPersistent: return KernelEntry::kFwdPersistent;
+    case FwdVariant::kThreeConsumer: return KernelEntry::kFwdThreeConsumer;
+    case FwdVariant::kThreeConsumerPersistent: return KernelEntry::kFwdThreeConsumerPersistent;
+    default: return KernelEntry::kFwdOneTile;
+  }
+}
+
+// The forward kernel of a call: the general one, or the plain variant fwd_variant picks.
+KernelEntry fwd_entry(const FwdParams& p, int sm_count) {
+  if (needs_general(p)) return KernelEntry::kFwdGeneral;
+  return entry_of(fwd_variant(p.prob, is_causal(p.mask), sm_count));
+}
+
 Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   const Problem& pr = p.prob;
   const bool causal = is_causal(p.mask);
   const int sm_count = plan.sm_count;
   Sm90Args a{};
-  a.q = map_of(p.q, pr, pr.s_q, pr.h_q, D);
-  a.k = map_of(p.k, pr, pr.s_kv, pr.h_kv, D);
-  a.v = map_of(p.v, pr, pr.s_kv, pr.h_kv, D);
+  a.q = map_of(p.q, pr, pr.s_q, pr.h_q, pr.d_qk);
+  a.k = map_of(p.k, pr, pr.s_kv, pr.h_kv, pr.d_qk);
+  a.v = map_of(p.v, pr, pr.s_kv, pr.h_kv, pr.d_v);
   KParams& k = a.out;
   k.o = p.out.data;
   k.o_sb = p.out.stride_b;
@@ -104,20 +148,18 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   k.h = static_cast<int>(pr.h_q);
   k.h_kv = static_cast<int>(pr.h_kv);
   k.scale_log2 = p.scale * 1.4426950408889634f;
+  k.window_left = static_cast<int>(p.mask.window_left);
+  k.window_right = static_cast<int>(p.mask.window_right);
+  k.bottom_right = p.mask.bottom_right ? 1 : 0;
+  k.softmax_type = static_cast<int>(p.softmax.type);
+  k.softmax_offset = p.softmax.offset;
+  k.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
+  k.softcap_k2 = p.softcap > 0 ? static_cast<float>(2 * 1.4426950408889634 * p.scale / p.softcap) : 0.f;
   a.causal = causal;
   a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
-  const FwdVariant variant = static_cast<FwdVariant>(plan.kernel);
-  cudaError_t e;
-  if (variant == FwdVariant::kPersistent) {
-    e = run_fwd_persistent<T, D>(a, sm_count, st);
-  } else if (variant == FwdVariant::kThreeConsumerPersistent) {
-    e = run_fwd_three_consumer_persistent<T>(a, sm_count, st);
-  } else if (variant == FwdVariant::kThreeConsumer) {
-    e = run_fwd_three_consumer<T>(a, st);
-  } else {
-    e = run_fwd_one_tile<T, D>(a, st);
-  }
+  const KernelRow* row = find_kernel(static_cast<KernelEntry>(plan.kernel), p);  // plan_fwd found it
+  const cudaError_t e = row != nullptr ? row->fwd(a, st) : cudaErrorInvalidValue;
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
 }
@@ -127,8 +169,14 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
 std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
-  if (pr.d_qk != pr.d_v || (pr.d_qk != 64 && pr.d_qk != 128 && pr.d_qk != 256)) {
-    return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (the Hopper kernels take d_qk = d_v = 64, 128 or 256)");
+  const bool general = needs_general(p);
+  if (find_kernel(general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile, p) == nullptr) {
+    return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " with ", dtype_name(pr.dtype),
+               general ? " on the general kernels" : "",
+               " (no kernel in hopper/kernels.list)");
+  }
+  if (general && (dev.sm_count <= 0 || (pr.s_q + 127) / 128 * pr.h_q * pr.b + 2 * int64_t{dev.sm_count} > 0x7fffffff)) {
+    return "a window, bottom-right diagonal or softmax sink with a grid beyond the persistent kernel's tile indices";
   }
   if (p.seqlens.q_is_thd || p.seqlens.kv_is_thd || p.seqlens.cu_seqlens_q != nullptr ||
       p.seqlens.cu_seqlens_kv != nullptr) {
@@ -137,13 +185,8 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   if (p.paged.page_table != nullptr) return "KV cache";
   if (p.mask.mask.data != nullptr) return "explicit attention mask";
   if (p.bias.type != BiasType::kNoBias) return "bias or ALiBi";
-  if (p.softmax.type != SoftmaxType::kVanilla) return "off-by-one or learnable softmax";
   if (p.dropout.p > 0.f) return "dropout";
   if (p.max_logit != nullptr) return "max_logit";
-  if (p.softcap > 0) return "softcap";
-  const bool causal = is_causal(p.mask);
-  if (!(p.mask.window_left < 0 && p.mask.window_right < 0) && !causal) return "sliding window";
-  if (causal && p.mask.bottom_right && pr.s_q != pr.s_kv) return "bottom-right causal with s_q != s_kv";
   if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q + pr.s_kv >= kMaxPositionSum32) {
     return "batch, heads or sequence beyond the grid";
   }
@@ -158,6 +201,12 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   return "";
 }
 
+// The backward kernel of a call.
+KernelEntry bwd_entry(const BwdParams& p) {
+  if (needs_general(p.fwd)) return p.deterministic ? KernelEntry::kBwdGeneralDeterministic : KernelEntry::kBwdGeneral;
+  return p.deterministic ? KernelEntry::kBwdDeterministic : KernelEntry::kBwd;
+}
+
 bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
   return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
 }
@@ -168,18 +217,21 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   std::string r = fwd_support(f, dev);
   if (!r.empty()) return r;
   const Problem& pr = f.prob;
-  if (p.deterministic && pr.d_qk == 256) {
-    return "deterministic mode at d = 256 (its dQ reduce-adds sum in an order that varies)";
+  if (find_kernel(bwd_entry(p), f) == nullptr) {
+    return cat(p.deterministic ? "deterministic mode" : "the backward", " at d_qk=", pr.d_qk, ", d_v=", pr.d_v,
+               needs_general(f) ? " on the general kernels" : "",
+               " (no kernel in hopper/kernels.list)");
   }
   if (p.dbias.data != nullptr) return "dbias";
   // q, k, v reach the kernel through tensor maps with their own strides (fwd_support checked
   // them); the pre/post kernels and the dK/dV stores address the rest as contiguous bshd.
-  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.out, "out"}, {&p.dout, "dout"},
-                                {&p.dq, "dq"}}) {
-    if (!contiguous_bshd(*t, pr.s_q, pr.h_q, pr.d_qk)) return cat(name, " is not contiguous bshd");
+  for (const auto& [t, name, d] : {std::tuple<const SeqTensor*, const char*, int64_t>{&f.out, "out", pr.d_v},
+                                   {&p.dout, "dout", pr.d_v}, {&p.dq, "dq", pr.d_qk}}) {
+    if (!contiguous_bshd(*t, pr.s_q, pr.h_q, d)) return cat(name, " is not contiguous bshd");
   }
-  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.dk, "dk"}, {&p.dv, "dv"}}) {
-    if (!contiguous_bshd(*t, pr.s_kv, pr.h_kv, pr.d_qk)) return cat(name, " is not contiguous bshd");
+  for (const auto& [t, name, d] :
+       {std::tuple<const SeqTensor*, const char*, int64_t>{&p.dk, "dk", pr.d_qk}, {&p.dv, "dv", pr.d_v}}) {
+    if (!contiguous_bshd(*t, pr.s_kv, pr.h_kv, d)) return cat(name, " is not contiguous bshd");
   }
   // TMA (q, k, v, dout) and the preprocess's vector loads (out, dout) need 16-byte aligned bases;
   // a misaligned view goes to the sm80-class backward instead of failing the launch.
@@ -193,7 +245,6 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   return "";
 }
 
-template <typename T, int D>
 Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t st) {
   const FwdParams& f = p.fwd;
   const Problem& pr = f.prob;
@@ -220,12 +271,15 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.causal = is_causal(f.mask);
   a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
-  cudaError_t e;
-  if constexpr (D == 256) {
-    e = run_bwd<T, D>(a, st);  // bwd_support declines deterministic calls at d = 256
-  } else {
-    e = p.deterministic ? run_bwd_deterministic<T, D>(a, st) : run_bwd<T, D>(a, st);
-  }
+  a.window_left = static_cast<int>(f.mask.window_left);
+  a.window_right = static_cast<int>(f.mask.window_right);
+  a.bottom_right = f.mask.bottom_right;
+  a.softmax_type = static_cast<int>(f.softmax.type);
+  a.softmax_offset = f.softmax.offset;
+  a.d_softmax_offset = p.d_softmax_offset;
+  a.softcap = f.softcap;
+  const KernelRow* row = find_kernel(bwd_entry(p), f);  // bwd_support found it
+  const cudaError_t e = row != nullptr ? row->bwd(a, st) : cudaErrorInvalidValue;
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
 }
@@ -238,7 +292,7 @@ std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   *plan = CudaPlan{};
   plan->engine = CudaEngine::kHopper;
   plan->sm_count = dev.sm_count;
-  plan->kernel = static_cast<int>(fwd_variant(p.prob, is_causal(p.mask), dev.sm_count));
+  plan->kernel = static_cast<int>(fwd_entry(p, dev.sm_count));
   return "";
 }
 
@@ -247,40 +301,24 @@ std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   if (!why.empty()) return why;
   const Problem& pr = p.fwd.prob;
   const int b = static_cast<int>(pr.b), s = static_cast<int>(pr.s_q), h = static_cast<int>(pr.h_q);
-  const int d = static_cast<int>(pr.d_qk);
+  const int d = tile_head_dim(static_cast<int>(pr.d_qk), static_cast<int>(pr.d_v));
   *plan = CudaPlan{};
   plan->engine = CudaEngine::kHopper;
   plan->sm_count = dev.sm_count;
   plan->workspace_bytes = p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
+  if (p.fwd.softmax.type == SoftmaxType::kLearnable && p.d_softmax_offset != nullptr) {
+    plan->workspace_bytes += static_cast<size_t>(bwd_sm90_dsink_partials(b, s, h, d)) * sizeof(float);
+  }
   plan->deterministic = p.deterministic;  // bwd_support declines deterministic calls it cannot order
   return "";
 }
 
 Status run_bwd(const BwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
-  auto st = static_cast<cudaStream_t>(launch.stream);
-  const bool f16 = p.fwd.prob.dtype == DType::kFloat16;
-  const int sms = plan.sm_count;
-  switch (p.fwd.prob.d_qk) {
-    case 64:
-      return f16 ? run_bwd_kernels<__half, 64>(p, launch.workspace, sms, st)
-                 : run_bwd_kernels<__nv_bfloat16, 64>(p, launch.workspace, sms, st);
-    case 128:
-      return f16 ? run_bwd_kernels<__half, 128>(p, launch.workspace, sms, st)
-                 : run_bwd_kernels<__nv_bfloat16, 128>(p, launch.workspace, sms, st);
-    default:  // 256: fwd_support admits no other head dim
-      return f16 ? run_bwd_kernels<__half, 256>(p, launch.workspace, sms, st)
-                 : run_bwd_kernels<__nv_bfloat16, 256>(p, launch.workspace, sms, st);
-  }
+  return run_bwd_kernels(p, launch.workspace, plan.sm_count, static_cast<cudaStream_t>(launch.stream));
 }
 
 Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
-  auto st = static_cast<cudaStream_t>(launch.stream);
-  const bool f16 = p.prob.dtype == DType::kFloat16;
-  switch (p.prob.d_qk) {
-    case 64: return f16 ? run_kernel<__half, 64>(p, plan, st) : run_kernel<__nv_bfloat16, 64>(p, plan, st);
-    case 128: return f16 ? run_kernel<__half, 128>(p, plan, st) : run_kernel<__nv_bfloat16, 128>(p, plan, st);
-    default: return f16 ? run_kernel<__half, 256>(p, plan, st) : run_kernel<__nv_bfloat16, 256>(p, plan, st);
-  }
+  return run_kernel(p, plan, static_cast<cudaStream_t>(launch.stream));
 }
 
 }  // namespace hopper

@@ -13,6 +13,7 @@
 
 #include <cmath>
 
+#include "common/numeric.cuh"  // max_nan
 #include "ptx_sm90.cuh"
 
 namespace fusedattn {
@@ -44,14 +45,17 @@ __device__ __forceinline__ void softmax_update(float (&sacc)[BN / 2], float (&ro
                                                float (&corr)[2], float sl2) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
+    // NaN-propagating maximum: a row with a NaN score keeps a NaN in its sum (grow is false for a
+    // NaN maximum, so its exponentials run against the old reference and one of them is NaN), hence
+    // in its output and lse, as in torch's math attention.
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-      mx = fmaxf(mx, sacc[4 * j + 2 * hf]);
-      mx = fmaxf(mx, sacc[4 * j + 2 * hf + 1]);
+      mx = gpu::max_nan(mx, sacc[4 * j + 2 * hf]);
+      mx = gpu::max_nan(mx, sacc[4 * j + 2 * hf + 1]);
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = gpu::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = gpu::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // -inf + slack stays -inf: a row's first unmasked tile always sets its max.
     const bool grow = mx * sl2 > row_m[hf] + kMaxSlack;
     const float m_new = grow ? mx * sl2 : row_m[hf];
@@ -97,8 +101,25 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&corr)
   }
 }
 
-// One vote barrier per consumer warpgroup, ids 4, 5, 6 (0 is __syncthreads, 1-3 the turn rotation).
+// Logit soft-capping (FwdParams::softcap, features.h's SOFTCAP), the scores' first step: S = q.k ->
+// tanh(scale S / cap), computed as 1 - 2 / (1 + 2^(k2 S)) with k2 = 2 log2(e) scale / cap (ex2 and
+// rcp), whose absolute error is a few fp32 ulps of 1, so the capped logit cap tanh(.) is off by a few
+// ulps of cap (tanh.approx's relative 2^-11 would move a logit of 50 by 0.025). The softmax then runs
+// on these with cap log2(e) in place of scale log2(e); they are bounded by 1, so the lazy maximum's
+// vote fails only where the capped logits spread by more than ~10 (log2).
+__device__ __forceinline__ float softcap_tanh(float s, float k2) {
+  return 1.f - 2.f * fast_rcp(1.f + fast_exp2(s * k2));
+}
+template <int N>
+__device__ __forceinline__ void softcap_scores(float (&sacc)[N], float k2) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) sacc[i] = softcap_tanh(sacc[i], k2);
+}
+
+// One vote barrier per consumer warpgroup, ids 4, 5, 6 (0 is __syncthreads, 1-3 the turn rotation);
+// id 7 is the end-of-CTA timeout vote (ptx_sm90.cuh's timeout_vote).
 constexpr int kVoteBar = 4;
+constexpr int kFwdTimeoutBar = 7;
 // True in the whole warpgroup iff pred is true in any of its 128 threads: one bar.red.or across
 // its 4 warps (the next S GEMM, collective over the warpgroup, waits for all of them anyway).
 template <int NCONS>

@@ -40,10 +40,18 @@ __device__ __forceinline__ ChunkedTile chunked_tile(int tiles, int groups, int c
 }
 
 // A forward work tile: query tile m_blk of (head, batch), its K / V head, and the key tiles it
-// runs (the mask's n_key_tiles, >= 1). Every consumer warpgroup of a CTA runs all of them.
+// runs, [n_first, n_first + n_blocks) (the mask's key_tiles, n_blocks >= 1; n_first is 0 but for
+// general masks). Every consumer warpgroup of a CTA runs all of them.
 struct FwdWork {
-  int m_blk, head, batch, head_kv, n_blocks;
+  int m_blk, head, batch, head_kv, n_blocks, n_first;
 };
+// The key tiles of query tile m_blk into w.
+template <int BM, int BN, class Mask>
+__device__ __forceinline__ void set_key_tiles(FwdWork& w, const Mask& mask) {
+  const TileRange r = mask.template key_tiles<BM, BN>(w.m_blk);
+  w.n_first = r.first;
+  w.n_blocks = r.count;
+}
 
 // One query tile per CTA: blockIdx (x: query tile, y: head, z: batch), causally the heaviest query
 // tiles first (rank 0 is the last tile), in chunks of p.causal_chunk (batch, head) groups. Ring
@@ -66,15 +74,15 @@ struct OneTileScheduler {
     const ChunkedTile t = chunked_tile(n_m, static_cast<int>(gridDim.y * gridDim.z), p.causal_chunk);
     return {n_m - 1 - t.rank, t.group % static_cast<int>(gridDim.y), t.group / static_cast<int>(gridDim.y)};
   }
-  template <int BM, int BN>
-  __device__ __forceinline__ static OneTileScheduler make(const KParams& p, const TileMask<CAUSAL>& mask) {
+  template <int BM, int BN, class Mask>
+  __device__ __forceinline__ static OneTileScheduler make(const KParams& p, const Mask& mask) {
     const Coord c = coord(p);
     OneTileScheduler s;
     s.w.m_blk = c.m_blk;
     s.w.head = c.head;
     s.w.batch = c.batch;
     s.w.head_kv = c.head / (p.h / p.h_kv);
-    s.w.n_blocks = mask.template n_key_tiles<BM, BN>(c.m_blk);
+    set_key_tiles<BM, BN>(s.w, mask);
     return s;
   }
   // The first query row of the CTA's tiles when it is the same for all of them (0 otherwise).
@@ -83,8 +91,8 @@ struct OneTileScheduler {
     return w.m_blk * BM;
   }
   // f(work, j, last): j the CTA's local tile index (the Q slot ring), last whether it is its last.
-  template <int BM, int BN, class F>
-  __device__ __forceinline__ void for_each(const KParams&, const TileMask<CAUSAL>&, F&& f) const {
+  template <int BM, int BN, class Mask, class F>
+  __device__ __forceinline__ void for_each(const KParams&, const Mask&, F&& f) const {
     f(w, 0u, true);
   }
   static dim3 grid(const KParams& p, int bm, int) { return dim3((p.s_q + bm - 1) / bm, p.h, p.b); }
@@ -114,8 +122,8 @@ struct PersistentScheduler {
   int n_m, n_hb, n_tiles;  // the host keeps n_tiles plus a round of indices within int
   int group;               // query heads per K / V head
 
-  template <int BM, int BN>
-  __device__ __forceinline__ static PersistentScheduler make(const KParams& p, const TileMask<CAUSAL>&) {
+  template <int BM, int BN, class Mask>
+  __device__ __forceinline__ static PersistentScheduler make(const KParams& p, const Mask&) {
     PersistentScheduler s;
     s.n_m = (p.s_q + BM - 1) / BM;
     s.n_hb = p.h * p.b;
@@ -123,8 +131,8 @@ struct PersistentScheduler {
     s.group = p.h / p.h_kv;
     return s;
   }
-  template <int BM, int BN>
-  __device__ __forceinline__ FwdWork decode(int t, const KParams& p, const TileMask<CAUSAL>& mask) const {
+  template <int BM, int BN, class Mask>
+  __device__ __forceinline__ FwdWork decode(int t, const KParams& p, const Mask& mask) const {
     FwdWork r;
     int hb;
     if (CAUSAL && !kHeadMajor) {
@@ -138,7 +146,7 @@ struct PersistentScheduler {
     }
     r.batch = hb / p.h;
     r.head = hb - r.batch * p.h;
-    r.n_blocks = mask.template n_key_tiles<BM, BN>(r.m_blk);
+    set_key_tiles<BM, BN>(r, mask);
     r.head_kv = r.head / group;
     return r;
   }
@@ -154,8 +162,8 @@ struct PersistentScheduler {
     const int r = static_cast<int>(j) + 1, cta = static_cast<int>(blockIdx.x);
     return r * G + ((r & 1) ? G - 1 - cta : cta);
   }
-  template <int BM, int BN, class F>
-  __device__ __forceinline__ void for_each(const KParams& p, const TileMask<CAUSAL>& mask, F&& f) const {
+  template <int BM, int BN, class Mask, class F>
+  __device__ __forceinline__ void for_each(const KParams& p, const Mask& mask, F&& f) const {
     uint32_t j = 0;
     for (int t = blockIdx.x; t < n_tiles; t = next(t, j), ++j) f(decode<BM, BN>(t, p, mask), j, next(t, j) >= n_tiles);
   }
@@ -169,16 +177,19 @@ struct PersistentScheduler {
 // same work: group by group, so that a group's CTAs run side by side and share its Q, dO and dQ
 // rows in L2. Causally key tile n sees the query tiles from n BN / BM on, so tile 0 does the most
 // work and leads each group, the groups dealt in chunks of p.causal_chunk (chunked_tile). DET (the
-// deterministic mode) takes the key tiles in decreasing order within a group, which its dQ
-// turn-taking relies on, and is not chunked.
+// deterministic mode) takes the work from its ticket (drawn on arrival, in [0, #CTAs)) instead of
+// blockIdx, the key tiles in decreasing order within a group, which its dQ turn-taking relies on,
+// not chunked.
 struct BwdWork {
   int n_blk, hk, batch;
 };
 template <bool CAUSAL, bool DET>
-__device__ __forceinline__ BwdWork bwd_work(const BwdKParams& p) {
+__device__ __forceinline__ BwdWork bwd_work(const BwdKParams& p, int ticket) {
   const int n_kt = static_cast<int>(gridDim.x);
   if constexpr (DET) {
-    return {n_kt - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+    const int h_kv = static_cast<int>(gridDim.y);
+    const int group = ticket / n_kt;
+    return {n_kt - 1 - (ticket - group * n_kt), group % h_kv, group / h_kv};
   }
   if (!CAUSAL || p.causal_chunk <= 1) {
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};

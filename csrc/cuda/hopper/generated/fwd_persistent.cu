@@ -3,11 +3,11 @@
 
 namespace fusedattn {
 namespace hopper {
-template cudaError_t run_fwd_persistent<__half, 64>(const Sm90Args&, int, cudaStream_t);
-template cudaError_t run_fwd_persistent<__half, 128>(const Sm90Args&, int, cudaStream_t);
-template cudaError_t run_fwd_persistent<__half, 256>(const Sm90Args&, int, cudaStream_t);
-template cudaError_t run_fwd_persistent<__nv_bfloat16, 64>(const Sm90Args&, int, cudaStream_t);
-template cudaError_t run_fwd_persistent<__nv_bfloat16, 128>(const Sm90Args&, int, cudaStream_t);
-template cudaError_t run_fwd_persistent<__nv_bfloat16, 256>(const Sm90Args&, int, cudaStream_t);
+template cudaError_t run_fwd_persistent<__half, 64>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_persistent<__half, 128>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_persistent<__half, 256>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_persistent<__nv_bfloat16, 64>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_persistent<__nv_bfloat16, 128>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_persistent<__nv_bfloat16, 256>(const Sm90Args&, cudaStream_t);
 }  // namespace hopper
 }  // namespace fusedattn

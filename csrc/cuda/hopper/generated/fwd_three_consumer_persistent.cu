@@ -3,7 +3,7 @@
 
 namespace fusedattn {
 namespace hopper {
-template cudaError_t run_fwd_three_consumer_persistent<__half>(const Sm90Args&, int, cudaStream_t);
-template cudaError_t run_fwd_three_consumer_persistent<__nv_bfloat16>(const Sm90Args&, int, cudaStream_t);
+template cudaError_t run_fwd_three_consumer_persistent<__half>(const Sm90Args&, cudaStream_t);
+template cudaError_t run_fwd_three_consumer_persistent<__nv_bfloat16>(const Sm90Args&, cudaStream_t);
 }  // namespace hopper
 }  // namespace fusedattn

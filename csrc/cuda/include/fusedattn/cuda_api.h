@@ -39,7 +39,7 @@ struct CudaPlan {
   // reproducible); BwdParams::deterministic asks for it, and a plan without it is what the binding
   // reports as a non-deterministic algorithm.
   bool deterministic = false;
-  int kernel = 0;     // tensor-core: kernel table entry; Hopper forward: hopper::FwdVariant
+  int kernel = 0;     // tensor-core: kernel table entry; Hopper forward: hopper::KernelEntry
   int sm_count = 0;   // the device's multiprocessors
   DecodeSchedule decode;
 };
