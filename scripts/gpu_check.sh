@@ -14,8 +14,12 @@
 #                          the dispatch as built, then FUSEDATTN_CUDA_ENGINE=simt)
 #   GPU_CHECK_PYTEST       extra pytest arguments (e.g. "-x -k thd")
 #   GPU_CHECK_SKIP_BUILD=1 use the fusedattn already installed
+#   GPU_CHECK_WHEEL        a wheel file (scripts/build_wheel.sh's, built on another machine) installed
+#                          instead of building this checkout
+#   GPU_CHECK_JOBS         concurrent pytest processes for tests/gpu (default 1; the tests are
+#                          split by test id, for correctness runs, not timings)
 #   GPU_CHECK_SANITIZER    a pytest -k expression: those tests of tests/gpu also run
-#                          under compute-sanitizer memcheck and racecheck
+#                          under compute-sanitizer memcheck, racecheck and initcheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings; bench/run_gpu.sh's own variables pass
 #                          through (BENCH_GPU_ARGS, BENCH_GPU_AB="VAR=value": the grid again with a
@@ -154,7 +158,17 @@ if [ -n "$hopper_steps" ] && [ $harness_ready = 1 ]; then
 fi
 
 # ---- build -------------------------------------------------------------------------
-if [ "${GPU_CHECK_SKIP_BUILD:-0}" != "1" ]; then
+if [ -n "${GPU_CHECK_WHEEL:-}" ]; then
+  t0=$(now)
+  "$PY" -m pip install --no-deps --no-index --force-reinstall "$GPU_CHECK_WHEEL" > "$OUT/build.log" 2>&1
+  rc=$?
+  note "wheel $(basename "$GPU_CHECK_WHEEL")" "install rc=$rc in $(( $(now) - t0 )) s"
+  if [ $rc -ne 0 ]; then
+    tail -20 "$OUT/build.log"
+    printf '\n== summary\n'; printf '%s\n' "${SUMMARY[@]}"
+    exit 1
+  fi
+elif [ "${GPU_CHECK_SKIP_BUILD:-0}" != "1" ]; then
   t0=$(now)
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "$PY" -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1
@@ -233,6 +247,26 @@ run_pytest() {
   fi
   return $rc
 }
+# run_pytest_jobs LOG ARGS...: run_pytest over GPU_CHECK_JOBS concurrent processes, the collected
+# test ids dealt round-robin; LOG gets every part's log and a combined count line.
+run_pytest_jobs() {
+  local log="$1"; shift
+  local jobs="${GPU_CHECK_JOBS:-1}" i rc=0 pids=() ids
+  if [ "$jobs" -le 1 ]; then run_pytest "$log" "$@"; return $?; fi
+  ids="$("$PY" -m pytest -q --collect-only -p no:cacheprovider "$@" 2>/dev/null | grep "::")"
+  for i in $(seq 0 $((jobs - 1))); do
+    # shellcheck disable=SC2046
+    run_pytest "$log.$i" $(awk -v n="$jobs" -v i="$i" 'NR % n == i' <<< "$ids") & pids+=("$!")
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  cat "$log".* > "$log"; rm -f "$log".*
+  printf '%s passed, %s failed, %s errors, %s skipped (%s processes)\n' \
+    "$(grep -hoE "[0-9]+ passed" "$log" | awk '{s+=$1} END{print s+0}')" \
+    "$(grep -hoE "[0-9]+ failed" "$log" | awk '{s+=$1} END{print s+0}')" \
+    "$(grep -hoE "[0-9]+ errors?" "$log" | awk '{s+=$1} END{print s+0}')" \
+    "$(grep -hoE "[0-9]+ skipped" "$log" | awk '{s+=$1} END{print s+0}')" "$jobs" >> "$log"
+  return $rc
+}
 SUITES=" ${GPU_CHECK_SUITES-gpu decode suite} "
 pytest_counts() { grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|(passed|failed|error)(,| in )" "$1" | tail -1 | sed 's/=//g'; }
 for engine in ${GPU_CHECK_ENGINES:-default simt}; do
@@ -241,7 +275,7 @@ for engine in ${GPU_CHECK_ENGINES:-default simt}; do
   t0=$(now)
   if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$log" tests/gpu --ignore=tests/gpu/test_decode.py ${GPU_CHECK_PYTEST:-}
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest_jobs "$log" tests/gpu --ignore=tests/gpu/test_decode.py ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "tests/gpu ($engine engine)" "rc=$rc $(pytest_counts "$log") ($(( $(now) - t0 )) s)"
@@ -266,7 +300,7 @@ for engine in ${GPU_CHECK_ENGINES:-default simt}; do
   t0=$(now)
   if [ "$engine" = "simt" ]; then export FUSEDATTN_CUDA_ENGINE=simt; else unset FUSEDATTN_CUDA_ENGINE; fi
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$log" tests/gpu/test_decode.py tests/test_kv_cache.py \
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest_jobs "$log" tests/gpu/test_decode.py tests/test_kv_cache.py \
     ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
@@ -290,7 +324,7 @@ fi
 
 # ---- compute-sanitizer on a few tests ------------------------------------------------
 if [ -n "${GPU_CHECK_SANITIZER:-}" ] && command -v compute-sanitizer > /dev/null; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck initcheck; do
     t0=$(now)
     timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu -k "$GPU_CHECK_SANITIZER" \
