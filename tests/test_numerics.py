@@ -22,9 +22,9 @@ import torch
 
 import fusedattn._ops as ops
 import reference as R
-from conftest import (ATOMIC_GRADS, MATRIX, ON_CUDA, Config, build_case, check_case, device_run, module_on_device,
-                      normalise, on_device, reference_run, rerun_tol, run_op, to_device, to_host, tol_check,
-                      assert_matches_reference)
+from conftest import (ATOMIC_GRADS, MATRIX, ON_CUDA, Config, build_case, check_case, device_run, math_sdpa,
+                      module_on_device, nan_rule_check, normalise, on_device, reference_run, rerun_tol, run_op,
+                      sdpa_nan_sets, to_device, to_host, tol_check, assert_matches_reference)
 
 FwdArgs = ops.FwdArgs
 
@@ -385,13 +385,6 @@ def test_gradcheck_float64(kw, monkeypatch):
 # NaN: the same positions as torch's math attention (docs/robustness.md)
 
 
-def _math_sdpa(q, k, v, **kw):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.MATH):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
-
-
 def _nan_inputs(where, dtype, mask_kind):
     """bhsd q, k, v (and a float mask when asked) with one NaN at ``where``."""
     gen = torch.Generator().manual_seed(3)
@@ -421,31 +414,27 @@ def _nan_inputs(where, dtype, mask_kind):
                                              ("k", "causal"), ("v", "causal"), ("k", "bool"), ("v", "bool"),
                                              ("q", "bool"), ("mask", "float")])
 def test_nan_propagates_like_torch_math(where, mask_kind, dtype):
+    """NaN positions of out and the gradients: torch's math attention's on the CPU engine; on CUDA
+    between what the rows see and torch's (nan_rule_check)."""
     import fusedattn
 
     t, mask = _nan_inputs(where, dtype, mask_kind)
-    leaves = {n: x.clone().requires_grad_() for n, x in t.items()}
-    kw = dict(is_causal=mask_kind == "causal", attn_mask=mask)
+    is_causal = mask_kind == "causal"
+    dout = torch.randn(t["q"].shape[:-1] + t["v"].shape[-1:], dtype=torch.float64)
+    want, sets = sdpa_nan_sets(t["q"], t["k"], t["v"], attn_mask=mask, is_causal=is_causal, dout=dout)
+    dleaves = {n: on_device(x).requires_grad_() for n, x in t.items()}
     if mask is not None and mask.dtype != torch.bool:
-        leaves["mask"] = mask.clone().requires_grad_()
-        kw["attn_mask"] = leaves["mask"]
-    want = _math_sdpa(*(leaves[n].double() for n in "qkv"), **{**kw, "attn_mask": kw["attn_mask"] if kw[
-        "attn_mask"] is None or kw["attn_mask"].dtype == torch.bool else kw["attn_mask"].double()})
-    dout = torch.randn(want.shape, dtype=torch.float64)
-    want.backward(dout)
-    want_grads = {n: x.grad for n, x in leaves.items()}
-    dleaves = {n: on_device(x.detach()).requires_grad_() for n, x in leaves.items()}
-    dkw = dict(kw, attn_mask=dleaves.get("mask", on_device(kw["attn_mask"])))
-    got = fusedattn.scaled_dot_product_attention(*(dleaves[n] for n in "qkv"), **dkw)
+        dleaves["mask"] = on_device(mask).requires_grad_()
+    got = fusedattn.scaled_dot_product_attention(*(dleaves[n] for n in "qkv"), is_causal=is_causal,
+                                                 attn_mask=dleaves.get("mask", on_device(mask)))
     got.backward(on_device(dout.to(dtype)))
-    assert torch.isnan(want).any()
-    assert torch.equal(torch.isnan(to_host(got)), torch.isnan(want)), "out: NaN positions differ from torch"
-    ok = ~torch.isnan(want)
+    assert sets["out"][0].any()
+    msgs = [nan_rule_check("out", to_host(got), *sets["out"])]
+    msgs += [nan_rule_check(f"d{n}", to_host(x.grad), *sets[f"d{n}"]) for n, x in dleaves.items()]
+    assert_matches_reference(msgs)
+    ok = ~sets["out"][0]
     torch.testing.assert_close(to_host(got).double()[ok], want[ok], rtol=0, atol=5e-2 if dtype == torch.bfloat16
                                else 1e-5)
-    for n, x in dleaves.items():
-        g = to_host(x.grad)
-        assert torch.equal(torch.isnan(g), torch.isnan(want_grads[n])), f"d{n}: NaN positions differ from torch"
 
 
 def test_nan_alibi_slope_and_offset():
@@ -496,7 +485,7 @@ def test_sdpa_empty_inputs_like_torch(shapes, is_causal):
     import fusedattn
 
     leaves = [torch.randn(s, dtype=torch.float64).requires_grad_() for s in shapes]
-    want = _math_sdpa(*leaves, is_causal=is_causal)
+    want = math_sdpa(*leaves, is_causal=is_causal)
     dout = torch.randn(want.shape, dtype=torch.float64)
     want.backward(dout)
     dleaves = [on_device(x.detach().float()).requires_grad_() for x in leaves]
@@ -572,7 +561,7 @@ def test_float64_is_float64_accurate(cfg):
 
 def test_float64_huge_scale_like_torch():
     q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float64) for _ in range(3))
-    want = _math_sdpa(q, k, v, scale=1e39)
+    want = math_sdpa(q, k, v, scale=1e39)
     import fusedattn
 
     got = to_host(fusedattn.scaled_dot_product_attention(*on_device((q, k, v)), scale=1e39))
