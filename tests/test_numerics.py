@@ -412,7 +412,7 @@ def _nan_inputs(where, dtype, mask_kind):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("where,mask_kind", [("q", None), ("k", None), ("v", None), ("q", "causal"),
                                              ("k", "causal"), ("v", "causal"), ("k", "bool"), ("v", "bool"),
-                                             ("q", "bool"), ("mask", "float")])
+                                             ("q", "bool"), ("mask", "float"), ("dout", None), ("dout", "causal")])
 def test_nan_propagates_like_torch_math(where, mask_kind, dtype):
     """NaN positions of out and the gradients: torch's math attention's on the CPU engine; on CUDA
     between what the rows see and torch's (nan_rule_check)."""
@@ -421,6 +421,8 @@ def test_nan_propagates_like_torch_math(where, mask_kind, dtype):
     t, mask = _nan_inputs(where, dtype, mask_kind)
     is_causal = mask_kind == "causal"
     dout = torch.randn(t["q"].shape[:-1] + t["v"].shape[-1:], dtype=torch.float64)
+    if where == "dout":  # dq of the row, dk of its keys, dv of every key at that feature only
+        dout[1, 0, 20, 5] = float("nan")
     want, sets = sdpa_nan_sets(t["q"], t["k"], t["v"], attn_mask=mask, is_causal=is_causal, dout=dout)
     dleaves = {n: on_device(x).requires_grad_() for n, x in t.items()}
     if mask is not None and mask.dtype != torch.bool:
@@ -428,7 +430,7 @@ def test_nan_propagates_like_torch_math(where, mask_kind, dtype):
     got = fusedattn.scaled_dot_product_attention(*(dleaves[n] for n in "qkv"), is_causal=is_causal,
                                                  attn_mask=dleaves.get("mask", on_device(mask)))
     got.backward(on_device(dout.to(dtype)))
-    assert sets["out"][0].any()
+    assert sets["out"][0].any() or where == "dout"
     msgs = [nan_rule_check("out", to_host(got), *sets["out"])]
     msgs += [nan_rule_check(f"d{n}", to_host(x.grad), *sets[f"d{n}"]) for n, x in dleaves.items()]
     assert_matches_reference(msgs)
