@@ -766,6 +766,27 @@ def assert_matches_reference(checks):
     assert not msgs, "\n".join(msgs)
 
 
+def nan_problem(where, mask_kind, dtype, d=16):
+    """bhsd q, k, v, a mask (None, "causal": none, "bool", "float") and a float64 dout with one NaN
+    at ``where``: "q", "k" (the last key, which a causal mask hides from most rows), "k_visible"
+    (key 0), "v", "mask" (float) or "dout". Returns ({"q", "k", "v"}, mask, dout)."""
+    gen = torch.Generator().manual_seed(3)
+    b, h, s_q, s_kv = 2, 2, 70, 67  # more than one tile of rows and keys on every engine
+    t = {n: torch.randn(b, h, s, d, generator=gen, dtype=torch.float64).to(dtype)
+         for n, s in (("q", s_q), ("k", s_kv), ("v", s_kv))}
+    mask = None
+    if mask_kind == "float":
+        mask = torch.randn(b, h, s_q, s_kv, generator=gen, dtype=torch.float64).to(dtype)
+    elif mask_kind == "bool":
+        mask = torch.rand(b, 1, s_q, s_kv, generator=gen) < 0.8
+        mask[0, 0, 5] = False  # a row that sees nothing
+    dout = torch.randn(b, h, s_q, d, generator=gen, dtype=torch.float64)
+    target = {"q": (t["q"], (0, 1, 3, 7)), "k": (t["k"], (1, 0, 66, 2)), "k_visible": (t["k"], (1, 0, 0, 2)),
+              "v": (t["v"], (0, 1, 40, 0)), "mask": (mask, (1, 1, 2, 9)), "dout": (dout, (1, 0, 20, 5))}[where]
+    target[0][target[1]] = float("nan")
+    return t, mask, dout
+
+
 def math_sdpa(q, k, v, **kw):
     """torch.nn.functional.scaled_dot_product_attention under its math backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

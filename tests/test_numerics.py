@@ -23,8 +23,8 @@ import torch
 import fusedattn._ops as ops
 import reference as R
 from conftest import (ATOMIC_GRADS, MATRIX, ON_CUDA, Config, build_case, check_case, device_run, math_sdpa,
-                      module_on_device, nan_rule_check, normalise, on_device, reference_run, rerun_tol, run_op,
-                      sdpa_nan_sets, to_device, to_host, tol_check, assert_matches_reference)
+                      module_on_device, nan_problem, nan_rule_check, normalise, on_device, reference_run, rerun_tol,
+                      run_op, sdpa_nan_sets, to_device, to_host, tol_check, assert_matches_reference)
 
 FwdArgs = ops.FwdArgs
 
@@ -385,30 +385,6 @@ def test_gradcheck_float64(kw, monkeypatch):
 # NaN: the same positions as torch's math attention (docs/robustness.md)
 
 
-def _nan_inputs(where, dtype, mask_kind):
-    """bhsd q, k, v (and a float mask when asked) with one NaN at ``where``."""
-    gen = torch.Generator().manual_seed(3)
-    b, h, s_q, s_kv, d = 2, 2, 70, 67, 16  # more than one tile of 64 rows and keys
-    t = {n: torch.randn(b, h, s, d, generator=gen, dtype=torch.float64).to(dtype)
-         for n, s in (("q", s_q), ("k", s_kv), ("v", s_kv))}
-    mask = None
-    if mask_kind == "float":
-        mask = torch.randn(b, h, s_q, s_kv, generator=gen, dtype=torch.float64).to(dtype)
-    elif mask_kind == "bool":
-        mask = torch.rand(b, 1, s_q, s_kv, generator=gen) < 0.8
-        mask[0, 0, 5] = False  # a row that sees nothing
-    nan = float("nan")
-    if where == "q":
-        t["q"][0, 1, 3, 7] = nan
-    elif where == "k":
-        t["k"][1, 0, 66, 2] = nan  # the last key: invisible to most rows under a causal mask
-    elif where == "v":
-        t["v"][0, 1, 40, 0] = nan
-    elif where == "mask":
-        mask[1, 1, 2, 9] = nan
-    return t, mask
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("where,mask_kind", [("q", None), ("k", None), ("v", None), ("q", "causal"),
                                              ("k", "causal"), ("v", "causal"), ("k", "bool"), ("v", "bool"),
@@ -418,11 +394,8 @@ def test_nan_propagates_like_torch_math(where, mask_kind, dtype):
     between what the rows see and torch's (nan_rule_check)."""
     import fusedattn
 
-    t, mask = _nan_inputs(where, dtype, mask_kind)
+    t, mask, dout = nan_problem(where, mask_kind, dtype)
     is_causal = mask_kind == "causal"
-    dout = torch.randn(t["q"].shape[:-1] + t["v"].shape[-1:], dtype=torch.float64)
-    if where == "dout":  # dq of the row, dk of its keys, dv of every key at that feature only
-        dout[1, 0, 20, 5] = float("nan")
     want, sets = sdpa_nan_sets(t["q"], t["k"], t["v"], attn_mask=mask, is_causal=is_causal, dout=dout)
     dleaves = {n: on_device(x).requires_grad_() for n, x in t.items()}
     if mask is not None and mask.dtype != torch.bool:

@@ -182,35 +182,6 @@ def test_op_empty_like_cpu_engine(name, dtype):
 # NaN: the CUDA rule
 
 
-def _nan_problem(where, mask_kind, dtype, d=64):
-    """bhsd q, k, v, a mask and dout with one NaN at ``where`` (dout: a whole row's gradient)."""
-    gen = torch.Generator().manual_seed(3)
-    b, h, s_q, s_kv = 2, 2, 70, 67  # more than one tile of rows and keys on every engine
-    t = {n: torch.randn(b, h, s, d, generator=gen, dtype=torch.float64).to(dtype)
-         for n, s in (("q", s_q), ("k", s_kv), ("v", s_kv))}
-    mask = None
-    if mask_kind == "float":
-        mask = torch.randn(b, h, s_q, s_kv, generator=gen, dtype=torch.float64).to(dtype)
-    elif mask_kind == "bool":
-        mask = torch.rand(b, 1, s_q, s_kv, generator=gen) < 0.8
-        mask[0, 0, 5] = False  # a row that sees nothing
-    dout = torch.randn(b, h, s_q, d, generator=gen, dtype=torch.float64)
-    nan = float("nan")
-    if where == "q":
-        t["q"][0, 1, 3, 7] = nan
-    elif where == "k":
-        t["k"][1, 0, 66, 2] = nan  # the last key: invisible to most rows under a causal mask
-    elif where == "k_visible":
-        t["k"][1, 0, 0, 2] = nan  # key 0: every row sees it unless a boolean mask hides it
-    elif where == "v":
-        t["v"][0, 1, 40, 0] = nan
-    elif where == "mask":
-        mask[1, 1, 2, 9] = nan
-    elif where == "dout":
-        dout[1, 0, 20, 5] = nan
-    return t, mask, dout
-
-
 NAN_CASES = [(w, m) for m in (None, "causal", "bool") for w in ("q", "k", "k_visible", "v", "dout")] + [
     ("mask", "float"), ("q", "float")]
 
@@ -220,7 +191,7 @@ NAN_CASES = [(w, m) for m in (None, "causal", "bool") for w in ("q", "k", "k_vis
 def test_nan_rule_sdpa(where, mask_kind, dtype):
     """out and every gradient follow nan_rule_check; where torch's result is finite, values follow the
     suite's tolerance rule (conftest.tol_check against torch's math attention in float64 and in dtype)."""
-    t, mask, dout = _nan_problem(where, mask_kind, dtype)
+    t, mask, dout = C.nan_problem(where, mask_kind, dtype, d=64)
     is_causal = mask_kind == "causal"
     _, sets = C.sdpa_nan_sets(t["q"], t["k"], t["v"], attn_mask=mask, is_causal=is_causal, dout=dout)
     refs = {}
