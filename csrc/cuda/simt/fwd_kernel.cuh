@@ -8,8 +8,8 @@
 //
 // kLseOnly: the fp64 backward's pass that recomputes every row's log-sum-exp in double (the op's
 // softmax_lse is fp32, whose rounding would bound the gradients near 1e-8): no P V and no outputs,
-// and the logits formed as the backward forms them (q . k, then times scale * log2(e)), so that
-// the backward's exp2(logit - lse) sees bitwise the same logits and is at most 1.
+// and the logits formed as the backward forms them (q . k summed in the same order, then times
+// scale * log2(e)), so that the backward's probabilities match these up to the last bits.
 #pragma once
 
 #include "aux_kernels.cuh"
