@@ -9,7 +9,7 @@
 #include "decode/decode.h"
 #include "hopper/kernels.h"
 #include "simt/simt.h"
-#include "tc/launch.h"
+#include "stubs.h"
 
 namespace fusedattn {
 namespace {
@@ -51,16 +51,7 @@ Status run_fwd(const KArgs&, cudaStream_t) { return not_launched(); }
 template <typename Elem, int kD, bool kGeneral>
 Status run_bwd(const KArgs&, cudaStream_t) { return not_launched(); }
 
-// Every launcher the table names (tc/dispatch.cu holds the same rows), instantiated through it.
-enum class Dir { kFwd, kBwd };
-struct StubRow {
-  Dir dir;
-  DType dtype;
-  int head_dim;
-  bool general;
-  KernelFn fn;
-};
-extern const StubRow kStubRows[];
+// Every launcher the table names, instantiated through it.
 const StubRow kStubRows[] = {
 #include "tc/generated/table.inc"
 };

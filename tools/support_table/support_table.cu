@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,21 +19,9 @@
 #include "dispatch/dispatch.h"
 #include "fusedattn/api.h"
 #include "hopper/kernels.h"
-#include "tc/launch.h"
+#include "stubs.h"
 
 namespace fusedattn {
-namespace tc {
-enum class Dir { kFwd, kBwd };
-struct StubRow {
-  Dir dir;
-  DType dtype;
-  int head_dim;
-  bool general;
-  KernelFn fn;
-};
-extern const StubRow kStubRows[];  // stubs.cu: tc/generated/table.inc, the rows of tc's kernel table
-}  // namespace tc
-
 namespace {
 
 struct Config {
