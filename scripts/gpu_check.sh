@@ -313,7 +313,7 @@ if [[ "$SUITES" != *" suite "* ]]; then
 elif grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
   t0=$(now)
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$OUT/test_suite_cuda.log" -m "not slow" ${GPU_CHECK_SUITE_PATHS:-tests} \
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest_jobs "$OUT/test_suite_cuda.log" -m "not slow" ${GPU_CHECK_SUITE_PATHS:-tests} \
     --ignore=tests/gpu ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
