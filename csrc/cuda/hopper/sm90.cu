@@ -169,6 +169,9 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
 std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
+  // The row maximum is taken over unscaled scores: with scale <= 0 it would be the minimum, and P
+  // could overflow fp16.
+  if (!(p.scale > 0)) return "a scale <= 0";
   const bool general = needs_general(p);
   if (find_kernel(general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile, p) == nullptr) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " with ", dtype_name(pr.dtype),
