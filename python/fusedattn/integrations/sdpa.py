@@ -307,6 +307,12 @@ def _flash_first() -> Optional[List[int]]:
     get = getattr(torch._C, "_get_sdp_priority_order", None)
     if get is None or not hasattr(torch._C, "_set_sdp_priority_order"):
         return None
+    if torch.cuda.is_available():
+        # torch may settle its CUDA order (cuDNN first on sm_90) at a process's first CUDA SDPA call,
+        # which would undo a reorder made before it (on the H200 some test processes' first SDPA
+        # calls missed fusedattn). One backend choice on a tiny tensor makes that call happen first.
+        t = torch.zeros(1, 1, 1, 8, device="cuda", dtype=torch.float16)
+        torch._fused_sdp_choice(t, t, t)
     previous = [int(b) for b in get()]
     flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
     torch._C._set_sdp_priority_order([flash] + [b for b in previous if b != flash])
