@@ -57,5 +57,8 @@ if command -v nvcc >/dev/null 2>&1; then expect_cuda=1; fi
   -p no:cacheprovider test_wheel.py test_opcheck.py test_contract.py test_api.py test_errors.py test_numerics.py)
 
 echo "== Python tests"
+# Inductor's on-disk cache can serve a graph compiled against another build of fusedattn (seen: a
+# cached graph calling fusedattn::bwd without an argument added since): one cache per checkout.
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$ROOT/build/inductor-cache}"
 cd "$ROOT/tests"
 "$PY" -m pytest -q -p no:cacheprovider "$@" .
