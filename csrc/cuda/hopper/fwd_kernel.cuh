@@ -57,11 +57,15 @@ struct FwdTraits : Cfg {
   static constexpr bool F16 = std::is_same<T, __half>::value;
   static constexpr int BM = 64 * NCONS;
   static constexpr int kThreads = 128 * (NCONS + 1), kConsumerWarps = 4 * NCONS;
-  // setmaxnreg: 24 for the producer (32 for general masks, whose key-tile ranges need more; the
-  // consumers' share stays the same), for the consumers the largest multiple of 8 that fits the
-  // 64K-register file beside it.
-  static constexpr int kProducerRegs = Feat::GENERAL ? 32 : 24;
-  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / NCONS / 8 * 8;
+  // setmaxnreg moves registers within the CTA's pool, which holds what the launch gave each thread:
+  // kLaunchRegs (__launch_bounds__(kThreads, 1); ptxas gives a kernel that uses setmaxnreg all of
+  // them), 168 with two consumers, so that pool is 384 x 168, not the 64K register file. A request
+  // past the pool never returns (the last consumer warpgroup's setmaxnreg.inc spins). The producer
+  // takes 24, or 40 for general masks (their key-tile ranges: ptxas spills the producer at 24; with
+  // two consumers every count from 25 to 40 leaves them 232), the consumers what the pool has left.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = Feat::GENERAL ? 40 : 24;
+  static constexpr int kConsumerRegs = ((NCONS + 1) * kLaunchRegs - kProducerRegs) / NCONS / 8 * 8;
   static constexpr bool QREG = fwd_q_in_registers(D, BN, NCONS, Sched::kPersistent);
   // A persistent CTA's consumers release each Q slot for the producer's next tiles.
   static constexpr bool Q_EMPTY = Sched::kPersistent;
@@ -93,7 +97,7 @@ struct FwdTraits : Cfg {
   static_assert(STAGES >= 2, "ring depth");  // one slot would expose every load's latency
   static_assert(kTotal <= kSmemLimit, "dynamic shared memory");
   static_assert(!Feat::GENERAL || !Cfg::SKIP, "general masks: no SKIP (mask.cuh's n_key_tiles_of_rows)");
-  static_assert(kProducerRegs * 128 + NCONS * kConsumerRegs * 128 <= 65536, "setmaxnreg budget");
+  static_assert(kProducerRegs * 128 + NCONS * kConsumerRegs * 128 <= kThreads * kLaunchRegs, "setmaxnreg pool");
 };
 
 template <class Cfg, class Sched, class Feat>
