@@ -70,6 +70,10 @@ namespace hopper {
 
 constexpr int kBwdThreads = 384;
 constexpr int kBwdConsumerWarps = 8;
+// setmaxnreg: the producer warpgroup's and each consumer warpgroup's share of the CTA's pool.
+constexpr int kBwdProducerRegs = 24, kBwdConsumerRegs = 240;
+static_assert(128 * kBwdProducerRegs + 256 * kBwdConsumerRegs <= kBwdThreads * launch_regs(kBwdThreads),
+              "setmaxnreg pool (ptx_sm90.cuh's launch_regs)");
 // The end-of-CTA timeout vote (ptx_sm90.cuh's timeout_vote) of the consumers and the producer's
 // first warp; the main kernels' own named barriers are 1-5.
 constexpr int kBwdTimeoutBar = 6, kBwdTimeoutVoters = 256 + 32;
@@ -357,7 +361,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
   if constexpr (DET) cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, *ticket_smem);
 
   if (wg == 0) {
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<kBwdProducerRegs>();
     if (tid < 32) {
       if (tid == 0) {
         bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
@@ -370,7 +374,7 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
     }
     return;
   }
-  setmaxnreg_inc<240>();
+  setmaxnreg_inc<kBwdConsumerRegs>();
   const int cw = wg - 1;
   const int ltid = tid & 127;
   const int warp = ltid / 32;

@@ -57,13 +57,10 @@ struct FwdTraits : Cfg {
   static constexpr bool F16 = std::is_same<T, __half>::value;
   static constexpr int BM = 64 * NCONS;
   static constexpr int kThreads = 128 * (NCONS + 1), kConsumerWarps = 4 * NCONS;
-  // setmaxnreg moves registers within the CTA's pool, which holds what the launch gave each thread:
-  // kLaunchRegs (__launch_bounds__(kThreads, 1); ptxas gives a kernel that uses setmaxnreg all of
-  // them), 168 with two consumers, so that pool is 384 x 168, not the 64K register file. A request
-  // past the pool never returns (the last consumer warpgroup's setmaxnreg.inc spins). The producer
-  // takes 24, or 40 for general masks (their key-tile ranges: ptxas spills the producer at 24; with
-  // two consumers every count from 25 to 40 leaves them 232), the consumers what the pool has left.
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  // setmaxnreg within the CTA's pool (ptx_sm90.cuh's launch_regs): the producer takes 24, or 40 for
+  // general masks (their key-tile ranges: ptxas spills the producer at 24; with two consumers every
+  // count from 25 to 40 leaves them 232), the consumers what the pool has left.
+  static constexpr int kLaunchRegs = launch_regs(kThreads);
   static constexpr int kProducerRegs = Feat::GENERAL ? 40 : 24;
   static constexpr int kConsumerRegs = ((NCONS + 1) * kLaunchRegs - kProducerRegs) / NCONS / 8 * 8;
   static constexpr bool QREG = fwd_q_in_registers(D, BN, NCONS, Sched::kPersistent);

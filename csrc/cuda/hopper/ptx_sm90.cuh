@@ -109,6 +109,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t saddr) {
 }
 
 // ---------------------------------------------------------------- setmaxnreg
+// setmaxnreg moves registers within the CTA's pool, which holds what the launch gave each thread:
+// for a kernel that uses it, ptxas takes all that __launch_bounds__(threads, 1) allows, this many
+// (168 for 384 threads), so the pool is threads x launch_regs(threads), not the 64K register file.
+// A setmaxnreg.inc past the pool never returns (ptxas emits a retry loop around the allocation).
+constexpr int launch_regs(int threads) { return 65536 / threads / 8 * 8; }
 template <int R>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
