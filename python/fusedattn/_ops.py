@@ -320,14 +320,17 @@ def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_ma
     rng_state = draw_rng_state(q.device) if args.dropout_p > 0 else None
     optionals = (bias, softmax_offset, attn_mask, alibi_slopes, cu_seqlens_q, cu_seqlens_kv,
                  cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    # Eager calls that need gradients take _Attention (lower host cost); under torch.compile
-    # the operator's own autograd registration is traced (Dynamo cannot trace an
-    # autograd.Function given one tensor twice, as self-attention's q, k, v often are).
-    if (not torch.compiler.is_compiling() and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in (q, k, v, *optionals))):
+    # Under torch.compile the operator's own autograd registration is traced (Dynamo cannot trace an
+    # autograd.Function given one tensor twice, as self-attention's q, k, v often are). Eager calls
+    # that need gradients take _Attention, the others call the kernel below the Autograd key: both
+    # skip the registration's Python wrapper, which only redispatches (lower host cost).
+    if torch.compiler.is_compiling():
+        out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, *optionals)):
         out, max_logit = _Attention.apply(args, page_table, rng_state, q, k, v, *optionals)
     else:
-        out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
+        with torch._C._AutoDispatchBelowAutograd():
+            out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
     return out, (max_logit if args.return_max_logit else None)
 
 
@@ -354,7 +357,8 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, args, page_table, rng_state, q, k, v, *optionals):
-        out, lse, rng_out, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
+        with torch._C._AutoDispatchBelowAutograd():  # this Function is the call's autograd
+            out, lse, rng_out, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
         ctx.mark_non_differentiable(max_logit)
         ctx.save_for_backward(q, k, v, out, lse, rng_out, *optionals)
         ctx.fwd_args = args

@@ -21,7 +21,6 @@ def _check_sdpa_inputs(query, key, value, attn_mask, enable_gqa) -> None:
     """torch's checks of an SDPA call, in the caller's terms (bhsd shapes, query/key/value,
     attn_mask), before the operator sees bshd views under its own argument names. RuntimeError,
     as torch raises."""
-    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)}"
     if not (query.dtype == key.dtype == value.dtype):
         raise RuntimeError(f"scaled_dot_product_attention: query, key and value must have the same dtype; got "
                            f"{query.dtype}, {key.dtype} and {value.dtype}")
@@ -44,7 +43,8 @@ def _check_sdpa_inputs(query, key, value, attn_mask, enable_gqa) -> None:
             f"for grouped-query attention")
     if h_kv != 0 and h_q % h_kv != 0 or (h_kv == 0) != (h_q == 0):
         raise RuntimeError(f"scaled_dot_product_attention: the number of key/value heads must divide the number of "
-                           f"query heads; got {shapes}")
+                           f"query heads; got query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                           f"{tuple(value.shape)}")
     if attn_mask is None:
         return
     if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
