@@ -18,13 +18,9 @@
 //      registers; dQ_part = dS K staged in shared memory and reduce-added into the accumulator by
 //      TMA). Epilogue: dK * scale and dV as 16-bit rows.
 //  (3) postprocess: dq = dQ_acc * scale -> 16-bit.
-// Varlen (features.h's VARLEN; varlen.cuh): a prologue first builds each sequence's maps (q, k, v, dO
-// and the dQ accumulator, cut to its lengths) and zero-fills dk, dv where no sequence owns a key. The
-// pre / post kernels run over the call's rows (bwd_sm90_varlen_rows: thd one per token) as over bshd
-// ones; a CTA's key tile is one of its sequence's (a tile past its keys exits at once), its tiles take
-// batch coordinate 0 on its maps, its lse2 / Dsum slices start at the 4-aligned row below the tile's
-// first (row_shift), its mask hides the rows past the sequence (P = dS = 0: those rows' statistics are
-// another sequence's), and its dK / dV rows go to the sequence's keys.
+// Varlen (features.h's VARLEN): a prologue (varlen.cuh) builds each sequence's maps and zero-fills dk,
+// dv where no sequence owns a key; pre / post run over the call's rows (thd: one per token); a CTA past
+// its sequence's keys exits at once, and the mask hides a tile's rows past the sequence (P = dS = 0).
 //
 // Deterministic mode (DET, d = 64 / 128): the reduce-adds into each (batch, head, query tile m)
 // take turns in a fixed order of key tiles, so every dQ element sums its terms in one order
@@ -633,8 +629,7 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 // at stg + (j / 4) * 8 KB, the layout of the tmdQ map's box for cp.reduce.async.bulk.tensor.
 // Fragment j of thread (r0, qd) belongs in chunk (2 (j % 4) + qd / 2) ^ r0. Stored in j order,
 // a half-warp's 16 64-bit stores would hit only 8 distinct 8-byte bank slots (lanes (r0, qd)
-// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, Nsight Compute's 4 wavefronts per store
-// instead of 2); so in store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose
+// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, 4 wavefronts per store instead of 2); so in store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose
 // chunk (2 (j % 4) ^ 4 + 1) ^ r0 lies in the other half of the row: 16 distinct slots.
 template <int NJ>
 __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {

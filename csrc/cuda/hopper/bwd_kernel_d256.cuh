@@ -67,7 +67,7 @@
 //   in (a)-(d): dK 64 + dV 64 + S or dP 32 = 160. Limit 240 (setmaxnreg).
 // Shared memory (bytes): K 32768 + V 32768 + 2 stages x (Q 32768 + dO 32768)
 //   + 2 x sP 8192 + 2 x sdS 8192 + 2 x 2 x 256 rows + 128 barriers + 1024
-//   alignment slack = 231552 <= 232448 (227 KB).
+//   alignment slack = 231552 <= 232448 (227 KB); varlen's row slices take 4 x 16 bytes more.
 // The 256-wide rows of K, V, Q, dO are 4 chunks of [rows][64] (128 B rows,
 // 128B swizzle, chunk c at c * rows * 128), loaded by 4 TMA boxes (64, 1,
 // rows, 1); a K-major k16 step at d-offset 16k reads chunk k/4 at +32(k%4) B,
