@@ -637,7 +637,8 @@ def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla"
     monkeypatch.setitem(C.WINDOWS, "hopper", windows)
     if lengths is not None:
         lq, lk = lengths
-        monkeypatch.setattr(C, "_lengths", lambda cfg, b, s_q, s_kv, rng: (list(lq), list(lk if lk is not None else lq)))
+        lk = lq if lk is None else lk
+        monkeypatch.setattr(C, "_lengths", lambda cfg, b, s_q, s_kv, rng: (list(lq), list(lk)))
     cfg = C.normalise(C.Config(layout=layout, mask=mask, window="hopper", brd=brd, heads=heads, dims=dims,
                                shape="hopper", dtype=dtype, softmax=softmax,
                                seqlens="random" if lengths is not None else None, max_seqlen=max_seqlen))
@@ -888,7 +889,8 @@ def test_hopper_varlen_packed_training():
     cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device="cuda")
     t = int(cu[-1])
     q = torch.randn(t, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-    k, v = (torch.randn(t, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_() for _ in range(2))
+    k, v = (torch.randn(t, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+            for _ in range(2))
     dout = torch.randn(t, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     scale = 1 / math.sqrt(128)
     args = FwdArgs(scale=scale, q_format="thd", kv_format="thd", mask_type="padding_causal", max_seqlen_q=max(lens),

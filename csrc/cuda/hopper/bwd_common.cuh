@@ -629,8 +629,8 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 // at stg + (j / 4) * 8 KB, the layout of the tmdQ map's box for cp.reduce.async.bulk.tensor.
 // Fragment j of thread (r0, qd) belongs in chunk (2 (j % 4) + qd / 2) ^ r0. Stored in j order,
 // a half-warp's 16 64-bit stores would hit only 8 distinct 8-byte bank slots (lanes (r0, qd)
-// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, 4 wavefronts per store instead of 2); so in store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose
-// chunk (2 (j % 4) ^ 4 + 1) ^ r0 lies in the other half of the row: 16 distinct slots.
+// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, 4 wavefronts per store instead of 2); so in
+// store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose chunk (2 (j % 4) ^ 4 + 1) ^ r0 lies in the other half of the row: 16 distinct slots.
 template <int NJ>
 __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {
   const uint32_t trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8;

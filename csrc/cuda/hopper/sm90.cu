@@ -192,7 +192,8 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
   const bool varlen = is_varlen(p), general = needs_general(p);
-  const KernelEntry entry = varlen ? KernelEntry::kFwdVarlen : general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile;
+  const KernelEntry entry =
+      varlen ? KernelEntry::kFwdVarlen : general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile;
   if (find_kernel(entry, p) == nullptr) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " with ", dtype_name(pr.dtype),
                p.softcap > 0 ? " and softcap" : "",
