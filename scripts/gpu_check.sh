@@ -16,8 +16,8 @@
 #   GPU_CHECK_SKIP_BUILD=1 use the fusedattn already installed
 #   GPU_CHECK_WHEEL        a wheel file (scripts/build_wheel.sh's, built on another machine) installed
 #                          instead of building this checkout
-#   GPU_CHECK_JOBS         concurrent pytest processes for tests/gpu (default 1; the tests are
-#                          split by test id, for correctness runs, not timings)
+#   GPU_CHECK_JOBS         pytest-xdist workers for the test suites (default 1; for correctness
+#                          runs, not timings)
 #   GPU_CHECK_SANITIZER    a pytest -k expression: those tests of tests/gpu also run
 #                          under compute-sanitizer memcheck, racecheck and initcheck
 #   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
@@ -247,25 +247,16 @@ run_pytest() {
   fi
   return $rc
 }
-# run_pytest_jobs LOG ARGS...: run_pytest over GPU_CHECK_JOBS concurrent processes, the collected
-# test ids dealt round-robin; LOG gets every part's log and a combined count line.
+# run_pytest_jobs LOG ARGS...: run_pytest over GPU_CHECK_JOBS pytest-xdist workers (when pytest-xdist is
+# installed; otherwise one process).
 run_pytest_jobs() {
   local log="$1"; shift
-  local jobs="${GPU_CHECK_JOBS:-1}" i rc=0 pids=() ids
-  if [ "$jobs" -le 1 ]; then run_pytest "$log" "$@"; return $?; fi
-  ids="$("$PY" -m pytest -q --collect-only -p no:cacheprovider "$@" 2>/dev/null | grep "::")"
-  for i in $(seq 0 $((jobs - 1))); do
-    # shellcheck disable=SC2046
-    run_pytest "$log.$i" $(awk -v n="$jobs" -v i="$i" 'NR % n == i' <<< "$ids") & pids+=("$!")
-  done
-  for i in "${pids[@]}"; do wait "$i" || rc=1; done
-  cat "$log".* > "$log"; rm -f "$log".*
-  printf '%s passed, %s failed, %s errors, %s skipped (%s processes)\n' \
-    "$(grep -hoE "[0-9]+ passed" "$log" | awk '{s+=$1} END{print s+0}')" \
-    "$(grep -hoE "[0-9]+ failed" "$log" | awk '{s+=$1} END{print s+0}')" \
-    "$(grep -hoE "[0-9]+ errors?" "$log" | awk '{s+=$1} END{print s+0}')" \
-    "$(grep -hoE "[0-9]+ skipped" "$log" | awk '{s+=$1} END{print s+0}')" "$jobs" >> "$log"
-  return $rc
+  local jobs="${GPU_CHECK_JOBS:-1}"
+  if [ "$jobs" -gt 1 ] && "$PY" -c "import xdist" 2>/dev/null; then
+    run_pytest "$log" -n "$jobs" "$@"
+  else
+    run_pytest "$log" "$@"
+  fi
 }
 SUITES=" ${GPU_CHECK_SUITES-gpu decode suite} "
 pytest_counts() { grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|(passed|failed|error)(,| in )" "$1" | tail -1 | sed 's/=//g'; }
@@ -313,7 +304,7 @@ if [[ "$SUITES" != *" suite "* ]]; then
 elif grep -q "FUSEDATTN_TEST_DEVICE" tests/conftest.py 2>/dev/null; then
   t0=$(now)
   # shellcheck disable=SC2086
-  FUSEDATTN_TEST_DEVICE=cuda run_pytest "$OUT/test_suite_cuda.log" -m "not slow" ${GPU_CHECK_SUITE_PATHS:-tests} \
+  FUSEDATTN_TEST_DEVICE=cuda run_pytest_jobs "$OUT/test_suite_cuda.log" -m "not slow" ${GPU_CHECK_SUITE_PATHS:-tests} \
     --ignore=tests/gpu ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1

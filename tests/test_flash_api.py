@@ -633,8 +633,10 @@ def test_varlen_attn_signature_matches_torch():
 
     from torch.nn.attention import varlen
 
+    # torch's signature grows between releases (2.11 lacks enable_gqa, seqused_k, block_table, num_splits):
+    # ours is the newest one, so the installed torch's parameters are a prefix of ours.
     ours, theirs = inspect.signature(varlen_attn), inspect.signature(varlen.varlen_attn)
-    assert list(ours.parameters) == list(theirs.parameters)
+    assert list(ours.parameters)[: len(theirs.parameters)] == list(theirs.parameters)
     for name, p in theirs.parameters.items():
         assert ours.parameters[name].default == p.default and ours.parameters[name].kind == p.kind, name
     assert AuxRequest._fields == varlen.AuxRequest._fields

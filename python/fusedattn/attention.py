@@ -657,8 +657,11 @@ class DotProductAttention(torch.nn.Module):
             check_query(query_layer, qkv_format)
         # fwd_kvcache appends and attends in one operator; a cache manager of the caller's own appends
         # in its step(), then attention reads the cache.
+        # `is not None`, not the bound method's truth value, which Dynamo before torch 2.13 cannot branch on.
         kv_step = getattr(inference_params, "kv_step", None)
-        fused = kv_step(self.layer_number, query_layer, key_layer, value_layer, qkv_format) if kv_step else None
+        fused = None
+        if kv_step is not None:
+            fused = kv_step(self.layer_number, query_layer, key_layer, value_layer, qkv_format)
         if fused is not None:
             k_cache, v_cache, page_table, cu_q, cu_kv = (fused.k_cache, fused.v_cache, fused.page_table,
                                                          fused.cu_seqlens_q, None)

@@ -754,58 +754,52 @@ VARLEN_CALLS = {
     # packed causal training: documents of 300, 1, 0, 129 and 64 tokens
     "thd_causal": ("thd", "padding_causal", ((-1, -1), (-1, 0)), None, (5, 300, 300),
                    ([300, 1, 0, 129, 64], None), "given", "vanilla", (4, 2)),
-    # cu_seqlens_*_padded gaps and a tail; bottom-right with s_q != s_kv per sequence, a sequence without
-    # queries and one without keys (whose rows get zeros and lse -inf)
-    "thd_gaps_bottom_right": ("thd_gaps", "padding_causal_bottom_right", ((-1, -1), (-1, 0)), None, (4, 200, 150),
-                              ([200, 37, 0, 140], [150, 60, 9, 0]), "given", "vanilla", (4, 2)),
+    # cu_seqlens_*_padded gaps and a tail; s_q != s_kv per sequence, a sequence without queries and one
+    # without keys (whose rows get zeros and lse -inf)
+    "thd_gaps_causal": ("thd_gaps", "padding_causal", ((-1, -1), (-1, 0)), None, (4, 200, 150),
+                        ([200, 37, 0, 140], [150, 60, 9, 0]), "given", "vanilla", (4, 2)),
     # no max_seqlen (the grid spans the token dim; most tiles skipped), no causal mask, MQA
     "thd_no_mask_no_max": ("thd", "padding", ((-1, -1), (-1, 0)), None, (3, 257, 300),
                            ([130, 257, 17], [300, 5, 128]), "none", "vanilla", (4, 1)),
-    # packed qkv (one tensor, strided views) with a causal window, max_seqlen rounded up
-    "th3d_window": ("th3d", "padding_causal", ((-1, -1), (70, 0)), None, (3, 260, 260),
+    # packed qkv (one tensor, strided views), max_seqlen rounded up
+    "th3d_causal": ("th3d", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 260, 260),
                     ([260, 33, 129], None), "rounded", "vanilla", (4, 4)),
-    # learnable sinks and a window over gaps (rows without a visible key: lse = the sink)
-    "thd_gaps_learnable_window": ("thd_gaps", "padding_causal", ((-1, -1), (64, 0)), None, (3, 300, 300),
-                                  ([300, 2, 150], None), "given", "learnable", (4, 2)),
+    # learnable sinks over gaps
+    "thd_gaps_learnable": ("thd_gaps", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 300, 300),
+                           ([300, 2, 150], None), "given", "learnable", (4, 2)),
     # bshd with a padding mask: causal, a sequence without queries or keys
     "bshd_padding_causal": ("bshd", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 300, 300),
                             ([300, 0, 77], [300, 5, 77]), None, "vanilla", (4, 2)),
-    # bshd padding without causality, s_q != s_kv, a one-token sequence
+    # bshd padding without causality, s_q != s_kv, a one-token sequence, off-by-one sinks
     "bshd_padding": ("bshd", "padding", ((-1, -1), (-1, 0)), None, (2, 256, 200), ([129, 1], [1, 200]), None,
                      "off-by-one", (4, 2)),
-    # q thd, k / v bshd with a padding mask, bottom-right
-    "thd_bshd": ("thd_bshd", "padding_causal_bottom_right", ((-1, -1), (-1, 0)), None, (3, 100, 250),
+    # q thd, k / v bshd with a padding mask
+    "thd_bshd": ("thd_bshd", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 100, 250),
                  ([100, 0, 37], [250, 30, 37]), "given", "vanilla", (4, 2)),
 }
 
 
-def _varlen_case(monkeypatch, dtype, d_qk, d_v, call, softcap=0.0):
+def _varlen_case(monkeypatch, dtype, d_qk, d_v, call):
     layout, mask, windows, brd, shape, lengths, max_seqlen, softmax, heads = VARLEN_CALLS[call]
-    return _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, shape, softmax, softcap, heads, layout, lengths,
+    return _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, shape, softmax, 0.0, heads, layout, lengths,
                  max_seqlen)
 
 
 def _varlen_params():
-    """(dtype, d_qk, d_v, call) for every fwd_varlen line: bf16 on the tiles' head dims with every call,
-    fp16 there with three, the head dims below the tiles' with two."""
+    """(dtype, d_qk, d_v, call) for every fwd_varlen line: bf16 with every call, fp16 with three."""
     out = []
     for dtype, d_qk, d_v in _dims("fwd_varlen"):
-        if d_qk == d_v and d_qk in TILE_DIMS:
-            calls = list(VARLEN_CALLS) if dtype == "bf16" else ["thd_causal", "thd_gaps_bottom_right",
-                                                                "bshd_padding_causal"]
-        else:
-            calls = ["thd_causal", "thd_gaps_learnable_window"]
+        calls = list(VARLEN_CALLS) if dtype == "bf16" else ["thd_causal", "thd_gaps_causal", "bshd_padding_causal"]
         out += [(dtype, d_qk, d_v, c) for c in calls]
     return out
 
 
-def _assert_varlen_kernels(names, d_qk, d_v, det=False, softcap=False):
+def _assert_varlen_kernels(names, d_qk, d_v, det=False):
     """The forward ran the varlen scheduler on the varlen features, and so did the backward."""
-    cap = "true" if softcap else "false"
-    assert re.search(rf"fwd_sm90_kernel<[^()]*VarlenScheduler<\d+>, [^()]*Features<2, \d+, \d+, {cap}, true>", names), \
+    assert re.search(r"fwd_sm90_kernel<[^()]*VarlenScheduler<\d+>, [^()]*Features<2, \d+, \d+, false, true>", names), \
         names[:800]
     bwd = "bwd_sm90_det_kernel" if det else "bwd_sm90_d256_kernel" if max(d_qk, d_v) > 128 else "bwd_sm90_kernel"
-    assert re.search(rf"{bwd}<[^()]*Features<2, \d+, \d+, {cap}, true>", names), names[:800]
+    assert re.search(rf"{bwd}<[^()]*Features<2, \d+, \d+, false, true>", names), names[:800]
     assert "varlen_prologue_kernel" in names, names[:800]
 
 
@@ -814,29 +808,30 @@ def _assert_varlen_kernels(names, d_qk, d_v, det=False, softcap=False):
 @pytest.mark.parametrize("dtype,d_qk,d_v,call", _varlen_params())
 def test_hopper_varlen_kernels(monkeypatch, dtype, d_qk, d_v, call):
     """Every fwd_varlen / bwd_varlen line of the support list on thd (with and without padded offsets,
-    packed qkv, no max_seqlen), bshd with padding masks and q thd with k / v bshd, causal on either
-    diagonal, windows, sinks, GQA / MQA: the varlen kernels run forward and backward and match the
-    float64 reference, with exact zeros where no sequence owns a row."""
+    packed qkv, no max_seqlen), bshd with padding masks and q thd with k / v bshd, causal or not, sinks,
+    GQA / MQA: the varlen kernels run forward and backward and match the float64 reference, with exact
+    zeros where no sequence owns a row."""
     assert ("bwd_varlen", dtype, d_qk, d_v) in {(r.entry, r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS}
     names = _check_with_kernels(_varlen_case(monkeypatch, dtype, d_qk, d_v, call))
     _assert_varlen_kernels(names, d_qk, d_v)
 
 
 @needs_hopper_engine
-@needs_hopper_bwd
-@pytest.mark.parametrize("call", ["thd_causal", "bshd_padding_causal", "thd_gaps_learnable_window"])
-@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("fwd_varlen", softcap=True))
-def test_hopper_varlen_softcap_kernels(monkeypatch, dtype, d_qk, d_v, call):
-    """The varlen softcap lines (Gemma-2-style packed training) forward and backward against the float64
-    reference."""
-    assert ("bwd_varlen", dtype, d_qk, d_v, True) in {(r.entry, r.dtype, r.d_qk, r.d_v, r.softcap) for r in KERNEL_ROWS}
-    names = _check_with_kernels(_varlen_case(monkeypatch, dtype, d_qk, d_v, call, softcap=2.0))
-    _assert_varlen_kernels(names, d_qk, d_v, softcap=True)
+@pytest.mark.parametrize("mask,windows", [("padding_causal", ((-1, -1), (64, 0))),
+                                          ("padding_causal_bottom_right", ((-1, -1), (-1, 0)))],
+                         ids=["window", "bottom_right"])
+def test_hopper_varlen_declines_windows_and_bottom_right(monkeypatch, mask, windows):
+    """Per-sequence lengths with a window or a bottom-right diagonal (which the general kernels fail on
+    the H200) run the sm80-class kernels, correctly."""
+    case = _case(monkeypatch, "bf16", (128, 128), mask, windows, None, (4, 200, 150), "vanilla", 0.0, (4, 2),
+                 "thd_gaps", ([200, 37, 0, 140], [150, 60, 9, 0]), "given")
+    names = _check_with_kernels(case)
+    assert "sm90" not in names and "varlen_prologue" not in names, names[:800]
 
 
 @needs_hopper_engine
 @needs_hopper_bwd
-@pytest.mark.parametrize("call", ["thd_gaps_learnable_window", "bshd_padding_causal"])
+@pytest.mark.parametrize("call", ["thd_gaps_learnable", "bshd_padding_causal"])
 @pytest.mark.parametrize("dtype,d_qk,d_v", _dims("bwd_varlen_deterministic"))
 def test_hopper_varlen_deterministic(monkeypatch, dtype, d_qk, d_v, call):
     """The bwd_varlen_deterministic lines: under torch.use_deterministic_algorithms the varlen backward
@@ -866,7 +861,7 @@ def test_hopper_varlen_unowned_rows_are_never_read(monkeypatch, layout):
     """Rows no sequence owns (thd gaps and tails, bshd padding) may hold anything, NaN included: each
     sequence's tensor maps end at its length, so neither they nor dout's are read, and the results match
     the float64 reference with exact zeros there."""
-    call = "thd_gaps_learnable_window" if layout == "thd_gaps" else "th3d_window" if layout == "th3d" else \
+    call = "thd_gaps_learnable" if layout == "thd_gaps" else "th3d_causal" if layout == "th3d" else \
         "bshd_padding_causal"
     case = _varlen_case(monkeypatch, "bf16", 128, 128, call)
     with torch.no_grad():
@@ -950,8 +945,6 @@ def _tested_lines():
         ("bwd_general_deterministic", False): set(_dims("bwd_general_deterministic")),
         ("bwd_general_deterministic", True): set(_dims("bwd_general_deterministic", softcap=True)),
         ("fwd_varlen", False): varlen, ("bwd_varlen", False): varlen,
-        ("fwd_varlen", True): set(_dims("fwd_varlen", softcap=True)),
-        ("bwd_varlen", True): set(_dims("fwd_varlen", softcap=True)),
         ("bwd_varlen_deterministic", False): set(_dims("bwd_varlen_deterministic")),
     }
 

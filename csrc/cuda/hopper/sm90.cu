@@ -14,7 +14,8 @@
 // s_q != s_kv, or off-by-one / learnable softmax run the general kernel
 // (features.h), as do head dims and softcap the plain kernels do not have;
 // calls with per-sequence lengths (thd on either side, or cu_seqlens with a
-// padding mask) its varlen form (varlen.cuh), with any of those settings. All
+// padding mask) its varlen form (varlen.cuh), with any of those settings but a
+// window or a bottom-right diagonal (below). All
 // take fp16 / bf16 on a compute-capability 9.0 device, the listed head dims,
 // bshd / sbhd / thd / packed layouts (unit head-dim stride, 16-byte aligned rows
 // and strides), and no bias, ALiBi, dropout, explicit mask, max_logit or KV
@@ -208,6 +209,13 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   if (pr.t_q > 0x7fffffff - 512 || pr.t_kv > 0x7fffffff - 512) return "a thd token dim of 2^31 or more";
   // The varlen prologue zero-fills out's unowned rows with 16-byte stores.
   if (varlen && !gpu::rows16(p.out)) return "per-sequence lengths with out not in 16-byte rows";
+  // The general kernels hang on the H200 with a window and fail the float64 check with a bottom-right
+  // diagonal (kernels.list lists none of them); their varlen form, listed, keeps off both.
+  const MaskParams& m = p.mask;
+  if (varlen && (m.window_left >= 0 || m.window_right > 0 || (m.bottom_right && m.window_right == 0))) {
+    return "per-sequence lengths with a sliding window or a bottom-right diagonal (the general kernels' "
+           "windows and bottom-right diagonals fail on the H200)";
+  }
   if (p.paged.page_table != nullptr) return "KV cache";
   if (p.mask.mask.data != nullptr) return "explicit attention mask";
   if (p.bias.type != BiasType::kNoBias) return "bias or ALiBi";

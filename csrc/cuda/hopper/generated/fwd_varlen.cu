@@ -9,10 +9,5 @@ template cudaError_t run_fwd_varlen<__half, 256, 256, false>(const Sm90Args&, cu
 template cudaError_t run_fwd_varlen<__nv_bfloat16, 64, 64, false>(const Sm90Args&, cudaStream_t);
 template cudaError_t run_fwd_varlen<__nv_bfloat16, 128, 128, false>(const Sm90Args&, cudaStream_t);
 template cudaError_t run_fwd_varlen<__nv_bfloat16, 256, 256, false>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_varlen<__nv_bfloat16, 80, 80, false>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_varlen<__nv_bfloat16, 96, 96, false>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_varlen<__nv_bfloat16, 192, 192, false>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_varlen<__nv_bfloat16, 192, 128, false>(const Sm90Args&, cudaStream_t);
-template cudaError_t run_fwd_varlen<__nv_bfloat16, 256, 256, true>(const Sm90Args&, cudaStream_t);
 }  // namespace hopper
 }  // namespace fusedattn
