@@ -21,10 +21,15 @@ cmake -S . -B build/cpp -G Ninja -DFUSEDATTN_BUILD_EXTENSION=OFF -DFUSEDATTN_BUI
 cmake --build build/cpp
 (cd build/cpp && ctest --output-on-failure)
 
-echo "== CUDA sources: the generated files are current"
+echo "== CUDA sources: the generated files and the supported-configuration table are current"
 "$PY" csrc/cuda/tc/gen_kernels.py --check
 "$PY" csrc/cuda/hopper/gen_wgmma.py --check
 "$PY" csrc/cuda/hopper/gen_kernels.py --check
+if command -v nvcc >/dev/null 2>&1; then
+  "$PY" tools/support_table/support_table.py --check  # docs/api.md's table, from the support checks
+else
+  echo "no nvcc: docs/api.md's supported-configuration table is not checked"
+fi
 
 echo "== the portable wheel: built once (CUDA engine for sm_80 / sm_90 / sm_90a where nvcc exists)"
 WHEELHOUSE="$ROOT/build/wheelhouse"

@@ -1,18 +1,21 @@
 """The operators' contract cannot drift: csrc/binding/op_spec.h writes the argument lists once (the
 schemas, the C++ signatures and their unpacking come from it); these tests hold the Python side to the
 registered schemas: FwdArgs.op_args() puts every setting at its schema position, the fakes take exactly
-the schema's arguments, and the C++ side reads each setting as the one the schema names."""
+the schema's arguments, and the C++ side reads each setting as the one the schema names. The mask types
+and their aliases Python routes by are the core's table."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import re
 
 import pytest
 import torch
 
 from fusedattn import _ops
 from fusedattn._ops import BWD_ARGUMENTS, FWD_ARGUMENTS, OPTIONAL_INPUTS, SETTINGS, FwdArgs
+from fusedattn.attention import MASK_ALIASES, MASK_TYPES
 
 # Every setting with a value no default has, and its value as the op takes it.
 DISTINCT = dict(q_format="sbhd", kv_format="thd", mask_type="padding_causal", window_left=7, window_right=0,
@@ -91,3 +94,31 @@ def test_cpp_reads_each_setting_by_its_schema_name(name, value, message):
     with pytest.raises(RuntimeError) as e:
         torch.ops.fusedattn.bwd(q, q, q, q, q, lse, rng, *([None] * len(OPTIONAL_INPUTS)), *values.values(), False, 0)
     assert str(e.value).startswith("fusedattn: invalid argument: ") and message in str(e.value)
+
+
+def test_mask_types_are_the_cores():
+    """attention.MASK_TYPES and MASK_ALIASES are csrc/core/src/types.cc's table: the names the core
+    lists when it rejects one, in its order, and each alias computing what the name it stands for
+    computes (on a problem where every mask type gives another output)."""
+    q = torch.randn(2, 5, 2, 8, dtype=torch.float64)
+    kv = torch.randn(2, 7, 2, 8, dtype=torch.float64)  # s_q != s_kv: the two diagonals differ
+    lengths = dict(cu_seqlens_q=torch.tensor([0, 3, 8], dtype=torch.int32),
+                   cu_seqlens_kv=torch.tensor([0, 6, 10], dtype=torch.int32))
+    with pytest.raises(ValueError) as e:
+        _ops.attention(q, kv, kv, FwdArgs(scale=0.3, mask_type="not_a_mask"))
+    listed = re.search(r"attn_mask_type must be one of (.*); got 'not_a_mask'", str(e.value))
+    assert listed is not None, str(e.value)
+    assert tuple(re.findall(r"'([^']*)'", listed.group(1))) == MASK_TYPES + tuple(MASK_ALIASES)
+
+    def out(mask_type):
+        kw = lengths if "padding" in MASK_ALIASES.get(mask_type, mask_type) else {}
+        if mask_type == "arbitrary":
+            kw = dict(attn_mask=torch.rand(2, 1, 5, 7) < 0.3)
+        return _ops.attention(q, kv, kv, FwdArgs(scale=0.3, mask_type=mask_type), **kw)[0]
+
+    outs = {m: out(m) for m in MASK_TYPES}
+    for a in MASK_TYPES:
+        for b in MASK_TYPES:
+            assert a == b or not torch.equal(outs[a], outs[b]), (a, b)
+    for alias, name in MASK_ALIASES.items():
+        assert torch.equal(out(alias), outs[name]), alias

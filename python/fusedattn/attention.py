@@ -25,6 +25,14 @@ __all__ = ["DotProductAttention"]
 ATTN_TYPES = ("self", "cross")
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 BIAS_TYPES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
+# The core's mask types and TransformerEngine's aliases of them, as the core's table holds them
+# (csrc/core/src/types.cc; tests/test_contract.py fails when they differ). The operator resolves
+# aliases itself; Python names a call's mask canonically for its own routing (padding tensors, the KV
+# cache's mask) and keeps it so in the module's attn_mask_type, as TransformerEngine does.
+MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right",
+              "arbitrary")
+MASK_ALIASES = {"padding,causal": "padding_causal", "causal,padding": "padding_causal",
+                "causal_padding": "padding_causal"}
 # Masks whose diagonal TransformerEngine pins to one corner whatever
 # bottom_right_diagonal says.
 _TOP_LEFT_MASKS = ("causal", "padding_causal")
@@ -39,23 +47,14 @@ MaskArg = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None]
 
 
 def canonical_mask_type(attn_mask_type: str) -> str:
-    """TransformerEngine's aliases: "padding,causal", "causal,padding" and
-    "causal_padding" all mean "padding_causal". Other strings pass through; the
+    """The mask type an alias stands for (MASK_ALIASES); other strings pass through, and the
     operator rejects unknown ones."""
-    mask = attn_mask_type.replace(",", "_")
-    if mask == "causal_padding":
-        mask = "padding_causal"
-    return mask
+    return MASK_ALIASES.get(attn_mask_type, attn_mask_type)
 
 
 def _default_scale(d_qk) -> float:
     """1 / sqrt(d_qk); with d_qk = 0 every q.k is 0, so any finite scale gives torch's result."""
     return 1.0 / math.sqrt(d_qk) if d_qk > 0 else 1.0
-
-
-def default_window_size(mask_type: str) -> Tuple[int, int]:
-    """TransformerEngine's ``check_set_window_size(mask, None)``."""
-    return (-1, 0) if mask_type in CAUSAL_MASK_TYPES else (-1, -1)
 
 
 def _build_fwd_args(
@@ -75,16 +74,15 @@ def _build_fwd_args(
 ) -> FwdArgs:
     """Resolve every default of one call into the frozen FwdArgs the operator takes.
 
-    ``mask_type`` must already be canonical. An explicit window passes through
-    unchanged (checked to be two ints): the operator normalises it for causal
-    masks and rejects the combinations TransformerEngine rejects. max_seqlen
+    A window passes through unchanged (checked to be two ints), None as (-1, -1):
+    the operator gives causal masks their right side of 0, as TransformerEngine's
+    ``check_set_window_size`` does, and rejects the combinations TransformerEngine
+    rejects. max_seqlen
     only means something for thd (for bshd/sbhd the operator reads the sequence
     dims), so it is dropped there and the shapes stay symbolic under
     torch.compile.
     """
-    window_size = _checks.window_size(window_size)
-    if window_size is None:
-        window_size = default_window_size(mask_type)
+    window_size = _checks.window_size(window_size) or (-1, -1)
     return FwdArgs(
         scale=scale,
         q_format=q_format,

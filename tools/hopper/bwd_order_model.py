@@ -8,8 +8,8 @@ epilogue (OVERHEAD iterations). CTAs are dispatched in linear block index order,
 kernels' shared memory allows one), each to the SM that frees first. The model prints the makespan
 over the ideal (total work / SMs) for:
 
-  group-major   blocks in (n, head, batch) order, x fastest: every group's tiles in turn (the order
-                before the thirteenth session)
+  group-major   blocks in (n, head, batch) order, x fastest: every group's tiles in turn (the plain
+                grid order, for comparison)
   chunk C       bwd_tile_idx with causal_chunk = C: chunks of C groups, key-tile-major inside
   chosen        the C that choose_causal_chunk (csrc/cuda/hopper/tuning.h) picks
 

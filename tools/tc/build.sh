@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Build tools/tc/tc_harness (the tensor-core engine's GPU check and timer)
 # without the rest of the package: the generated kernel instantiations,
-# dispatch.cu, the core's .cc files and the harness. Incremental: an object is
-# rebuilt when its source or any tc/core header is newer.
+# tc/dispatch.cu, the device-attribute cache, the core's checks and params, and
+# the harness. Incremental: an object is rebuilt when its source or any
+# tc/common/core header is newer.
 #   tools/tc/build.sh OUTDIR ["-gencode ..."]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-$ROOT/build/tc_harness}"
 ARCH="${2:--gencode arch=compute_90,code=sm_90}"
 mkdir -p "$OUT"
-INC="-I$ROOT/csrc/core/include -I$ROOT/csrc/cuda/include"
-newest_hdr=$(ls -t "$ROOT"/csrc/cuda/tc/*.h "$ROOT"/csrc/core/include/fusedattn/*.h | head -1)
+INC="-I$ROOT/csrc/core/include -I$ROOT/csrc/cuda/include -I$ROOT/csrc/cuda"
+newest_hdr=$(ls -t "$ROOT"/csrc/cuda/tc/*.h "$ROOT"/csrc/cuda/common/*.h "$ROOT"/csrc/cuda/common/*.cuh \
+             "$ROOT"/csrc/core/include/fusedattn/*.h | head -1)
 jobs=()
-for f in "$ROOT"/csrc/cuda/tc/generated/*.cu "$ROOT"/csrc/cuda/tc/dispatch.cu "$ROOT"/tools/tc/tc_harness.cu \
-         "$ROOT"/csrc/core/src/*.cc; do
+for f in "$ROOT"/csrc/cuda/tc/generated/*.cu "$ROOT"/csrc/cuda/tc/dispatch.cu "$ROOT"/csrc/cuda/common/device.cu \
+         "$ROOT"/tools/tc/tc_harness.cu "$ROOT"/csrc/core/src/{check,params,types,overrides}.cc; do
   o="$OUT/$(basename "${f%.*}").o"
   if [ ! -f "$o" ] || [ "$f" -nt "$o" ] || [ "$newest_hdr" -nt "$o" ]; then jobs+=("$f"); fi
 done

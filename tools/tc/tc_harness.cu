@@ -1,7 +1,8 @@
 // Self-contained GPU check of the tensor-core engine (csrc/cuda/tc): fills
-// FwdParams/BwdParams through the core's make_*_params from hand-made tensors,
-// runs tc::try_run_fwd / try_run_bwd on poisoned outputs, and compares with a
-// float64 CPU reference of params.h's semantics written independently here.
+// FwdParams/BwdParams through the core's check_* and make_*_params from hand-made
+// tensors, plans and runs them with tc::plan_* / run_* on poisoned outputs, and
+// compares with a float64 CPU reference of params.h's semantics written
+// independently here.
 // Then times the kernels with CUDA events.
 //   tc_harness check        correctness cases
 //   tc_harness bench        TFLOP/s table (bf16, b*s = 16k tokens, h*d = 2048)
@@ -19,9 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "../../csrc/cuda/tc/tc_api.h"
+#include "common/device.h"
 #include "fusedattn/api.h"
 #include "fusedattn/philox.h"
+#include "tc/tc_api.h"
 
 using namespace fusedattn;
 
@@ -33,6 +35,17 @@ using namespace fusedattn;
       exit(2);                                                                                  \
     }                                                                                           \
   } while (0)
+
+// The current device's attributes, which the engine plans with.
+static const gpu::DeviceAttrs& device() {
+  const gpu::DeviceAttrs* dev = nullptr;
+  const Status st = gpu::current_device(&dev);
+  if (!st.ok()) {
+    printf("%s\n", st.message.c_str());
+    exit(2);
+  }
+  return *dev;
+}
 
 static double bits_to_double(uint16_t v, DType t) {
   if (t == DType::kBFloat16) {
@@ -48,10 +61,10 @@ static double bits_to_double(uint16_t v, DType t) {
 static uint16_t double_to_bits(double x, DType t) {
   if (t == DType::kBFloat16) {
     __nv_bfloat16 b = __float2bfloat16_rn(static_cast<float>(x));
-    return reinterpret_cast<__nv_bfloat16_raw&>(b).x;
+    return static_cast<__nv_bfloat16_raw>(b).x;
   }
   __half h = __float2half_rn(static_cast<float>(x));
-  return reinterpret_cast<__half_raw&>(h).x;
+  return static_cast<__half_raw>(h).x;
 }
 
 // A device buffer with a host mirror.
@@ -274,10 +287,10 @@ static Result run_case(const Case& c, uint64_t seed, bool verbose) {
   rngb.up();
   in.rng_state = tref(rngb.d, DType::kInt64, {2}, {1});
 
-  Problem prob;
+  CheckedProblem prob;
   Status st = check_fwd(args, in, &prob);
   if (!st.ok()) { res.fail("check_fwd: " + st.message); return res; }
-  FwdOutputShapes os = fwd_output_shapes(args, prob);
+  FwdOutputShapes os = fwd_output_shapes(args, prob.get());
   Buf out, lse, mlog;
   out.alloc(Lo.numel * 2);
   const int64_t lse_n = thd ? int64_t(c.hq) * tq : int64_t(c.b) * c.hq * c.sq;
@@ -289,13 +302,13 @@ static Result run_case(const Case& c, uint64_t seed, bool verbose) {
   fo.lse = tref(lse.d, DType::kFloat32, lsz, contig(lsz));
   fo.max_logit = tref(mlog.d, DType::kFloat32, {c.max_logit ? c.hq : 0}, {1});
   FwdParams fp;
-  st = make_fwd_params(args, in, fo, &fp);
+  st = make_fwd_params(args, in, prob, fo, &fp);
   if (!st.ok()) { res.fail("make_fwd_params: " + st.message); return res; }
   out.poison(); lse.poison(); mlog.poison();
-  CudaLaunch launch{nullptr, nullptr, 0, 132};
-  bool handled = false;
-  st = tc::try_run_fwd(fp, launch, &handled);
-  if (!handled) { res.fail("fwd not handled: " + tc::fwd_support(fp)); return res; }
+  CudaPlan plan;
+  std::string why = tc::plan_fwd(fp, device(), &plan);
+  if (!why.empty()) { res.fail("fwd not taken: " + why); return res; }
+  st = tc::run_fwd(fp, plan, CudaLaunch{});
   if (!st.ok()) { res.fail("fwd: " + st.message); return res; }
   CK(cudaDeviceSynchronize());
   out.down(); lse.down(); mlog.down();
@@ -461,17 +474,20 @@ static Result run_case(const Case& c, uint64_t seed, bool verbose) {
   else bo.dbias = tref(nullptr, dt, {0}, {1});
   dsink.alloc(c.hq * 4);
   bo.d_softmax_offset = tref(dsink.d, DType::kFloat32, {c.smx == SoftmaxType::kLearnable ? c.hq : 0}, {1});
+  CheckedProblem bprob;
+  st = check_bwd(bargs, bin, &bprob);
+  if (!st.ok()) { res.fail("check_bwd: " + st.message); return res; }
   BwdParams bp;
-  st = make_bwd_params(bargs, bin, bo, &bp);
+  st = make_bwd_params(bargs, bin, bprob, bo, &bp);
   if (!st.ok()) { res.fail("make_bwd_params: " + st.message); return res; }
-  const size_t wsb = tc::bwd_workspace_bytes(bp);
-  ws.alloc(wsb);
+  CudaPlan bplan;
+  why = tc::plan_bwd(bp, device(), &bplan);
+  if (!why.empty()) { res.fail("bwd not taken: " + why); return res; }
+  ws.alloc(bplan.workspace_bytes);
   ws.poison();
   dq.poison(); dk.poison(); dvb.poison(); dsink.poison();
   if (c.dbias) dbias.poison();
-  CudaLaunch bl{nullptr, ws.d, wsb, 132};
-  st = tc::try_run_bwd(bp, bl, &handled);
-  if (!handled) { res.fail("bwd not handled: " + tc::bwd_support(bp)); return res; }
+  st = tc::run_bwd(bp, bplan, CudaLaunch{nullptr, ws.d, bplan.workspace_bytes});
   if (!st.ok()) { res.fail("bwd: " + st.message); return res; }
   CK(cudaDeviceSynchronize());
   dq.down(); dk.down(); dvb.down(); dsink.down();
@@ -569,8 +585,10 @@ static void bench_one(DType dt, int b, int s, int h, int d, bool causal, int ite
   fo.out = tref(o, dt, sz, stv);
   fo.lse = tref(lse, DType::kFloat32, {b, h, s}, contig({b, h, s}));
   fo.max_logit = tref(nullptr, DType::kFloat32, {0}, {1});
+  CheckedProblem prob;
+  Status st = check_fwd(args, in, &prob);
   FwdParams fp;
-  Status st = make_fwd_params(args, in, fo, &fp);
+  if (st.ok()) st = make_fwd_params(args, in, prob, fo, &fp);
   if (!st.ok()) { printf("bench params: %s\n", st.message.c_str()); return; }
   BwdArgs ba; ba.fwd = args;
   BwdInputs bi; bi.fwd = in; bi.fwd.rng_state = tref(rngs, DType::kInt64, {2}, {1});
@@ -578,13 +596,16 @@ static void bench_one(DType dt, int b, int s, int h, int d, bool causal, int ite
   BwdOutputs bo;
   bo.dq = tref(dq, dt, sz, stv); bo.dk = tref(dk, dt, sz, stv); bo.dv = tref(dv, dt, sz, stv);
   bo.dbias = tref(nullptr, dt, {0}, {1}); bo.d_softmax_offset = tref(nullptr, DType::kFloat32, {0}, {1});
+  CheckedProblem bprob;
+  st = check_bwd(ba, bi, &bprob);
   BwdParams bp;
-  st = make_bwd_params(ba, bi, bo, &bp);
+  if (st.ok()) st = make_bwd_params(ba, bi, bprob, bo, &bp);
   if (!st.ok()) { printf("bench bwd params: %s\n", st.message.c_str()); return; }
-  const size_t wsb = tc::bwd_workspace_bytes(bp);
-  CK(cudaMalloc(&ws, std::max<size_t>(wsb, 16)));
-  CudaLaunch fl{nullptr, nullptr, 0, 132}, bl{nullptr, ws, wsb, 132};
-  bool handled;
+  CudaPlan fplan, bplan;
+  const std::string why = tc::plan_fwd(fp, device(), &fplan) + tc::plan_bwd(bp, device(), &bplan);
+  if (!why.empty()) { printf("bench: not taken: %s\n", why.c_str()); return; }
+  CK(cudaMalloc(&ws, std::max<size_t>(bplan.workspace_bytes, 16)));
+  const CudaLaunch fl{}, bl{nullptr, ws, bplan.workspace_bytes};
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   auto time_it = [&](auto fn) {
@@ -601,8 +622,8 @@ static void bench_one(DType dt, int b, int s, int h, int d, bool causal, int ite
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
-  const float tf = time_it([&] { tc::try_run_fwd(fp, fl, &handled); });
-  const float tb = time_it([&] { tc::try_run_bwd(bp, bl, &handled); });
+  const float tf = time_it([&] { tc::run_fwd(fp, fplan, fl); });
+  const float tb = time_it([&] { tc::run_bwd(bp, bplan, bl); });
   CK(cudaGetLastError());
   const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
   printf("BENCH %s d=%d s=%d b=%d h=%d causal=%d | fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | fwd+bwd %.0f TF/s\n",

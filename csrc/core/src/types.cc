@@ -41,7 +41,8 @@ struct Named {
 
 constexpr Named<Format> kFormats[] = {{"bshd", Format::kBSHD}, {"sbhd", Format::kSBHD}, {"thd", Format::kTHD}};
 
-// TransformerEngine's aliases of padding_causal are accepted too.
+// TransformerEngine's aliases of padding_causal are accepted too. python/fusedattn/attention.py's
+// MASK_TYPES and MASK_ALIASES name the same table (tests/test_contract.py holds them to it).
 constexpr Named<MaskType> kMasks[] = {
     {"no_mask", MaskType::kNoMask},
     {"padding", MaskType::kPadding},

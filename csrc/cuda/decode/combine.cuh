@@ -24,13 +24,11 @@ using gpu::SeqInfo;
 // sequence). One block per row: warp w takes splits w, w + kCombineWarps, ..., lane l the 4-column
 // groups l and (CH = 2, d_v > 128) l + 32. Every load of a row (the splits' lse, the warp's partial
 // rows, cu_seqlens) is issued before any is used, so a row costs one memory round trip, then a
-// shared-memory sum of the warps' weighted partials. (Merging in one warp, 16 splits per round
-// trip, took 3.8 / 5.4 / 8.8 us for 16 / 32 / 64 splits at batch 1, one round trip per 16 splits.)
-// PER: the splits a warp holds (registers for PER x CH float4): 8 up to 32 splits, else 32. Sized
-// for 128 splits throughout, an 8-warp block took 171 registers, one block per SM, and at batch 8
-// (256 rows) ran in two waves: 5.6 us. Four warps (~11 K registers a block at PER = 8) also fit
-// beside two decode blocks on an SM, where a programmatic dependent launch (FUSEDATTN_DECODE_PDL)
-// places them before the decode grid ends.
+// shared-memory sum of the warps' weighted partials (a merge in one warp pays one round trip per
+// 16 splits). PER: the splits a warp holds (registers for PER x CH float4): 8 up to 32 splits, else
+// 32; sized for 128 splits throughout, an 8-warp block would take one SM alone. Four warps (~11 K
+// registers a block at PER = 8) also fit beside two decode blocks on an SM, where a programmatic
+// dependent launch (FUSEDATTN_DECODE_PDL) places them before the decode grid ends.
 constexpr int kCombineWarps = 4;
 
 template <class T, int CH, int PER>

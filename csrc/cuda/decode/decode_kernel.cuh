@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
   // Page-table entry of key `tid` of tile x (threads tid < BN) and whether that key is in the
   // cache. The entry is read raw and clamped only where it is used, a tile later: a clamp right
   // behind the read made the warp wait for the read's round trip in every tile (SASS: the compare
-  // followed the LDG), which at batch 64 cost the paged path ~10% of its bandwidth. A page index
+  // followed the LDG; docs/perf-notes.md has the cost). A page index
   // outside the pool is clamped into it: a bad table gives wrong numbers, never an out-of-bounds
   // read (the CPU engine reports it).
   const auto clamp_page = [&](int64_t pg) -> int64_t { return pg < 0 ? 0 : (pg > last_page ? last_page : pg); };

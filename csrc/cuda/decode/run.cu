@@ -67,9 +67,7 @@ int forced_splits() { return process_overrides().values.decode_splits; }
 // 2 (the default): the decode kernel is a programmatic dependent of whatever precedes it on the
 // stream (it waits for that work before its first global access, so only its launch overlaps), and
 // the combine one of the decode kernel (its launch overlaps the decode blocks' epilogues).
-// 1: the combine only. 0: plain launches. Measured (H200, bench_decode.py, per call): batch 1 /
-// ctx 8192 16.8 us plain, 15.3 with the combine's, 15.2 with both; batch 8 70.7 -> 68.9 us
-// from 1 to 2.
+// 1: the combine only. 0: plain launches. The default is the fastest (docs/perf-notes.md).
 int pdl_mode() { return process_overrides().values.decode_pdl; }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "common/device.h"
 #include "common/host.h"
 #include "decode/decode.h"
+#include "dispatch/dispatch.h"
 #include "fusedattn/cat.h"
 #include "fusedattn/cuda_api.h"
 #include "fusedattn/overrides.h"
@@ -37,6 +38,16 @@ Status none_takes(const std::string& simt_why) {
   return Status::Unsupported(cat("no CUDA engine takes this call; the SIMT engine, which takes the most: ", simt_why));
 }
 
+// An engine's answer: true when it took the call, else its reason is kept for the caller.
+struct Asker {
+  Declined* declined;
+  bool operator()(CudaEngine e, std::string why) const {
+    if (why.empty()) return true;
+    if (declined != nullptr) declined->why[static_cast<int>(e)] = std::move(why);
+    return false;
+  }
+};
+
 Status check_workspace(const CudaPlan& plan, const CudaLaunch& launch) {
   if (plan.workspace_bytes == 0 || (launch.workspace != nullptr && launch.workspace_bytes >= plan.workspace_bytes)) {
     return Status::Ok();
@@ -47,36 +58,56 @@ Status check_workspace(const CudaPlan& plan, const CudaLaunch& launch) {
 
 }  // namespace
 
+Status plan_fwd_on(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan, Declined* declined) {
+  [[maybe_unused]] const CudaEngineChoice choice = engine_choice();
+  Asker ask{declined};
+  if (p.paged.page_table != nullptr) {
+    if (choice != CudaEngineChoice::kSimt && ask(CudaEngine::kDecode, decode::plan_fwd(p, dev, plan))) {
+      return Status::Ok();
+    }
+  } else {
+#if FUSEDATTN_HAS_HOPPER
+    if (choice == CudaEngineChoice::kAuto && ask(CudaEngine::kHopper, hopper::plan_fwd(p, dev, plan))) {
+      return Status::Ok();
+    }
+#endif
+#if FUSEDATTN_HAS_TC
+    if (choice != CudaEngineChoice::kSimt && ask(CudaEngine::kTensorCore, tc::plan_fwd(p, dev, plan))) {
+      return Status::Ok();
+    }
+#endif
+  }
+  const std::string why = simt::plan_fwd(p, dev, plan);
+  return why.empty() ? Status::Ok() : none_takes(why);
+}
+
+Status plan_bwd_on(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* plan, Declined* declined) {
+  [[maybe_unused]] const CudaEngineChoice choice = engine_choice();
+  [[maybe_unused]] Asker ask{declined};
+#if FUSEDATTN_HAS_HOPPER
+  if (choice == CudaEngineChoice::kAuto && ask(CudaEngine::kHopper, hopper::plan_bwd(p, dev, plan))) {
+    return Status::Ok();
+  }
+#endif
+#if FUSEDATTN_HAS_TC
+  if (choice != CudaEngineChoice::kSimt && ask(CudaEngine::kTensorCore, tc::plan_bwd(p, dev, plan))) {
+    return Status::Ok();
+  }
+#endif
+  const std::string why = simt::plan_bwd(p, dev, plan);
+  return why.empty() ? Status::Ok() : none_takes(why);
+}
+
 Status plan_fwd_cuda(const FwdParams& p, CudaPlan* plan) {
   const gpu::DeviceAttrs* dev = nullptr;
   FUSEDATTN_RETURN_IF_ERROR(on_device(p.prob, &dev));
-  [[maybe_unused]] const CudaEngineChoice choice = engine_choice();
-  if (p.paged.page_table != nullptr) {
-    if (choice != CudaEngineChoice::kSimt && decode::plan_fwd(p, *dev, plan).empty()) return Status::Ok();
-  } else {
-#if FUSEDATTN_HAS_HOPPER
-    if (choice == CudaEngineChoice::kAuto && hopper::plan_fwd(p, *dev, plan).empty()) return Status::Ok();
-#endif
-#if FUSEDATTN_HAS_TC
-    if (choice != CudaEngineChoice::kSimt && tc::plan_fwd(p, *dev, plan).empty()) return Status::Ok();
-#endif
-  }
-  const std::string why = simt::plan_fwd(p, *dev, plan);
-  return why.empty() ? Status::Ok() : none_takes(why);
+  return plan_fwd_on(p, *dev, plan);
 }
 
 Status plan_bwd_cuda(const BwdParams& p, CudaPlan* plan) {
   const gpu::DeviceAttrs* dev = nullptr;
   FUSEDATTN_RETURN_IF_ERROR(on_device(p.fwd.prob, &dev));
-  [[maybe_unused]] const CudaEngineChoice choice = engine_choice();
-#if FUSEDATTN_HAS_HOPPER
-  if (choice == CudaEngineChoice::kAuto && hopper::plan_bwd(p, *dev, plan).empty()) return Status::Ok();
-#endif
-#if FUSEDATTN_HAS_TC
-  if (choice != CudaEngineChoice::kSimt && tc::plan_bwd(p, *dev, plan).empty()) return Status::Ok();
-#endif
-  const std::string why = simt::plan_bwd(p, *dev, plan);
-  return why.empty() ? Status::Ok() : none_takes(why);
+  return plan_bwd_on(p, *dev, plan);
 }
 
 Status run_fwd_cuda(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {

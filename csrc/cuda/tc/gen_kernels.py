@@ -9,6 +9,9 @@ generated files differ from what the list implies (run it in CI).
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gen_common import sync_generated  # noqa: E402  (csrc/cuda/gen_common.py)
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "generated"
 DTYPES = {"fp16": ("__half", "DType::kFloat16"), "bf16": ("__nv_bfloat16", "DType::kBFloat16")}
@@ -53,20 +56,7 @@ def files(rows):
 
 
 def main():
-    check = "--check" in sys.argv[1:]
-    want = files(parse())
-    have = {p.name for p in OUT.glob("*")} if OUT.exists() else set()
-    stale = sorted(n for n, text in want.items() if not (OUT / n).exists() or (OUT / n).read_text() != text)
-    extra = sorted(have - set(want))
-    if check:
-        if stale or extra:
-            sys.exit(f"generated/ is stale (changed: {stale}, extra: {extra}); run python3 {Path(__file__).name}")
-        return
-    OUT.mkdir(exist_ok=True)
-    for n in extra:
-        (OUT / n).unlink()
-    for n in stale:
-        (OUT / n).write_text(want[n])
+    sync_generated(OUT, files(parse()), Path(__file__).name, check="--check" in sys.argv[1:])
 
 
 if __name__ == "__main__":

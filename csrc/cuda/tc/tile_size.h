@@ -17,8 +17,8 @@ template <int kD, bool kGeneral>
 struct FwdTile;
 
 // d=64: 128x128 with 4 warps (32 rows each): O acc 64 regs + S 128 regs; wide
-// kBlockN halves the per-row softmax bookkeeping, which is what limits d=64.
-// Measured: 248-308 TF/s, against 229-291 for 128x64.
+// kBlockN halves the per-row softmax bookkeeping, which is what limits d=64
+// (docs/perf-notes.md has the timings of both tiles).
 template <>
 struct FwdTile<64, false> {
   static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4, kMinBlocks = 2;
@@ -42,9 +42,8 @@ struct FwdTile<128, true> {
 };
 // d=256: 64x64 with 4 warps (16 rows each: a 32-row warp would need 256
 // accumulator registers). smem 96 KB -> 2 blocks per SM, so one block's
-// barrier waits overlap the other's matmuls. Measured on the H200 (bf16,
-// s=2k..16k): 304-324 TF/s, against 281-298 for 128x64 with 8 warps (one
-// block per SM).
+// barrier waits overlap the other's matmuls; faster than 128x64 with 8 warps
+// (one block per SM; docs/perf-notes.md).
 template <>
 struct FwdTile<256, false> {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4, kMinBlocks = 2;
