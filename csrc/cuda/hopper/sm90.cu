@@ -256,7 +256,7 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = f.prob;
   if (find_kernel(bwd_entry(p), f) == nullptr) {
     return cat(p.deterministic ? "deterministic mode" : "the backward", " at d_qk=", pr.d_qk, ", d_v=", pr.d_v,
-               needs_general(f) ? " on the general kernels" : "",
+               is_varlen(f) ? " on the varlen kernels" : needs_general(f) ? " on the general kernels" : "",
                " (no kernel in hopper/kernels.list)");
   }
   if (p.dbias.data != nullptr) return "dbias";
