@@ -206,7 +206,9 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
            "kernel's tile indices";
   }
   // The tensor maps' rows are int: a thd token dim, and the int32 tile coordinates, stay below 2^31.
+  // An empty sequence's map is its tensor's first row (varlen.cuh), which must exist.
   if (pr.t_q > 0x7fffffff - 512 || pr.t_kv > 0x7fffffff - 512) return "a thd token dim of 2^31 or more";
+  if ((p.seqlens.q_is_thd && pr.t_q == 0) || (p.seqlens.kv_is_thd && pr.t_kv == 0)) return "an empty thd token dim";
   // The varlen prologue zero-fills out's unowned rows with 16-byte stores.
   if (varlen && !gpu::rows16(p.out)) return "per-sequence lengths with out not in 16-byte rows";
   // The general kernels hang on the H200 with a window and fail the float64 check with a bottom-right

@@ -3,7 +3,7 @@
 // padding mask.
 //
 // Every sequence gets its own tensor maps: the call's map with its global address moved to the
-// sequence's row 0 and its sequence dim cut to the sequence's length (max 1), rebased on the device
+// sequence's row 0 and its sequence dim cut to the sequence's length (at least 1), rebased on the device
 // (tensormap.replace). So TMA zero-fills a tile's rows past the sequence, as it does past s_q in bshd,
 // and the dQ reduce-adds skip them: the kernels' bshd logic holds per sequence, and rows no sequence
 // owns (thd gaps and tails, bshd padding: any values, NaN included) are never read. A sequence's
@@ -119,7 +119,9 @@ __global__ void __launch_bounds__(256) varlen_prologue_kernel(const __grid_const
     smaps[warp][lane] = reinterpret_cast<const uint32_t*>(&a.tmpl[warp])[lane];
     __syncwarp();
     if (lane == 0) {
-      const char* row0 = m.base + (s.thd ? s.tok * m.stride_s : b * m.stride_b);
+      // An empty sequence's map (a forward's one masked key tile still loads) is the tensor's first row,
+      // which exists (sm90.cu declines empty token dims), where its own row 0 may lie past the end.
+      const char* row0 = s.len == 0 ? m.base : m.base + (s.thd ? s.tok * m.stride_s : b * m.stride_b);
       tensormap_rebase_smem(smem_u32(smaps[warp]), row0, static_cast<uint32_t>(s.len > 0 ? s.len : 1));
     }
     __syncwarp();
