@@ -655,6 +655,21 @@ def _check_with_kernels(case):
     return " ".join(e.name for e in prof.events())
 
 
+def _check_deterministic(case):
+    """Under torch.use_deterministic_algorithms: check_case on the GPU, then two more runs whose
+    gradients must be bitwise equal; the names of the CUDA kernels check_case ran."""
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        names = _check_with_kernels(case)
+        first, second = (C.device_run(case, "cuda")[4] for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
+    return names
+
+
 def _features_of(names, kernel):
     """The features.h mask kinds (Features<k>) of the named kernel in the profiler's kernel names."""
     return {int(k) for k in re.findall(rf"{kernel}<[^()]*?Features<(\d)[,>]", names)}
@@ -713,16 +728,8 @@ def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v, softcap):
         pytest.skip("no deterministic softcap kernel at these head dims")
     mask, windows, brd, _, _ = GENERAL_CALLS["causal_window"]
     case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700), "learnable", softcap)
-    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        torch.use_deterministic_algorithms(True)
-        names = _check_with_kernels(case)
-        first, second = (C.device_run(case, "cuda")[4] for _ in range(2))
-    finally:
-        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    names = _check_deterministic(case)
     assert _features_of(names, "bwd_sm90_det_kernel") == {2}, names[:800]
-    for name in first:
-        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
 
 
 @needs_hopper_engine
@@ -842,16 +849,7 @@ def test_hopper_varlen_deterministic(monkeypatch, dtype, d_qk, d_v, call):
     lengths = ([700, 129, 0, 400], None) if layout.startswith("thd") else ([700, 0, 400], [700, 5, 400])
     case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (len(lengths[0]), 700, 700), softmax, 0.0,
                  heads, layout, lengths, max_seqlen)
-    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        torch.use_deterministic_algorithms(True)
-        names = _check_with_kernels(case)
-        first, second = (C.device_run(case, "cuda")[4] for _ in range(2))
-    finally:
-        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
-    _assert_varlen_kernels(names, d_qk, d_v, det=True)
-    for name in first:
-        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
+    _assert_varlen_kernels(_check_deterministic(case), d_qk, d_v, det=True)
 
 
 @needs_hopper_engine
