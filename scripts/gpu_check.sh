@@ -18,9 +18,12 @@
 #                          instead of building this checkout
 #   GPU_CHECK_JOBS         pytest-xdist workers for the test suites (default 1; for correctness
 #                          runs, not timings)
-#   GPU_CHECK_SANITIZER    a pytest -k expression: those tests of tests/gpu also run
-#                          under compute-sanitizer memcheck, racecheck and initcheck
-#   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 120)
+#   GPU_CHECK_SANITIZER    a pytest -k expression: those tests of tests/gpu also run under
+#                          compute-sanitizer memcheck, racecheck and initcheck (default
+#                          "per_engine_small": test_robust_gpu.py's one small call per engine path,
+#                          SIMT fp32 / fp64, tensor cores fast / general, Hopper, decode,
+#                          copy_to_kv_cache; "" skips the sanitizer)
+#   GPU_CHECK_SANITIZER_TIMEOUT  seconds per sanitizer run (default 300)
 #   GPU_CHECK_BENCH=0      skip the benchmarks and timings; bench/run_gpu.sh's own variables pass
 #                          through (BENCH_GPU_ARGS, BENCH_GPU_AB="VAR=value": the grid again with a
 #                          switch set, BENCH_GPU_AB_ARGS: or with more bench_gpu.py arguments,
@@ -314,11 +317,14 @@ else
 fi
 
 # ---- compute-sanitizer on a few tests ------------------------------------------------
-if [ -n "${GPU_CHECK_SANITIZER:-}" ] && command -v compute-sanitizer > /dev/null; then
+sanitize="${GPU_CHECK_SANITIZER-per_engine_small}"
+if [ -n "$sanitize" ] && ! command -v compute-sanitizer > /dev/null; then
+  note "compute-sanitizer" "not run: compute-sanitizer is not on PATH"
+elif [ -n "$sanitize" ]; then
   for tool in memcheck racecheck initcheck; do
     t0=$(now)
-    timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu -k "$GPU_CHECK_SANITIZER" \
+    timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu -k "$sanitize" \
       > "$OUT/sanitizer_${tool}.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && status=1

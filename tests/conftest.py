@@ -766,6 +766,78 @@ def assert_matches_reference(checks):
     assert not msgs, "\n".join(msgs)
 
 
+def nan_problem(where, mask_kind, dtype, d=16):
+    """bhsd q, k, v, a mask (None, "causal": none, "bool", "float") and a float64 dout with one NaN
+    at ``where``: "q", "k" (the last key, which a causal mask hides from most rows), "k_visible"
+    (key 0), "v", "mask" (float) or "dout". Returns ({"q", "k", "v"}, mask, dout)."""
+    gen = torch.Generator().manual_seed(3)
+    b, h, s_q, s_kv = 2, 2, 70, 67  # more than one tile of rows and keys on every engine
+    t = {n: torch.randn(b, h, s, d, generator=gen, dtype=torch.float64).to(dtype)
+         for n, s in (("q", s_q), ("k", s_kv), ("v", s_kv))}
+    mask = None
+    if mask_kind == "float":
+        mask = torch.randn(b, h, s_q, s_kv, generator=gen, dtype=torch.float64).to(dtype)
+    elif mask_kind == "bool":
+        mask = torch.rand(b, 1, s_q, s_kv, generator=gen) < 0.8
+        mask[0, 0, 5] = False  # a row that sees nothing
+    dout = torch.randn(b, h, s_q, d, generator=gen, dtype=torch.float64)
+    target = {"q": (t["q"], (0, 1, 3, 7)), "k": (t["k"], (1, 0, 66, 2)), "k_visible": (t["k"], (1, 0, 0, 2)),
+              "v": (t["v"], (0, 1, 40, 0)), "mask": (mask, (1, 1, 2, 9)), "dout": (dout, (1, 0, 20, 5))}[where]
+    target[0][target[1]] = float("nan")
+    return t, mask, dout
+
+
+def math_sdpa(q, k, v, **kw):
+    """torch.nn.functional.scaled_dot_product_attention under its math backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def sdpa_nan_sets(q, k, v, attn_mask=None, is_causal=False, dout=None):
+    """float64 torch math attention of bhsd q, k, v (a float attn_mask is differentiated too) and the
+    NaN positions that nan_rule_check takes: {name: (torch_nan, seen_nan)} for "out" and, with
+    ``dout``, "dq", "dk", "dv" (and "dmask"). Returns (torch's output, that dict)."""
+    named = {"q": q, "k": k, "v": v}
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        named["mask"] = attn_mask
+    sets, want = {}, None
+    for fn in (math_sdpa, R.sdpa_seen_only):
+        leaves = {n: t.detach().cpu().double().requires_grad_(dout is not None) for n, t in named.items()}
+        mask = leaves.get("mask", attn_mask.cpu() if attn_mask is not None else None)
+        out = fn(leaves["q"], leaves["k"], leaves["v"], attn_mask=mask, is_causal=is_causal)
+        found = {"out": torch.isnan(out.detach())}
+        if dout is not None:
+            out.backward(dout.detach().cpu().double())
+            found.update({f"d{n}": torch.isnan(t.grad) for n, t in leaves.items()})
+        if fn is math_sdpa:
+            want = out.detach()
+            sets = {n: (x, None) for n, x in found.items()}
+        else:
+            sets = {n: (sets[n][0], x) for n, x in found.items()}
+    return want, sets
+
+
+def nan_rule_check(name, got, torch_nan, seen_nan, device=None):
+    """Where an engine's result is NaN (docs/robustness.md, NaN). The CPU engine: exactly where
+    torch's math attention is (``torch_nan``). The CUDA engines: at least where a NaN reaches a row
+    through what it sees (``seen_nan``, reference.sdpa_seen_only), at most where torch's is. Returns
+    an error message or None."""
+    got_nan = torch.isnan(got.detach().cpu())
+    if _device_of(device).type != "cuda":
+        if not torch.equal(got_nan, torch_nan):
+            return (f"{name}: NaN at {int((got_nan & ~torch_nan).sum())} positions where torch's math attention is "
+                    f"finite, finite at {int((torch_nan & ~got_nan).sum())} where it is NaN")
+        return None
+    missing = seen_nan & ~got_nan
+    extra = got_nan & ~torch_nan
+    if missing.any() or extra.any():
+        return (f"{name}: finite at {int(missing.sum())} positions a NaN reaches through what their rows see, "
+                f"NaN at {int(extra.sum())} where torch's math attention is finite")
+    return None
+
+
 def engine_run(case: Case, leaves=None, dout=None):
     """Forward through the op (with its registered autograd) and backward with dout.
 

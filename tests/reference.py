@@ -313,3 +313,26 @@ def attention_ref(q, k, v, args, *, bias=None, softmax_offset=None, attn_mask=No
             row_valid[bi, :, :lq] = True
     return RefOutput(out=out, lse=lse, lse_valid=lse_valid, max_logit=max_logit, row_valid=row_valid,
                      lse_graph=lse_graph)
+
+
+def sdpa_seen_only(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """torch's SDPA contract ([b, h, s, d], top-left causal, bool or additive attn_mask) in which each
+    query row reads only what it sees: the logits of its visible keys (the others are -inf whatever
+    q . k is there) and the values of those keys. Differentiable; its NaN positions (output and
+    gradients) are where a NaN reaches through the (row, key) pairs a row sees, the least the CUDA
+    engines propagate (docs/robustness.md). Rows that see no key are zeros."""
+    s_q, s_kv = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale
+    vis = torch.ones(s_q, s_kv, dtype=torch.bool)
+    if is_causal:
+        vis = vis.tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        vis = vis & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    vis = vis.expand(scores.shape)
+    probs = torch.softmax(scores.masked_fill(~vis, float("-inf")), dim=-1)
+    probs = torch.where(vis.any(-1, keepdim=True), probs, torch.zeros((), dtype=probs.dtype))
+    terms = probs.unsqueeze(-1) * v.unsqueeze(-3)  # [b, h, s_q, s_kv, d]
+    return torch.where(vis.unsqueeze(-1), terms, torch.zeros((), dtype=terms.dtype)).sum(-2)

@@ -25,6 +25,10 @@ inline Status check_launch(const char* what) { return cuda_error(cudaGetLastErro
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A grid with a zero dimension has nothing to run, and launching it is a CUDA error: its launch is
+// skipped (empty problems: no batch entry, no key, no query row of a sequence dim).
+inline bool empty_grid(const dim3& g) { return g.x == 0 || g.y == 0 || g.z == 0; }
+
 // Raises a kernel's dynamic shared-memory limit to `bytes` (once per device
 // and kernel; `done` is the kernel's own flag word), or says why the device
 // cannot give that much. None of these calls synchronises, and after a call's

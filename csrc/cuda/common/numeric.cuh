@@ -68,9 +68,13 @@ template <class A>
 __device__ __forceinline__ A neg_inf() {
   return -static_cast<A>(INFINITY);
 }
-// Float max through its ordered integer images (negative values and -inf too; no NaN inputs).
+// Float max through its ordered integer images (negative values and -inf too). A NaN is stored as
+// the largest positive image (0x7fffffff, a NaN), which every later max keeps: max_logit is NaN for
+// a head with a NaN row (docs/robustness.md).
 __device__ __forceinline__ void atomic_max_float(float* addr, float v) {
-  if (v >= 0.f) {
+  if (v != v) {
+    atomicMax(reinterpret_cast<int*>(addr), 0x7fffffff);
+  } else if (v >= 0.f) {
     atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
   } else {
     atomicMin(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));

@@ -89,12 +89,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
       }
       continue;
     }
-    // Every warp reduces the lse alike (a fixed shuffle tree: the same max and sum in each warp).
+    // Every warp reduces the lse alike (a fixed shuffle tree: the same max and sum in each warp). A
+    // NaN partial (a NaN row in its split) makes the max NaN, hence the row's out and lse.
     float mx = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < kMaxSplits / 32; ++k) mx = fmaxf(mx, ls[k]);
+    for (int k = 0; k < kMaxSplits / 32; ++k) mx = gpu::max_nan(mx, ls[k]);
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    for (int off = 16; off > 0; off /= 2) mx = gpu::max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     float den = 0.f;
     float4 acc[CH];
 #pragma unroll

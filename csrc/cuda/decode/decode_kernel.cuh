@@ -366,10 +366,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
       for (int rr = 0; rr < 2; ++rr) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < KS / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[rr], mx);
+        for (int nt = 0; nt < KS / 8; ++nt) mx = max_nan(mx, max_nan(s[nt][2 * rr], s[nt][2 * rr + 1]));
+        mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = max_nan(m[rr], mx);
         mu[rr] = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: p = 0 below
         alpha[rr] = exp2f(m[rr] - mu[rr]);
         m[rr] = m_new;
@@ -440,7 +440,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     const int lr = lr0 + 8 * rr;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < WN; ++w) mx = fmaxf(mx, red_m[w][lr]);
+    for (int w = 0; w < WN; ++w) mx = max_nan(mx, red_m[w][lr]);
     const float mu = mx == -INFINITY ? 0.f : mx;
     f[rr] = exp2f(m[rr] - mu);
     if (wn == 0 && t4 == 0) {
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     }
     const float L = row_l[lr];
     if (split_mode) {
-      const float inv = L > 0.f ? 1.f / L : 0.f;
+      const float inv = L != 0.f ? 1.f / L : 0.f;  // NaN for a NaN row
       *reinterpret_cast<float4*>(a.ws_o + (ws_row0 + r) * dv + c) =
           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
     } else {
@@ -509,13 +509,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const FwdParams p, con
     }
     const float L = row_l[lr], mx = row_m[lr];
     if (split_mode) {
-      a.ws_lse[ws_row0 + r] = L > 0.f ? mx + log2f(L) : -INFINITY;
+      a.ws_lse[ws_row0 + r] = L != 0.f ? mx + log2f(L) : -INFINITY;  // a NaN partial stays NaN
     } else {
       float fct, lse;
       finalize_row(p, h, L, mx, &fct, &lse);
       lse_row[(si.tok_q + i) * p.lse_stride_s] = lse;
     }
-    if (p.max_logit != nullptr && L > 0.f) gpu::atomic_max_float(p.max_logit + h, mx * kLn2);
+    if (p.max_logit != nullptr && L != 0.f) gpu::atomic_max_float(p.max_logit + h, mx * kLn2);
   }
 
 }

@@ -17,11 +17,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Output scale factor and lse (natural log) of a row from its unnormalised
-// sum L relative to the max mx (log2 units), with the softmax sink.
+// sum L relative to the max mx (log2 units), with the softmax sink. L is 0 for
+// a row without a visible key and NaN for a NaN row, whose f and lse are NaN.
 __device__ __forceinline__ void finalize_row(const FwdParams& p, int h, float L, float mx, float* f, float* lse) {
   const bool has_sink = p.softmax.type != SoftmaxType::kVanilla;
   const float sink = p.softmax.type == SoftmaxType::kLearnable ? p.softmax.offset[h] : 0.f;
-  if (!(L > 0.f)) {
+  if (L == 0.f) {
     *f = 0.f;  // no visible key: zero output
     *lse = has_sink ? sink : -INFINITY;
   } else if (!has_sink) {

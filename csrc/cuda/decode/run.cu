@@ -84,6 +84,7 @@ std::string plan_cache(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan
   if (p.softcap > 0) return "softcap";
   const int64_t dmax = std::max(pr.d_qk, pr.d_v);
   if (dmax > 256) return "head dim above 256";
+  if (pr.d_qk == 0 || pr.d_v == 0) return "an empty head dim";
   if (!gpu::rows16(p.q) || !gpu::rows16(p.k) || !gpu::rows16(p.v)) {
     return "q, k, v need a unit head-dim stride and 16-byte aligned rows";
   }

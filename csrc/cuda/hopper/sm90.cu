@@ -192,6 +192,9 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& la
 std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
+  // The row maximum is taken over unscaled scores: with scale <= 0 it would be the minimum, and P
+  // could overflow fp16.
+  if (!(p.scale > 0)) return "a scale <= 0";
   const bool varlen = is_varlen(p), general = needs_general(p);
   const KernelEntry entry =
       varlen ? KernelEntry::kFwdVarlen : general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile;

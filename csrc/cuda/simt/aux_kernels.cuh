@@ -4,6 +4,7 @@
 
 #include "common.cuh"
 #include "common/aux_kernels.cuh"
+#include "workspace.h"
 
 namespace fusedattn {
 namespace simt {
@@ -37,9 +38,11 @@ __global__ void __launch_bounds__(256) bwd_dot_kernel(const BwdParams p, AccT<T>
 
 // d_softmax_offset[h] = -sum over rows of exp(offset[h] - lse) * D, in a
 // fixed order (deterministic). One block per head; rows without any visible
-// key have D = 0 (their output is zero) and padded rows are skipped.
+// key have D = 0 (their output is zero) and padded rows are skipped. The lse
+// is buf.lse2's (log2 units) where the backward recomputed it (fp64).
 template <class T>
-__global__ void __launch_bounds__(kAuxThreads) bwd_softmax_offset_kernel(const BwdParams p, const AccT<T>* dsum) {
+__global__ void __launch_bounds__(kAuxThreads)
+    bwd_softmax_offset_kernel(const BwdParams p, const BwdBuffers<AccT<T>> buf) {
   using A = AccT<T>;
   const FwdParams& f = p.fwd;
   const int h = blockIdx.x;
@@ -48,9 +51,17 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_softmax_offset_kernel(const B
   for (int b = 0; b < f.prob.b; ++b) {
     const SeqInfo s = seq_info(f, b);
     for (int i = threadIdx.x; i < s.len_q; i += kAuxThreads) {
-      const float lse = f.lse[b * f.lse_stride_b + h * f.lse_stride_h + (s.tok_q + i) * f.lse_stride_s];
-      if (lse == -INFINITY) continue;
-      acc += exp(sink - static_cast<A>(lse)) * dsum[ws_row(f, s, b, i) * f.prob.h_q + h];
+      const int64_t row = ws_row(f, s, b, i) * f.prob.h_q + h;
+      A e;
+      if (buf.lse2 != nullptr) {
+        if (buf.lse2[row] == neg_inf<A>()) continue;
+        e = fast_exp2(sink * Consts<A>::kLog2e - buf.lse2[row]);
+      } else {
+        const float lse = f.lse[b * f.lse_stride_b + h * f.lse_stride_h + (s.tok_q + i) * f.lse_stride_s];
+        if (lse == -INFINITY) continue;
+        e = exp(sink - static_cast<A>(lse));
+      }
+      acc += e * buf.dsum[row];
     }
   }
   __shared__ A red[kAuxThreads / 32];

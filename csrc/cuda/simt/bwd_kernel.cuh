@@ -9,12 +9,17 @@
 //        dQ += dS K   (fp32/fp64 atomics into a workspace),
 //        dbias += dS  (atomics into a workspace, reduced over broadcast dims)
 //   3. dq / dbias converted from their workspaces.
+// fp64 first recomputes every row's log-sum-exp in double (fwd_kernel.cuh's kLseOnly pass) and
+// reads it instead of the op's fp32 softmax_lse, so that the gradients are float64-accurate.
 // dQ's atomics make dq (and a broadcast dbias) non-deterministic in the last
 // bits; dk, dv and d_softmax_offset are deterministic.
 #pragma once
 
+#include <type_traits>
+
 #include "aux_kernels.cuh"
 #include "common.cuh"
+#include "fwd_kernel.cuh"
 #include "simt.h"
 #include "tile_config.h"
 #include "workspace.h"
@@ -48,7 +53,7 @@ struct BwdFlags {
 
 template <class T, int DPAD>
 __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) == 4 ? 2 : 1))
-    bwd_kv_kernel(const BwdParams bp, const BwdFlags fl, AccT<T>* dq_acc, const AccT<T>* dsum, AccT<T>* dbias_acc) {
+    bwd_kv_kernel(const BwdParams bp, const BwdFlags fl, const BwdBuffers<AccT<T>> buf) {
   using A = AccT<T>;
   using L = BwdLayout<T, DPAD>;
   using C = typename L::C;
@@ -131,10 +136,16 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
       for (int r = tid; r < BQ; r += NT) {
         const int i = i0 + r;
         const bool ok = r < rows_valid;
-        lse_s[r] = ok ? static_cast<A>(p.lse[b * p.lse_stride_b + h * p.lse_stride_h + (si.tok_q + i) * p.lse_stride_s]) *
-                            Consts<A>::kLog2e
-                      : A(0);
-        dd_s[r] = ok ? dsum[ws_row(p, si, b, i) * pr.h_q + h] : A(0);
+        const int64_t wr = ok ? ws_row(p, si, b, i) * pr.h_q + h : 0;
+        if (!ok) {
+          lse_s[r] = A(0);
+        } else if (buf.lse2 != nullptr) {
+          lse_s[r] = buf.lse2[wr];
+        } else {
+          lse_s[r] = static_cast<A>(p.lse[b * p.lse_stride_b + h * p.lse_stride_h + (si.tok_q + i) * p.lse_stride_s]) *
+                     Consts<A>::kLog2e;
+        }
+        dd_s[r] = ok ? buf.dsum[wr] : A(0);
       }
       __syncthreads();
 
@@ -201,10 +212,10 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
             const A pe = fast_exp2(x - lse_s[row]);
             pd[u] = pe * f[u];
             ds[u] = pe * (dp[r][u] * f[u] - dd_s[row]);
-            if (dbias_acc != nullptr) {  // the bias is added after the cap: its gradient is dS itself
+            if (buf.dbias_acc != nullptr) {  // the bias is added after the cap: its gradient is dS itself
               const int64_t bb = db.sizes[0] == 1 ? 0 : b, hh = db.sizes[1] == 1 ? 0 : h;
               const int64_t ii = db.sizes[2] == 1 ? 0 : i, jj = db.sizes[3] == 1 ? 0 : j;
-              atomicAdd(dbias_acc + ((bb * db.sizes[1] + hh) * db.sizes[2] + ii) * db.sizes[3] + jj, ds[u]);
+              atomicAdd(buf.dbias_acc + ((bb * db.sizes[1] + hh) * db.sizes[2] + ii) * db.sizes[3] + jj, ds[u]);
             }
             ds[u] *= dcap;
           }
@@ -261,7 +272,7 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
             }
           }
           if (row < rows_valid) {
-            A* dst = dq_acc + (ws_row(p, si, b, i) * pr.h_q + h) * dqk;
+            A* dst = buf.dq_acc + (ws_row(p, si, b, i) * pr.h_q + h) * dqk;
 #pragma unroll
             for (int ch = 0; ch < CH; ++ch) {
               const int c = tx2 + 16 * (cc0 + ch);
@@ -294,8 +305,7 @@ __global__ void __launch_bounds__(BwdTile<AccT<T>, DPAD>::NT, (sizeof(AccT<T>) =
 }
 
 template <class T, int DPAD>
-Status launch_bwd_tile(const BwdParams& bp, cudaStream_t stream, AccT<T>* dq_acc, const AccT<T>* dsum,
-                       AccT<T>* dbias_acc) {
+Status launch_bwd_tile(const BwdParams& bp, cudaStream_t stream, const BwdBuffers<AccT<T>>& buf) {
   using L = BwdLayout<T, DPAD>;
   using C = typename L::C;
   const FwdParams& p = bp.fwd;
@@ -306,7 +316,7 @@ Status launch_bwd_tile(const BwdParams& bp, cudaStream_t stream, AccT<T>* dq_acc
                     gpu::rows16(bp.dout)};
   const dim3 grid(static_cast<unsigned>(ceil_div(p.prob.s_kv, C::BK)), static_cast<unsigned>(p.prob.h_kv),
                   static_cast<unsigned>(p.prob.b));
-  kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(bp, fl, dq_acc, dsum, dbias_acc);
+  kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(bp, fl, buf);
   return check_launch("backward kernel");
 }
 
@@ -317,13 +327,15 @@ Status launch_bwd(const BwdParams& bp, const CudaLaunch& launch) {
   const Problem& pr = p.prob;
   cudaStream_t stream = static_cast<cudaStream_t>(launch.stream);
   const BwdWorkspace w = bwd_workspace(bp, sizeof(A));  // plan_bwd's size; run_bwd_cuda checked the launch's
-  char* ws = static_cast<char*>(launch.workspace);
-  A* dq_acc = reinterpret_cast<A*>(ws + w.dq_off);
-  A* dsum = reinterpret_cast<A*>(ws + w.dsum_off);
-  A* dbias_acc = w.dbias_bytes > 0 ? reinterpret_cast<A*>(ws + w.dbias_off) : nullptr;
-  if (w.dq_bytes > 0) FUSEDATTN_RETURN_IF_ERROR(cuda_error(cudaMemsetAsync(dq_acc, 0, w.dq_bytes, stream), "memset"));
+  const BwdBuffers<A> buf = bwd_buffers<A>(w, launch.workspace);
+  if (w.dq_bytes > 0) {
+    FUSEDATTN_RETURN_IF_ERROR(cuda_error(cudaMemsetAsync(buf.dq_acc, 0, w.dq_bytes, stream), "memset"));
+  }
   if (w.dbias_bytes > 0) {
-    FUSEDATTN_RETURN_IF_ERROR(cuda_error(cudaMemsetAsync(dbias_acc, 0, w.dbias_bytes, stream), "memset"));
+    FUSEDATTN_RETURN_IF_ERROR(cuda_error(cudaMemsetAsync(buf.dbias_acc, 0, w.dbias_bytes, stream), "memset"));
+  }
+  if constexpr (std::is_same_v<A, double>) {  // bwd_workspace gives fp64 its lse2
+    FUSEDATTN_RETURN_IF_ERROR((launch_fwd_rows<T, true>(p, stream, buf.lse2)));
   }
   const bool any_rows = pr.s_q > 0 && pr.h_q > 0 && pr.b > 0;
   // Key rows no attention block writes: thd gaps, or every key when there are
@@ -343,30 +355,30 @@ Status launch_bwd(const BwdParams& bp, const CudaLaunch& launch) {
   if (any_rows) {
     const dim3 grid(static_cast<unsigned>(ceil_div(pr.s_q, 8)), static_cast<unsigned>(pr.h_q),
                     static_cast<unsigned>(pr.b));
-    bwd_dot_kernel<T><<<grid, 256, 0, stream>>>(bp, dsum);
+    bwd_dot_kernel<T><<<grid, 256, 0, stream>>>(bp, buf.dsum);
     FUSEDATTN_RETURN_IF_ERROR(check_launch("backward dO.O kernel"));
   }
   if (bp.d_softmax_offset != nullptr && pr.h_q > 0) {
-    bwd_softmax_offset_kernel<T><<<static_cast<unsigned>(pr.h_q), kAuxThreads, 0, stream>>>(bp, dsum);
+    bwd_softmax_offset_kernel<T><<<static_cast<unsigned>(pr.h_q), kAuxThreads, 0, stream>>>(bp, buf);
     FUSEDATTN_RETURN_IF_ERROR(check_launch("backward softmax-offset kernel"));
   }
   if (any_rows && pr.s_kv > 0) {
     Status st;
     switch (head_dim_bucket(pr.d_qk > pr.d_v ? pr.d_qk : pr.d_v)) {
-      case 64: st = launch_bwd_tile<T, 64>(bp, stream, dq_acc, dsum, dbias_acc); break;
-      case 128: st = launch_bwd_tile<T, 128>(bp, stream, dq_acc, dsum, dbias_acc); break;
-      default: st = launch_bwd_tile<T, 256>(bp, stream, dq_acc, dsum, dbias_acc); break;
+      case 64: st = launch_bwd_tile<T, 64>(bp, stream, buf); break;
+      case 128: st = launch_bwd_tile<T, 128>(bp, stream, buf); break;
+      default: st = launch_bwd_tile<T, 256>(bp, stream, buf); break;
     }
     FUSEDATTN_RETURN_IF_ERROR(st);
   }
   if (w.dq_bytes > 0) {
     const int64_t n = static_cast<int64_t>(w.dq_bytes / sizeof(A));
-    convert_dq_kernel<T><<<aux_blocks(n), kAuxThreads, 0, stream>>>(bp, dq_acc);
+    convert_dq_kernel<T><<<aux_blocks(n), kAuxThreads, 0, stream>>>(bp, buf.dq_acc);
     FUSEDATTN_RETURN_IF_ERROR(check_launch("backward dq conversion"));
   }
-  if (dbias_acc != nullptr) {
+  if (buf.dbias_acc != nullptr) {
     convert_dbias_kernel<T><<<aux_blocks(static_cast<int64_t>(w.dbias_bytes / sizeof(A))), kAuxThreads, 0, stream>>>(
-        bp.dbias, dbias_acc);
+        bp.dbias, buf.dbias_acc);
     FUSEDATTN_RETURN_IF_ERROR(check_launch("backward dbias conversion"));
   }
   return Status::Ok();

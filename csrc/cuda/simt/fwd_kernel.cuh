@@ -5,6 +5,11 @@
 // running max and sum, P (dropped and rescaled) -> smem, V -> smem (reusing
 // K^T's buffer), O += P V in registers. Q is pre-scaled by scale * log2(e) so
 // that the softmax runs on exp2 (a softcap, common.cuh's SoftCap, works in those units).
+//
+// kLseOnly: the fp64 backward's pass that recomputes every row's log-sum-exp in double (the op's
+// softmax_lse is fp32, whose rounding would bound the gradients near 1e-8): no P V and no outputs,
+// and the logits formed as the backward forms them (q . k summed in the same order, then times
+// scale * log2(e)), so that the backward's probabilities match these up to the last bits.
 #pragma once
 
 #include "aux_kernels.cuh"
@@ -35,8 +40,22 @@ struct FwdFlags {
   bool q_vec, k_vec, v_vec;
 };
 
-template <class T, int DPAD>
-__global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(const FwdParams p, const FwdFlags fl) {
+// A row's log-sum-exp in log2 units from its running max m and sum l (both in log2 units), with a
+// softmax sink of logit `sink` (natural units) in the normaliser: the sink alone (or -inf) for a row
+// that saw no key; NaN for a NaN row.
+template <class A>
+__device__ __forceinline__ A row_lse2_of(A l, A m, bool has_sink, A sink) {
+  const A s2 = sink * Consts<A>::kLog2e;
+  if (l == A(0)) return has_sink ? s2 : neg_inf<A>();
+  if (!has_sink) return m + fast_log2(l);
+  const A top = fmax(m, s2);
+  return top + fast_log2(l * fast_exp2(m - top) + fast_exp2(s2 - top));
+}
+
+// row_lse2 (kLseOnly): [rows, h_q] log-sum-exps in log2 units, rows indexed as ws_row.
+template <class T, int DPAD, bool kLseOnly>
+__global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2)
+    fwd_kernel(const FwdParams p, const FwdFlags fl, AccT<T>* row_lse2) {
   using A = AccT<T>;
   using L = FwdLayout<T, DPAD>;
   using C = typename L::C;
@@ -60,6 +79,7 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
   T* out = static_cast<T*>(p.out.data);
 
   if (q0 >= si.len_q) {
+    if (kLseOnly) return;
     // Padded rows of bshd/sbhd (thd rows past a sequence belong to other
     // sequences or to gaps, which were zero-filled before this launch).
     if (!q_thd) {
@@ -83,10 +103,10 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
   DeviceDropout<A> drop;
   drop.init(p.dropout);
   const int64_t bh = int64_t(b) * pr.h_q + h;
+  const A scale_l2 = static_cast<A>(p.scale) * Consts<A>::kLog2e;
 
   load_tile<NT, false>(Qs, QS, static_cast<const T*>(p.q.data) + row_base(p.q, b, si.tok_q + q0, h), p.q.stride_s,
-                       p.q.stride_d, fl.q_vec, static_cast<int>(q_end - q0), BQ, dqk, dqk,
-                       static_cast<A>(p.scale) * Consts<A>::kLog2e);
+                       p.q.stride_d, fl.q_vec, static_cast<int>(q_end - q0), BQ, dqk, dqk, kLseOnly ? A(1) : scale_l2);
 
   // Keys any row of the tile can see.
   const int j_lo = key_range(si, q0).lo, j_hi = key_range(si, q_end - 1).hi;
@@ -152,8 +172,9 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
       for (int u = 0; u < VS; ++u) {
         const int j = j0 + VS * tx + u;
         if (full || visible(p, kr, b, h, i, j)) {
-          const A x = (cap.on ? cap.cap * cap.tanh_of(s[r][u]) : s[r][u]) + lb.at(b, h, i, j, si.vis);
-          mx = fmax(mx, x);
+          const A qk = kLseOnly ? s[r][u] * scale_l2 : s[r][u];
+          const A x = (cap.on ? cap.cap * cap.tanh_of(qk) : qk) + lb.at(b, h, i, j, si.vis);
+          mx = max_nan(mx, x);
           s[r][u] = x;
         } else {
           s[r][u] = neg_inf<A>();
@@ -178,6 +199,7 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
         pv[u] = fast_exp2(s[r][u] - m_use);
         l_run[r] += pv[u];
       }
+      if (kLseOnly) continue;
       if (drop.on && i < si.len_q) {
         A f[VS];
         drop.template factors<VS>(bh, i, j0 + VS * tx, f);
@@ -186,6 +208,7 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
       }
       sts<VS>(Ps + (ty + TY * r) * PS + VS * tx, pv);
     }
+    if (kLseOnly) continue;  // the next tile's barrier orders K^T's reuse
     __syncthreads();  // K^T consumed, P complete
     if (paged) {
       load_tile_rows<NT, false, T, A>(
@@ -226,6 +249,12 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
     const int i = q0 + ty + TY * r;
     if (i >= pr.s_q) continue;
     if (q_thd && i >= si.len_q) continue;  // another sequence's token
+    if (kLseOnly) {
+      if (tx == 0 && i < si.len_q) {
+        row_lse2[ws_row(p, si, b, i) * pr.h_q + h] = row_lse2_of(l, m_run[r], has_sink, sink);
+      }
+      continue;
+    }
     T* orow = out + row_base(p.out, b, si.tok_q + i, h);
     float* lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + (si.tok_q + i) * p.lse_stride_s;
     A f = A(0);
@@ -255,30 +284,43 @@ __global__ void __launch_bounds__(FwdTile<AccT<T>, DPAD>::NT, 2) fwd_kernel(cons
     if (tx == 0) *lse = lse_v;
   }
 
-  if (p.max_logit != nullptr) {
+  if (!kLseOnly && p.max_logit != nullptr) {
     mx = group_max<32>(mx);
     if (tid % 32 == 0) red[tid / 32] = mx;
     __syncthreads();
     if (tid == 0) {
       A m = red[0];
-      for (int w = 1; w < NT / 32; ++w) m = fmax(m, red[w]);
+      for (int w = 1; w < NT / 32; ++w) m = max_nan(m, red[w]);
       if (m != neg_inf<A>()) atomic_max_float(p.max_logit + h, static_cast<float>(m * Consts<A>::kLn2));
     }
   }
 }
 
-template <class T, int DPAD>
-Status launch_fwd_tile(const FwdParams& p, cudaStream_t stream) {
+template <class T, int DPAD, bool kLseOnly>
+Status launch_fwd_tile(const FwdParams& p, cudaStream_t stream, AccT<T>* row_lse2) {
   using L = FwdLayout<T, DPAD>;
   using C = typename L::C;
-  const auto kernel = fwd_kernel<T, DPAD>;
+  const auto kernel = fwd_kernel<T, DPAD, kLseOnly>;
   static std::atomic<uint64_t> smem_ready{0};
   FUSEDATTN_RETURN_IF_ERROR(prepare_smem(kernel, L::kSmemBytes, "forward", &smem_ready));
   const FwdFlags fl{gpu::rows16(p.q), gpu::rows16(p.k), gpu::rows16(p.v)};
   const dim3 grid(static_cast<unsigned>(ceil_div(p.prob.s_q, C::BQ)), static_cast<unsigned>(p.prob.h_q),
                   static_cast<unsigned>(p.prob.b));
-  kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(p, fl);
-  return check_launch("forward kernel");
+  kernel<<<grid, C::NT, L::kSmemBytes, stream>>>(p, fl, row_lse2);
+  return check_launch(kLseOnly ? "backward lse kernel" : "forward kernel");
+}
+
+// The forward kernel over every query tile (kLseOnly: the rows' log2-lse into row_lse2 only); no
+// launch without query rows (a zero grid dimension is a launch error).
+template <class T, bool kLseOnly>
+Status launch_fwd_rows(const FwdParams& p, cudaStream_t stream, AccT<T>* row_lse2) {
+  const Problem& pr = p.prob;
+  if (pr.s_q == 0 || pr.h_q == 0 || pr.b == 0) return Status::Ok();
+  switch (head_dim_bucket(pr.d_qk > pr.d_v ? pr.d_qk : pr.d_v)) {
+    case 64: return launch_fwd_tile<T, 64, kLseOnly>(p, stream, row_lse2);
+    case 128: return launch_fwd_tile<T, 128, kLseOnly>(p, stream, row_lse2);
+    default: return launch_fwd_tile<T, 256, kLseOnly>(p, stream, row_lse2);
+  }
 }
 
 template <class T>
@@ -298,12 +340,7 @@ Status launch_fwd(const FwdParams& p, const CudaLaunch& launch) {
     fill_kernel<<<1, kAuxThreads, 0, stream>>>(p.max_logit, pr.h_q, -INFINITY);
     FUSEDATTN_RETURN_IF_ERROR(check_launch("forward max_logit fill"));
   }
-  if (pr.s_q == 0 || pr.h_q == 0 || pr.b == 0) return Status::Ok();
-  switch (head_dim_bucket(pr.d_qk > pr.d_v ? pr.d_qk : pr.d_v)) {
-    case 64: return launch_fwd_tile<T, 64>(p, stream);
-    case 128: return launch_fwd_tile<T, 128>(p, stream);
-    default: return launch_fwd_tile<T, 256>(p, stream);
-  }
+  return launch_fwd_rows<T, false>(p, stream, nullptr);
 }
 
 }  // namespace simt

@@ -13,7 +13,8 @@ namespace fusedattn {
 namespace tc {
 
 // One warp per (query row, head): D = dO . O, lse2 = lse * log2(e) (+inf where
-// the row sees no key or lies past its sequence, so P = exp2(s - lse2) = 0),
+// the row sees no key or lies past its sequence, so P = exp2(s - lse2) = 0; NaN
+// for a NaN row, whose P, dq and its keys' dk, dv are then NaN),
 // and for the learnable softmax d_offset[h] -= exp(offset[h] - lse) * D.
 template <typename Elem>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_constant__ KArgs a) {
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_consta
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     const float lse = i < sq.len_q ? a.lse[b * a.lse_sb + h * a.lse_sh + (sq.off_q + i) * a.lse_ss] : -INFINITY;
-    const bool live = i < sq.len_q && lse > -INFINITY;
+    const bool live = i < sq.len_q && lse != -INFINITY;
     if (lane == 0) {
       const int64_t row = static_cast<int64_t>(h) * a.rows_q + q_row_token(a, sq, b, i);
       a.lse2[row] = live ? lse * kLog2e : INFINITY;

@@ -500,8 +500,11 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
     }
   }
 
-  // Epilogue: dK (scaled) and dV through shared memory into 16-byte stores.
+  // Epilogue: dK (scaled) and dV through shared memory into 16-byte stores. Keys past the sequence
+  // (bshd / sbhd padding) get zeros: a NaN or inf query row or dO row reaches their accumulators
+  // through 0 * NaN.
   __syncthreads();
+  const int keys_here = sq.len_kv - n0;
 #pragma unroll
   for (int mt = 0; mt < kDkvMT; ++mt)
 #pragma unroll
@@ -510,8 +513,9 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
       for (int r = 0; r < 2; ++r) {
         const int row = (wn2 * kDkvMT + mt) * 16 + (lane >> 2) + 8 * r;
         const uint32_t off = swz<kRowBytes>(row, wd2 * (kDkvCols / 8) + t) + (lane & 3) * 4;
-        st_shared32(sK + off, pack2<Elem>(dk[mt][t][2 * r] * a.scale, dk[mt][t][2 * r + 1] * a.scale));
-        st_shared32(sV + off, pack2<Elem>(dv[mt][t][2 * r], dv[mt][t][2 * r + 1]));
+        const bool real = row < keys_here;
+        st_shared32(sK + off, real ? pack2<Elem>(dk[mt][t][2 * r] * a.scale, dk[mt][t][2 * r + 1] * a.scale) : 0u);
+        st_shared32(sV + off, real ? pack2<Elem>(dv[mt][t][2 * r], dv[mt][t][2 * r + 1]) : 0u);
       }
   __syncthreads();
   // fresh_tid(), not tid: keeps the store offsets from living across the main loop.

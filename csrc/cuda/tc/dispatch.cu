@@ -69,6 +69,7 @@ std::string common_support(const FwdParams& p, const gpu::DeviceAttrs& dev, Dir 
   if (dev.major < 8) return cat("compute capability ", dev.major, ".x (tensor-core kernels need sm_80 or newer)");
   const int bucket = head_dim_bucket(pr);
   if (bucket == 0) return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (at most 256)");
+  if (pr.d_qk == 0 || pr.d_v == 0) return "an empty head dim";
   const bool general = needs_general(p);
   if (find_kernel(dir, pr.dtype, bucket, general) == nullptr) {
     return cat("no ", dir == Dir::kFwd ? "forward" : "backward", " kernel for dtype ", dtype_name(pr.dtype),
@@ -241,7 +242,8 @@ Status run_bwd_all(const BwdParams& p, KArgs& a, KernelFn main, cudaStream_t st)
     }
   }
   FUSEDATTN_RETURN_IF_ERROR(launch_status("backward memset"));
-  bwd_preprocess_kernel<Elem><<<dim3(static_cast<unsigned>(preprocess_blocks(pr)), a.h_q, a.b), 256, 0, st>>>(a);
+  const dim3 pre_grid(static_cast<unsigned>(preprocess_blocks(pr)), a.h_q, a.b);
+  if (!gpu::empty_grid(pre_grid)) bwd_preprocess_kernel<Elem><<<pre_grid, 256, 0, st>>>(a);
   FUSEDATTN_RETURN_IF_ERROR(launch_status("backward preprocess"));
   if (a.dsink_part != nullptr) {
     dsink_reduce_kernel<<<a.h_q, 32, 0, st>>>(a.dsink_part, a.d_sink, a.h_q, pr.b * preprocess_blocks(pr));
@@ -249,7 +251,7 @@ Status run_bwd_all(const BwdParams& p, KArgs& a, KernelFn main, cudaStream_t st)
   FUSEDATTN_RETURN_IF_ERROR(main(a, st));
   const int64_t conv_blocks = (a.rows_q * a.h_q + 7) / 8;
   if (conv_blocks > 0) dq_convert_kernel<Elem><<<static_cast<unsigned>(conv_blocks), 256, 0, st>>>(a);
-  if (a.dbias != nullptr && !a.dbias_direct) {
+  if (a.dbias != nullptr && !a.dbias_direct && dbias_numel(p) > 0) {
     const int64_t n = dbias_numel(p);
     const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65536));
     if (dbias_reduced_in_order(p)) {

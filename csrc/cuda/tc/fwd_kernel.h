@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
       const float sum = quad_sum(row_sum[mi][r]);
       float inv = 0.f, lse = i < sq.len_q ? empty_lse : -INFINITY;
       if (i < sq.len_q && mx != -INFINITY) {
-        warp_max = fmaxf(warp_max, mx);
+        warp_max = max_nan(warp_max, mx);  // a NaN row makes max_logit NaN
         if (a.softmax_type != 0) {
           const float mt = fmaxf(mx, sink2);
           const float so = fast_exp2(mx - mt);
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
     }
   if (a.max_logit != nullptr) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) warp_max = fmaxf(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, o));
+    for (int o = 16; o > 0; o >>= 1) warp_max = max_nan(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, o));
     if (lane == 0 && warp_max != -INFINITY) atomic_max_float(a.max_logit + h, warp_max * kLn2);
   }
 

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "common/host.h"
 #include "fusedattn/types.h"
 #include "kargs.h"
 #include "tile_size.h"
@@ -48,6 +49,7 @@ Status run_fwd(const KArgs& a, cudaStream_t stream) {
     return launch_status("forward (shared memory size)");
   }
   const dim3 grid((a.s_q + T::kBlockM - 1) / T::kBlockM, a.h_q, a.b);
+  if (gpu::empty_grid(grid)) return Status::Ok();
   kernel<<<grid, T::kNWarps * 32, kSmem, stream>>>(a);
   return launch_status("forward");
 }
@@ -62,6 +64,7 @@ Status run_bwd(const KArgs& a, cudaStream_t stream) {
     return launch_status("backward (shared memory size)");
   }
   const dim3 grid((a.s_kv + T::kBlockN - 1) / T::kBlockN, a.h_kv, a.b);
+  if (gpu::empty_grid(grid)) return Status::Ok();  // no sequence or no key: dq stays zero, thd gaps get zeros
   kernel<<<grid, T::kNWarps * 32, kSmem, stream>>>(a);
   return launch_status("backward");
 }

@@ -19,8 +19,9 @@
 // in double with one pass over the keys, so gradients are fp64-accurate.
 // NaN (docs/robustness.md), as in torch's math backward: a row whose lse or D
 // is NaN has NaN dq and dbias rows and NaN dk for every key of its (batch, kv
-// head), and NaN dv for every key when its lse or dO is NaN. The tiles reach
-// only the keys the row sees, so a final pass writes the rest.
+// head); dv is NaN for every key when its lse is NaN, and at the features where
+// its dO is NaN. The tiles reach only the keys the row sees, so a final pass
+// writes the rest.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -172,12 +173,18 @@ struct BwdRun {
     const int64_t bq = c.lay.q_thd ? 0 : pp.b, bk = c.lay.kv_thd ? 0 : pp.b;
     const PairTensor& db = bp.dbias;
     bool any = false, dv_nan = false;
+    std::vector<uint8_t> dv_cols;  // rare: the features of dO rows that hold a NaN
     for (int64_t g = 0; g < c.group; ++g) {
       const int64_t h = pp.hk * c.group + g;
       for (int64_t i = 0; i < e.len_q; ++i) {
         const int64_t row = g * pp.nq + i;
         const bool p_nan = pp.lse[row] != pp.lse[row];
-        dv_nan |= p_nan || any_nan(pp.dout + row * c.dv_p, c.dv);
+        dv_nan |= p_nan;
+        const A* drow = pp.dout + row * c.dv_p;
+        if (any_nan(drow, c.dv)) {
+          dv_cols.resize(static_cast<size_t>(c.dv));
+          for (int64_t d = 0; d < c.dv; ++d) dv_cols[d] |= drow[d] != drow[d];
+        }
         if (!p_nan && pp.dd[row] == pp.dd[row]) continue;
         any = true;
         fill_row(row_ptr<T>(bp.dq, bq, e.tok_q + i, h), bp.dq.stride_d, c.dqk, quiet_nan<A>());
@@ -190,7 +197,13 @@ struct BwdRun {
     }
     for (int64_t j = 0; j < e.len_kv; ++j) {
       if (any) fill_row(row_ptr<T>(bp.dk, bk, e.tok_kv + j, pp.hk), bp.dk.stride_d, c.dqk, quiet_nan<A>());
-      if (dv_nan) fill_row(row_ptr<T>(bp.dv, bk, e.tok_kv + j, pp.hk), bp.dv.stride_d, c.dv, quiet_nan<A>());
+      T* dvrow = row_ptr<T>(bp.dv, bk, e.tok_kv + j, pp.hk);
+      if (dv_nan) {
+        fill_row(dvrow, bp.dv.stride_d, c.dv, quiet_nan<A>());
+      } else if (!dv_cols.empty()) {
+        for (int64_t d = 0; d < c.dv; ++d)
+          if (dv_cols[d]) Elem<T>::store(dvrow + d * bp.dv.stride_d, quiet_nan<A>());
+      }
     }
   }
 
