@@ -631,11 +631,19 @@ def _general_params():
     return out
 
 
-def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla", softcap=0.0, heads=(4, 2)):
+def _case(monkeypatch, dtype, dims, mask, windows, brd, shape, softmax="vanilla", softcap=0.0, heads=(4, 2),
+          layout="bshd", lengths=None, max_seqlen=None):
+    """A conftest case; `lengths` = (q lengths, kv lengths or None for the same) per sequence for
+    per-sequence-length layouts and padding masks, `max_seqlen` as conftest.Config's (thd)."""
     monkeypatch.setitem(C.SHAPES, "hopper", shape)
     monkeypatch.setitem(C.WINDOWS, "hopper", windows)
-    cfg = C.normalise(C.Config(layout="bshd", mask=mask, window="hopper", brd=brd, heads=heads, dims=dims,
-                               shape="hopper", dtype=dtype, softmax=softmax))
+    if lengths is not None:
+        lq, lk = lengths
+        lk = lq if lk is None else lk
+        monkeypatch.setattr(C, "_lengths", lambda cfg, b, s_q, s_kv, rng: (list(lq), list(lk)))
+    cfg = C.normalise(C.Config(layout=layout, mask=mask, window="hopper", brd=brd, heads=heads, dims=dims,
+                               shape="hopper", dtype=dtype, softmax=softmax,
+                               seqlens="random" if lengths is not None else None, max_seqlen=max_seqlen))
     case = C.build_case(cfg)
     if softcap:
         case.args = case.args.replace(softcap=softcap)
@@ -647,6 +655,21 @@ def _check_with_kernels(case):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         C.check_case(case, device="cuda")
     return " ".join(e.name for e in prof.events())
+
+
+def _check_deterministic(case):
+    """Under torch.use_deterministic_algorithms: check_case on the GPU, then two more runs whose
+    gradients must be bitwise equal; the names of the CUDA kernels check_case ran."""
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        names = _check_with_kernels(case)
+        first, second = (C.device_run(case, "cuda")[4] for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
+    return names
 
 
 def _features_of(names, kernel):
@@ -690,8 +713,8 @@ def test_hopper_softcap_kernels(monkeypatch, dtype, d_qk, d_v, call):
     assert ("bwd_general", dtype, d_qk, d_v, True) in {(r.entry, r.dtype, r.d_qk, r.d_v, r.softcap) for r in KERNEL_ROWS}
     names = _check_with_kernels(_case(monkeypatch, dtype, (d_qk, d_v), *SOFTCAP_CALLS[call]))
     bwd_kernel = "bwd_sm90_d256_kernel" if max(d_qk, d_v) > 128 else "bwd_sm90_kernel"
-    assert re.search(r"fwd_sm90_kernel<[^()]*Features<2, \d+, \d+, true>", names), names[:800]
-    assert re.search(rf"{bwd_kernel}<[^()]*Features<2, \d+, \d+, true>", names), names[:800]
+    assert re.search(r"fwd_sm90_kernel<[^()]*Features<2, \d+, \d+, true, false>", names), names[:800]
+    assert re.search(rf"{bwd_kernel}<[^()]*Features<2, \d+, \d+, true, false>", names), names[:800]
 
 
 @needs_hopper_engine
@@ -707,16 +730,8 @@ def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v, softcap):
         pytest.skip("no deterministic softcap kernel at these head dims")
     mask, windows, brd, _, _ = GENERAL_CALLS["causal_window"]
     case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700), "learnable", softcap)
-    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        torch.use_deterministic_algorithms(True)
-        names = _check_with_kernels(case)
-        first, second = (C.device_run(case, "cuda")[4] for _ in range(2))
-    finally:
-        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    names = _check_deterministic(case)
     assert _features_of(names, "bwd_sm90_det_kernel") == {2}, names[:800]
-    for name in first:
-        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
 
 
 @needs_hopper_engine
@@ -734,3 +749,213 @@ def test_hopper_plain_kernels(monkeypatch, dtype, d_qk, d_v, causal):
     bwd_kernel = "bwd_sm90_d256_kernel" if d_qk == 256 else "bwd_sm90_kernel"
     want = {1 if causal else 0}
     assert _features_of(names, "fwd_sm90_kernel") == want and _features_of(names, bwd_kernel) == want, names[:800]
+
+
+# ---------------------------------------------------------------------------
+# Per-sequence lengths (features.h's VARLEN; hopper/varlen.cuh): the varlen lines of the support list
+# (fwd_varlen, bwd_varlen, bwd_varlen_deterministic) on thd, with and without cu_seqlens_*_padded gaps,
+# and on padding masks in bshd. Each call's sequences have unequal lengths off the 128-row tiles, and
+# most have an empty one and one of a single token; check_case checks out, lse, every gradient and the
+# exact zeros of the rows no sequence owns (bshd padding, thd gaps and tails).
+# name: layout, mask, (non-causal, causal) window, bottom_right_diagonal, (b, s_q, s_kv), (q lengths,
+# kv lengths or None), max_seqlen (thd), softmax, heads.
+VARLEN_CALLS = {
+    # packed causal training: documents of 300, 1, 0, 129 and 64 tokens
+    "thd_causal": ("thd", "padding_causal", ((-1, -1), (-1, 0)), None, (5, 300, 300),
+                   ([300, 1, 0, 129, 64], None), "given", "vanilla", (4, 2)),
+    # cu_seqlens_*_padded gaps and a tail; s_q != s_kv per sequence, a sequence without queries and one
+    # without keys (whose rows get zeros and lse -inf)
+    "thd_gaps_causal": ("thd_gaps", "padding_causal", ((-1, -1), (-1, 0)), None, (4, 200, 150),
+                        ([200, 37, 0, 140], [150, 60, 9, 0]), "given", "vanilla", (4, 2)),
+    # no max_seqlen (the grid spans the token dim; most tiles skipped), no causal mask, MQA
+    "thd_no_mask_no_max": ("thd", "padding", ((-1, -1), (-1, 0)), None, (3, 257, 300),
+                           ([130, 257, 17], [300, 5, 128]), "none", "vanilla", (4, 1)),
+    # packed qkv (one tensor, strided views), max_seqlen rounded up
+    "th3d_causal": ("th3d", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 260, 260),
+                    ([260, 33, 129], None), "rounded", "vanilla", (4, 4)),
+    # learnable sinks over gaps
+    "thd_gaps_learnable": ("thd_gaps", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 300, 300),
+                           ([300, 2, 150], None), "given", "learnable", (4, 2)),
+    # bshd with a padding mask: causal, a sequence without queries or keys
+    "bshd_padding_causal": ("bshd", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 300, 300),
+                            ([300, 0, 77], [300, 5, 77]), None, "vanilla", (4, 2)),
+    # bshd padding without causality, s_q != s_kv, a one-token sequence, off-by-one sinks
+    "bshd_padding": ("bshd", "padding", ((-1, -1), (-1, 0)), None, (2, 256, 200), ([129, 1], [1, 200]), None,
+                     "off-by-one", (4, 2)),
+    # q thd, k / v bshd with a padding mask
+    "thd_bshd": ("thd_bshd", "padding_causal", ((-1, -1), (-1, 0)), None, (3, 100, 250),
+                 ([100, 0, 37], [250, 30, 37]), "given", "vanilla", (4, 2)),
+}
+
+
+def _varlen_case(monkeypatch, dtype, d_qk, d_v, call):
+    layout, mask, windows, brd, shape, lengths, max_seqlen, softmax, heads = VARLEN_CALLS[call]
+    return _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, shape, softmax, 0.0, heads, layout, lengths,
+                 max_seqlen)
+
+
+def _varlen_params():
+    """(dtype, d_qk, d_v, call) for every fwd_varlen line: bf16 with every call, fp16 with three."""
+    out = []
+    for dtype, d_qk, d_v in _dims("fwd_varlen"):
+        calls = list(VARLEN_CALLS) if dtype == "bf16" else ["thd_causal", "thd_gaps_causal", "bshd_padding_causal"]
+        out += [(dtype, d_qk, d_v, c) for c in calls]
+    return out
+
+
+def _assert_varlen_kernels(names, d_qk, d_v, det=False):
+    """The forward ran the varlen scheduler on the varlen features, and so did the backward."""
+    assert re.search(r"fwd_sm90_kernel<[^()]*VarlenScheduler<\d+>, [^()]*Features<2, \d+, \d+, false, true>", names), \
+        names[:800]
+    bwd = "bwd_sm90_det_kernel" if det else "bwd_sm90_d256_kernel" if max(d_qk, d_v) > 128 else "bwd_sm90_kernel"
+    assert re.search(rf"{bwd}<[^()]*Features<2, \d+, \d+, false, true>", names), names[:800]
+    assert "varlen_prologue_kernel" in names, names[:800]
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("dtype,d_qk,d_v,call", _varlen_params())
+def test_hopper_varlen_kernels(monkeypatch, dtype, d_qk, d_v, call):
+    """Every fwd_varlen / bwd_varlen line of the support list on thd (with and without padded offsets,
+    packed qkv, no max_seqlen), bshd with padding masks and q thd with k / v bshd, causal or not, sinks,
+    GQA / MQA: the varlen kernels run forward and backward and match the float64 reference, with exact
+    zeros where no sequence owns a row."""
+    assert ("bwd_varlen", dtype, d_qk, d_v) in {(r.entry, r.dtype, r.d_qk, r.d_v) for r in KERNEL_ROWS}
+    names = _check_with_kernels(_varlen_case(monkeypatch, dtype, d_qk, d_v, call))
+    _assert_varlen_kernels(names, d_qk, d_v)
+
+
+@needs_hopper_engine
+@pytest.mark.parametrize("mask,windows", [("padding_causal", ((-1, -1), (64, 0))),
+                                          ("padding_causal_bottom_right", ((-1, -1), (-1, 0)))],
+                         ids=["window", "bottom_right"])
+def test_hopper_varlen_declines_windows_and_bottom_right(monkeypatch, mask, windows):
+    """Per-sequence lengths with a window or a bottom-right diagonal (which the general kernels fail on
+    the H200) run the sm80-class kernels, correctly."""
+    case = _case(monkeypatch, "bf16", (128, 128), mask, windows, None, (4, 200, 150), "vanilla", 0.0, (4, 2),
+                 "thd_gaps", ([200, 37, 0, 140], [150, 60, 9, 0]), "given")
+    names = _check_with_kernels(case)
+    assert "sm90" not in names and "varlen_prologue" not in names, names[:800]
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("call", ["thd_gaps_learnable", "bshd_padding_causal"])
+@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("bwd_varlen_deterministic"))
+def test_hopper_varlen_deterministic(monkeypatch, dtype, d_qk, d_v, call):
+    """The bwd_varlen_deterministic lines: under torch.use_deterministic_algorithms the varlen backward
+    whose dQ reduce-adds take turns per sequence runs, twice bitwise equal (d_softmax_offset too) and
+    matching the float64 reference; sequences of 700 and 400 tokens give several key tiles per query
+    tile."""
+    layout, mask, windows, brd, _, _, max_seqlen, softmax, heads = VARLEN_CALLS[call]
+    lengths = ([700, 129, 0, 400], None) if layout.startswith("thd") else ([700, 0, 400], [700, 5, 400])
+    case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (len(lengths[0]), 700, 700), softmax, 0.0,
+                 heads, layout, lengths, max_seqlen)
+    _assert_varlen_kernels(_check_deterministic(case), d_qk, d_v, det=True)
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("layout", ["thd_gaps", "th3d", "bshd"])
+def test_hopper_varlen_unowned_rows_are_never_read(monkeypatch, layout):
+    """Rows no sequence owns (thd gaps and tails, bshd padding) may hold anything, NaN included: each
+    sequence's tensor maps end at its length, so neither they nor dout's are read, and the results match
+    the float64 reference with exact zeros there."""
+    call = "thd_gaps_learnable" if layout == "thd_gaps" else "th3d_causal" if layout == "th3d" else \
+        "bshd_padding_causal"
+    case = _varlen_case(monkeypatch, "bf16", 128, 128, call)
+    with torch.no_grad():
+        for name, t in case.leaves.items():
+            side = case.q_side if name in ("q", "qkv") else case.kv_side if name in ("k", "v", "kv") else None
+            if side is not None:
+                t[~side.valid()] = float("nan")
+        case.dout[~case.q_side.valid()] = float("nan")
+    _assert_varlen_kernels(_check_with_kernels(case), 128, 128)
+
+
+@needs_hopper_engine
+@needs_hopper_bwd
+def test_hopper_varlen_packed_training():
+    """Packed causal training at d = 128, GQA 4 / 2: six documents of 700, 512, 3, 385, 128 and 250
+    tokens in one thd batch (several query tiles per document, many tiles per CTA of the persistent
+    grid), forward and backward against the float64 reference."""
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    lens = [700, 512, 3, 385, 128, 250]
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device="cuda")
+    t = int(cu[-1])
+    q = torch.randn(t, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    k, v = (torch.randn(t, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+            for _ in range(2))
+    dout = torch.randn(t, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = 1 / math.sqrt(128)
+    args = FwdArgs(scale=scale, q_format="thd", kv_format="thd", mask_type="padding_causal", max_seqlen_q=max(lens),
+                   max_seqlen_kv=max(lens))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, _ = attention(q, k, v, args, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        got = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+    _assert_varlen_kernels(" ".join(e.name for e in prof.events()), 128, 128)
+    for i, n in enumerate(lens):
+        a, b = int(cu[i]), int(cu[i + 1])
+        seq = [x[a:b].unsqueeze(0) for x in (q, k, v)]
+        ref, _ = _reference(*seq, "bshd", True, scale)
+        torch.testing.assert_close(out[a:b].double(), ref[0], rtol=1e-2, atol=1e-2)
+        want = _reference_grads(*seq, dout[a:b].unsqueeze(0), True, scale)
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            g = g[a:b].double()
+            floor = 1e-3 * math.sqrt(w.numel())
+            err = ((g - w[0]).norm() / w[0].norm().clamp_min(floor)).item()
+            assert err < 1e-2, f"document {i} ({n} tokens): {name} relative error {err:.2e}"
+
+
+@needs_hopper_engine
+def test_hopper_varlen_sbhd_padding_forward():
+    """sbhd with a padding mask runs the varlen forward (its maps take sbhd's strides): out and lse match
+    the float64 reference per sequence, zeros and lse -inf in the padded rows."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    lens = [200, 1, 0, 77]
+    q = torch.randn(200, 4, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(200, 4, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    cu = torch.tensor([0, 200, 201, 201, 278], dtype=torch.int32, device="cuda")
+    scale = 1 / math.sqrt(128)
+    args = FwdArgs(scale=scale, q_format="sbhd", kv_format="sbhd", mask_type="padding_causal")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, lse, _, _ = torch.ops.fusedattn.fwd(q, k, v, None, None, None, None, cu, cu, None, None, None,
+                                                 *args.op_args(), False)
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events())
+    assert re.search(r"fwd_sm90_kernel<[^()]*VarlenScheduler", names), names[:800]
+    for bi, n in enumerate(lens):
+        ref, ref_lse = _reference(q[:n, bi:bi + 1], k[:n, bi:bi + 1], v[:n, bi:bi + 1], "sbhd", True, scale)
+        torch.testing.assert_close(out[:n, bi:bi + 1].double(), ref, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(lse[bi, :, :n].double(), ref_lse[0], rtol=0, atol=1e-3)
+        assert torch.equal(out[n:, bi], torch.zeros_like(out[n:, bi])), f"sequence {bi}: padded rows not zero"
+        assert (lse[bi, :, n:] == float("-inf")).all(), f"sequence {bi}: padded rows' lse not -inf"
+
+
+# The tests above that take each entry's lines: (entry, with softcap) -> the (dtype, d_qk, d_v) they run.
+def _tested_lines():
+    general = {(d, q, v) for d, q, v, _ in _general_params()}
+    varlen = {(d, q, v) for d, q, v, _ in _varlen_params()}
+    one_tile = set(_dims("fwd_one_tile"))
+    return {
+        ("fwd_one_tile", False): one_tile, ("bwd", False): one_tile,
+        ("fwd_general", False): general, ("bwd_general", False): general,
+        ("fwd_general", True): set(_dims("fwd_general", softcap=True)),
+        ("bwd_general", True): set(_dims("fwd_general", softcap=True)),
+        ("bwd_general_deterministic", False): set(_dims("bwd_general_deterministic")),
+        ("bwd_general_deterministic", True): set(_dims("bwd_general_deterministic", softcap=True)),
+        ("fwd_varlen", False): varlen, ("bwd_varlen", False): varlen,
+        ("bwd_varlen_deterministic", False): set(_dims("bwd_varlen_deterministic")),
+    }
+
+
+def test_hopper_every_list_line_is_tested():
+    """Every line of kernels.list gets calls in the tests above (the forward variants' own lines in the
+    forced-variant and dispatch tests, the deterministic plain backward in test_hopper_backward_deterministic):
+    a new line without a test fails here."""
+    tested = _tested_lines()
+    own = ("fwd_persistent", "fwd_three_consumer", "fwd_three_consumer_persistent", "bwd_deterministic")
+    missing = [r for r in KERNEL_ROWS
+               if r.entry not in own and (r.dtype, r.d_qk, r.d_v) not in tested.get((r.entry, r.softcap), set())]
+    assert not missing, missing

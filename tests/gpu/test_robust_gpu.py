@@ -11,9 +11,10 @@
   fp64, tensor cores, Hopper, decode, copy_to_kv_cache): scripts/gpu_check.sh's default
   compute-sanitizer subset.
 
-Engines by dtype and features (default dispatch on an H200): fp32 / fp64 -> SIMT; fp16 / bf16 bshd
-without mask, bias or max_logit at a Hopper head dim -> Hopper; with a padding mask, thd, a bias,
-ALiBi, a boolean mask or max_logit -> tensor cores; a page table -> decode. scripts/gpu_check.sh runs
+Engines by dtype and features (default dispatch on an H200): fp32 / fp64 -> SIMT; fp16 / bf16
+without bias or max_logit at a Hopper head dim, no mask or causal (padding masks and thd with no mask
+or top-left causal: its varlen kernels) -> Hopper; with a bias, ALiBi, a boolean mask, max_logit, or
+per-sequence lengths with a window or a bottom-right diagonal -> tensor cores; a page table -> decode. scripts/gpu_check.sh runs
 this file again with FUSEDATTN_CUDA_ENGINE=simt.
 """
 
@@ -424,6 +425,8 @@ ENGINE_CASES = {
     "tc_general": C.Config(layout="thd", mask="padding", seqlens="empty", max_seqlen="given", bias="1hss",
                            dropout=0.25, heads=(4, 4), dims=(128, 128), shape="long", dtype="fp16"),
     "hopper": C.Config(layout="bshd", mask="causal", heads=(2, 2), dims=(128, 128), shape="self32", dtype="bf16"),
+    "hopper_varlen": C.Config(layout="thd_gaps", mask="padding_causal", seqlens="empty", max_seqlen="given",
+                              heads=(4, 2), dims=(128, 128), shape="long", dtype="bf16"),
 }
 
 

@@ -35,6 +35,12 @@ template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_bwd_general(const Sm90BwdArgs&, cudaStream_t) { return cudaErrorNotSupported; }
 template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs&, cudaStream_t) { return cudaErrorNotSupported; }
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_fwd_varlen(const Sm90Args&, cudaStream_t) { return cudaErrorNotSupported; }
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_bwd_varlen(const Sm90BwdArgs&, cudaStream_t) { return cudaErrorNotSupported; }
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_bwd_varlen_deterministic(const Sm90BwdArgs&, cudaStream_t) { return cudaErrorNotSupported; }
 
 // The table describes a build with sm_90a code, on a device that loads it.
 bool kernels_loadable() { return true; }

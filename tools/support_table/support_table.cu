@@ -194,11 +194,14 @@ Status make_call(FakeTensors& f, const Config& c, Call* call) {
   return Status::Ok();
 }
 
-// The kernel variant: the Hopper forward's plain or general kernels, the tensor-core kernels' fast
-// or general ones.
+// The kernel variant: the Hopper forward's plain, general or varlen kernels, the tensor-core kernels'
+// fast or general ones.
 std::string kernel_name(const CudaPlan& plan, bool backward) {
   if (plan.engine == CudaEngine::kHopper && !backward) {
-    return static_cast<hopper::KernelEntry>(plan.kernel) == hopper::KernelEntry::kFwdGeneral ? "general" : "plain";
+    const auto entry = static_cast<hopper::KernelEntry>(plan.kernel);
+    return entry == hopper::KernelEntry::kFwdGeneral ? "general"
+           : entry == hopper::KernelEntry::kFwdVarlen ? "varlen"
+                                                       : "plain";
   }
   if (plan.engine == CudaEngine::kTensorCore) return tc::kStubRows[plan.kernel].general ? "general" : "fast";
   return "-";

@@ -1,5 +1,6 @@
-// A sequence of a call on the device (FwdParams): its lengths from cu_seqlens, its first tokens, and
-// its visibility rule (fusedattn/visibility.h); and the address of a row of a q/k/v-like tensor.
+// A sequence of a call on the device: its lengths from cu_seqlens and its first tokens (SeqSpan), with
+// its visibility rule (fusedattn/visibility.h) for FwdParams' engines (SeqInfo); and the address of a
+// row of a q/k/v-like tensor.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,30 +27,49 @@ __device__ __forceinline__ int clamp_len(int64_t v, int64_t hi) {
   return static_cast<int>(v < 0 ? 0 : (v > hi ? hi : v));
 }
 
-// Lengths come from cu_seqlens on the device. A length above s_q / s_kv (a
-// max_seqlen smaller than a sequence) is clamped: rows past it stay zero.
-__device__ __forceinline__ SeqInfo seq_info(const FwdParams& p, int b) {
-  const SeqlenParams& sl = p.seqlens;
-  SeqInfo s;
-  s.len_q = sl.cu_seqlens_q ? clamp_len(int64_t(sl.cu_seqlens_q[b + 1]) - sl.cu_seqlens_q[b], p.prob.s_q)
-                            : clamp_len(p.prob.s_q, p.prob.s_q);
-  s.len_kv = sl.cu_seqlens_kv ? clamp_len(int64_t(sl.cu_seqlens_kv[b + 1]) - sl.cu_seqlens_kv[b], p.prob.s_kv)
-                              : clamp_len(p.prob.s_kv, p.prob.s_kv);
+// What the lengths and first tokens of a call's sequences are read from: its cu_seqlens and offsets,
+// the bounds the lengths are clamped to (max lengths s_q, s_kv) and, for thd, the token dims.
+struct SeqExtents {
+  SeqlenParams seqlens;
+  int64_t s_q, s_kv, t_q, t_kv;
+};
+// Sequence b's lengths and first tokens, without its visibility rule (the Hopper kernels carry the
+// rule in their mask). A length above s_q / s_kv (a max_seqlen smaller than a sequence) is clamped:
+// rows past it stay zero.
+struct SeqSpan {
+  int len_q, len_kv;
+  int64_t tok_q, tok_kv;
+};
+__device__ __forceinline__ SeqSpan seq_span(const SeqExtents& e, int b) {
+  const SeqlenParams& sl = e.seqlens;
+  SeqSpan s;
+  s.len_q = clamp_len(sl.cu_seqlens_q ? int64_t(sl.cu_seqlens_q[b + 1]) - sl.cu_seqlens_q[b] : e.s_q, e.s_q);
+  s.len_kv = clamp_len(sl.cu_seqlens_kv ? int64_t(sl.cu_seqlens_kv[b + 1]) - sl.cu_seqlens_kv[b] : e.s_kv, e.s_kv);
   // thd offsets come from the device too: a sequence is kept inside the token
   // dim, so inconsistent cu_seqlens give wrong rows, never an out-of-bounds
   // access (the CPU engine, which can read them, reports them as errors).
   if (sl.q_is_thd) {
-    s.tok_q = min64(max64(sl.offsets_q[b], 0), p.prob.t_q);
-    s.len_q = static_cast<int>(min64(s.len_q, p.prob.t_q - s.tok_q));
+    s.tok_q = min64(max64(sl.offsets_q[b], 0), e.t_q);
+    s.len_q = static_cast<int>(min64(s.len_q, e.t_q - s.tok_q));
   } else {
     s.tok_q = 0;
   }
   if (sl.kv_is_thd) {
-    s.tok_kv = min64(max64(sl.offsets_kv[b], 0), p.prob.t_kv);
-    s.len_kv = static_cast<int>(min64(s.len_kv, p.prob.t_kv - s.tok_kv));
+    s.tok_kv = min64(max64(sl.offsets_kv[b], 0), e.t_kv);
+    s.len_kv = static_cast<int>(min64(s.len_kv, e.t_kv - s.tok_kv));
   } else {
     s.tok_kv = 0;
   }
+  return s;
+}
+
+__device__ __forceinline__ SeqInfo seq_info(const FwdParams& p, int b) {
+  const SeqSpan sp = seq_span(SeqExtents{p.seqlens, p.prob.s_q, p.prob.s_kv, p.prob.t_q, p.prob.t_kv}, b);
+  SeqInfo s;
+  s.len_q = sp.len_q;
+  s.len_kv = sp.len_kv;
+  s.tok_q = sp.tok_q;
+  s.tok_kv = sp.tok_kv;
   // Windows arrive clamped to s_q + s_kv (make_fwd_params), so they fit in int.
   s.vis = Visibility<int>::make(static_cast<int>(p.mask.window_left), static_cast<int>(p.mask.window_right),
                                 p.mask.bottom_right, s.len_q, s.len_kv);

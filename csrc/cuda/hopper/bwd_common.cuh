@@ -18,6 +18,9 @@
 //      registers; dQ_part = dS K staged in shared memory and reduce-added into the accumulator by
 //      TMA). Epilogue: dK * scale and dV as 16-bit rows.
 //  (3) postprocess: dq = dQ_acc * scale -> 16-bit.
+// Varlen (features.h's VARLEN): a prologue (varlen.cuh) builds each sequence's maps and zero-fills dk,
+// dv where no sequence owns a key; pre / post run over the call's rows (thd: one per token); a CTA past
+// its sequence's keys exits at once, and the mask hides a tile's rows past the sequence (P = dS = 0).
 //
 // Deterministic mode (DET, d = 64 / 128): the reduce-adds into each (batch, head, query tile m)
 // take turns in a fixed order of key tiles, so every dQ element sums its terms in one order
@@ -58,6 +61,7 @@
 
 #include "epilogue.cuh"
 #include "mask.cuh"
+#include "varlen.cuh"  // seq_map
 #include "softmax.cuh"  // softcap_tanh
 #include "params.h"
 #include "ptx_sm90.cuh"
@@ -82,7 +86,7 @@ constexpr int kBwdTimeoutBar = 6, kBwdTimeoutVoters = 256 + 32;
 // P and dS, each double-buffered by iteration parity); STAGES x (lse2, Dsum) row slices; the
 // barriers; with kStaging one fp32 64 x 64 dQ_part staging tile per consumer (single-buffered).
 // Tiles read by wgmma or TMA start on 1024-byte swizzle atoms.
-template <int D_, int kTileBufs, bool kStaging>
+template <int D_, int kTileBufs, bool kStaging, bool VARLEN = false>
 struct BwdSmemLayout {
   static constexpr int D = D_;
   using Tile = BwdTile<D>;
@@ -90,7 +94,9 @@ struct BwdSmemLayout {
   static constexpr int kKVBytes = BN * D * 2;    // one of K, V
   static constexpr int kQBytes = BM * D * 2;     // one of Q, dO (per stage)
   static constexpr int kTileBytes = BM * BN * 2;  // one 16-bit [BM][BN] tile
-  static constexpr int kRowBytes = BM * 4;       // one lse2 / Dsum slice
+  // One lse2 / Dsum slice: BM rows, varlen BM + 4 from the 4-aligned row below the first.
+  static constexpr int kRowFloats = VARLEN ? BM + 4 : BM;
+  static constexpr int kRowBytes = kRowFloats * 4;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKVBytes;
   static constexpr int kQ = kV + kKVBytes;
@@ -107,7 +113,7 @@ struct BwdSmemLayout {
   static constexpr int kTotal = kStaging ? kStg + 2 * kStgBytes + 1024 : kBar + ((kBarBytes + 127) / 128) * 128 + 1024;
   static_assert(kV % 1024 == 0 && kQ % 1024 == 0 && kdO % 1024 == 0 && kTiles % 1024 == 0 && kTileBytes % 1024 == 0,
                 "swizzle atoms 1024-aligned");
-  static_assert(kL % 16 == 0 && kBar % 8 == 0, "bulk-copy and barrier alignment");
+  static_assert(kL % 16 == 0 && kRowBytes % 16 == 0 && kBar % 8 == 0, "bulk-copy and barrier alignment");
   static_assert(BM <= kBwdRowPad, "row slices inside the padded lse2 / Dsum rows");
   static_assert(kTotal <= 227 * 1024, "shared memory");
 };
@@ -138,9 +144,14 @@ __device__ __forceinline__ BwdShared<Smem> bwd_shared(uint32_t sbase) {
 
 // A CTA's work: key tile n_blk of K / V head hk and batch (tile_scheduler.cuh's bwd_work; ticket: the
 // deterministic mode's), the G query heads of the group, and the query tiles [m_start, m_end) of each
-// that the key tile meets, of n_m.
+// that the key tile meets, of n_m. Its sequence (varlen: from cu_seqlens; else the call's lengths):
+// the lengths, the row of its key 0 in dk / dv (kv_row0), its query rows in the workspace (row
+// batch, and q_row0 from that (batch, head)'s first; thd: batch 0, from the token), the 4-aligned
+// slices' shift and the tensor maps' batch coordinate.
 struct BwdCta {
   int n_blk, hk, batch, G, n_m, m_start, m_end;
+  int len_q, len_kv, row_shift, map_batch, row_batch;
+  int64_t kv_row0, q_row0;
 };
 template <int BM, int BN, bool DET, class Mask>
 __device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const Mask& mask, int ticket) {
@@ -151,7 +162,24 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdKParams& p, const Mask& mask,
   c.batch = tile.batch;
   c.G = p.h / p.h_kv;
   c.n_m = (p.s_q + BM - 1) / BM;
-  const TileRange r = mask.template query_tiles<BM, BN>(c.n_blk, c.n_m);
+  c.len_q = p.s_q;
+  c.len_kv = p.s_kv;
+  c.row_shift = 0;
+  c.map_batch = c.batch;
+  c.row_batch = c.batch;
+  c.kv_row0 = static_cast<int64_t>(c.batch) * p.s_kv;
+  c.q_row0 = 0;
+  if constexpr (Mask::VARLEN) {
+    const gpu::SeqSpan sp = gpu::seq_span(p.seq, c.batch);
+    c.len_q = sp.len_q;
+    c.len_kv = sp.len_kv;
+    c.map_batch = 0;
+    if (p.seq.seqlens.kv_is_thd) c.kv_row0 = sp.tok_kv;
+    if (p.seq.seqlens.q_is_thd) c.row_batch = 0;
+    c.q_row0 = sp.tok_q;  // 0 but for thd
+    c.row_shift = static_cast<int>(sp.tok_q & 3);
+  }
+  const TileRange r = mask.seq(c.len_q, c.len_kv).template query_tiles<BM, BN>(c.n_blk, c.n_m);
   c.m_start = r.first;
   c.m_end = r.first + r.count;
   return c;
@@ -198,12 +226,13 @@ __device__ __forceinline__ bool bwd_consumer_start(float (&dk)[N], float (&dv)[N
 
 // The epilogue: a consumer thread's dK (times scale) and dV rows key_of(0) and key_of(1) (its
 // accumulator fragment rows), N columns (the whole head dim, or consumer cw's N-column part when
-// N < D), as 16-bit values; rows >= s_kv are not stored, nor columns past the problem's head dims
-// DQK (dK) and DV (dV). dk, dv are contiguous bshd: rows DQK / DV elements apart (multiples of 8),
-// so only the bases decide the 16-byte path.
+// N < D), as 16-bit values; keys >= keys.n are not stored, nor columns past the problem's head dims
+// DQK (dK) and DV (dV). dk, dv are contiguous ([b, s_kv] or thd [t_kv] rows of h_kv heads; keys.tok
+// the row of key 0): rows DQK / DV elements apart (multiples of 8), so only the bases decide the
+// 16-byte path.
 template <typename T, int D, int N, int DQK = D, int DV = D, class KeyOf>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float (&dk)[N / 2], const float (&dv)[N / 2],
-                                               KeyOf&& key_of, int hk, int batch, int cw, int qd) {
+                                               KeyOf&& key_of, int hk, const OutRows& keys, int cw, int qd) {
   T* dkp = reinterpret_cast<T*>(p.dk);
   T* dvp = reinterpret_cast<T*>(p.dv);
   const float ks = p.scale;
@@ -211,9 +240,9 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdKParams& p, const float 
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int key = key_of(hf);
-    const bool active = key < p.s_kv;
+    const bool active = key < keys.n;
     const int col0 = N < D ? cw * N : 0;
-    const size_t row = (static_cast<size_t>(batch) * p.s_kv + (active ? key : 0)) * p.h_kv + hk;
+    const size_t row = static_cast<size_t>(keys.tok + (active ? key : 0)) * p.h_kv + hk;
     if constexpr (DQK == D && DV == D) {
       store_frag_row<T, N>(dkp + row * D + col0, dk, hf, ks, qd, vec16, active);
       store_frag_row<T, N>(dvp + row * D + col0, dv, hf, 1.f, qd, vec16, active);
@@ -252,9 +281,11 @@ __device__ __forceinline__ void reduce_dq_part(const CUtensorMap* tmdQ, uint32_t
 struct BwdProducerArgs {
   uint32_t sK, sV, sQ0, sdO0, sL0, sDs0, bar0;
   const CUtensorMap *tmQ, *tmK, *tmV, *tmdO;
-  int n_blk, hk, batch;  // the CTA's key tile, KV head, batch
+  int n_blk, hk, batch;  // the CTA's key tile, KV head, batch coordinate of its maps
   int m_start, m_end;    // its query tiles [m_start, m_end)
   const CUtensorMap* tmdQ;  // DQ_Q only
+  int row_batch;            // BwdCta's: its lse2 / Dsum rows
+  int64_t q_row0;
 };
 
 template <class Smem, int DCH, bool DQ_Q = false>
@@ -297,7 +328,9 @@ __device__ __forceinline__ void bwd_produce(const BwdProducerArgs& a, const BwdK
 #pragma unroll
       for (int c = 0; c < DCH; ++c)
         tma_load_4d(a.sdO0 + s * Smem::kQBytes + c * BM * 128, a.tmdO, bar_full(s), c * 64, head, m * BM, a.batch);
-      const size_t row_off = (static_cast<size_t>(a.batch) * p.h + head) * p.s_pad + static_cast<size_t>(m) * BM;
+      size_t row_off = (static_cast<size_t>(a.row_batch) * p.h + head) * p.s_pad + a.q_row0 +
+                       static_cast<size_t>(m) * BM;
+      if constexpr (Smem::kRowFloats != BM) row_off &= ~size_t{3};  // varlen: 16-byte aligned slices
       bulk_g2s(a.sL0 + s * Smem::kRowBytes, p.lse2 + row_off, Smem::kRowBytes, bar_full(s));
       bulk_g2s(a.sDs0 + s * Smem::kRowBytes, p.dsum + row_off, Smem::kRowBytes, bar_full(s));
       if constexpr (DQ_Q) {
@@ -356,17 +389,45 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
       DET ? dq_cnt + static_cast<size_t>(p.b) * p.h * ((p.s_q + Smem::BM - 1) / Smem::BM) * 2 : nullptr;
   int* const ticket_smem = reinterpret_cast<int*>(gbase + Smem::kBar + Smem::kBarBytes - 8);
   BwdCta cta;
-  if constexpr (!DET) cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, 0);
+  if constexpr (!DET) {
+    cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, 0);
+    if (Mask::VARLEN && cta.n_blk * Smem::BN >= cta.len_kv) return;  // past the sequence's keys: nothing to do
+  }
   bwd_cta_start(sh, tmQ, tmK, tmV, tmdO, tmdQ, ticket_counter, ticket_smem);
-  if constexpr (DET) cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, *ticket_smem);
+  if constexpr (DET) {
+    cta = bwd_cta<Smem::BM, Smem::BN, DET>(p, mask, *ticket_smem);
+    if (Mask::VARLEN && cta.n_blk * Smem::BN >= cta.len_kv) return;  // (no turn of any query tile is its)
+  }
+  // The maps of the CTA's tiles: varlen, its sequence's (varlen.cuh); every thread that issues TMA
+  // through one acquires it first.
+  const CUtensorMap *mq = &tmQ, *mk = &tmK, *mv = &tmV, *mdo = &tmdO, *mdq = tmdQ;
+  if constexpr (Mask::VARLEN) {
+    const auto map = [&](int i) {
+      return static_cast<const CUtensorMap*>(seq_map(p.seq_maps, kBwdSeqMaps, cta.batch, i));
+    };
+    mq = map(kMapQ);
+    mk = map(kMapK);
+    mv = map(kMapV);
+    mdo = map(kMapDO);
+    mdq = map(kMapDQ);
+  }
+  // The CTA's rule: varlen, its sequence's lengths.
+  const Mask smask = mask.seq(cta.len_q, cta.len_kv);
 
   if (wg == 0) {
     setmaxnreg_dec<kBwdProducerRegs>();
     if (tid < 32) {
       if (tid == 0) {
+        if constexpr (Mask::VARLEN) {
+          tensormap_acquire(mq);
+          tensormap_acquire(mk);
+          tensormap_acquire(mv);
+          tensormap_acquire(mdo);
+          tensormap_acquire(mdq);
+        }
         bwd_produce<Smem, Smem::D / 64, Consumer::kDqInQ>(
-            BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, &tmQ, &tmK, &tmV, &tmdO, cta.n_blk,
-                            cta.hk, cta.batch, cta.m_start, cta.m_end, tmdQ},
+            BwdProducerArgs{sh.sK, sh.sV, sh.sQ0, sh.sdO0, sh.sL0, sh.sDs0, sh.bar0, mq, mk, mv, mdo, cta.n_blk, cta.hk,
+                            cta.map_batch, cta.m_start, cta.m_end, mdq, cta.row_batch, cta.q_row0},
             p);
       }
       __syncwarp();
@@ -379,8 +440,9 @@ __device__ __forceinline__ void bwd_kernel_body(const CUtensorMap& tmQ, const CU
   const int ltid = tid & 127;
   const int warp = ltid / 32;
   const int lane = tid & 31;
-  Consumer::consume(BwdCtx<Smem, Mask>{sh, sbase, gL0, gDs0, mask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
-                    tmdQ, p, dq_cnt);
+  if (Mask::VARLEN && ltid == 0) tensormap_acquire(mdq);  // the consumer's reduce-adds
+  Consumer::consume(BwdCtx<Smem, Mask>{sh, sbase, gL0, gDs0, smask, cta, cw, ltid, warp, lane, lane & 3, lane >> 2},
+                    mdq, p, dq_cnt);
 }
 
 // One thread waits until the counter shows `turn`, i.e. every earlier adder's reduces have
@@ -473,7 +535,8 @@ __device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_,
       dsum[row] = acc;
       const float l = lse[bh * s + i];
       lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
-      if (softmax_offset != nullptr) dsink = -expf(softmax_offset[hh] - l) * acc;
+      // lse -inf: a row no sequence owns (varlen; the sink keeps every other row's finite).
+      if (softmax_offset != nullptr && l != -INFINITY) dsink = -expf(softmax_offset[hh] - l) * acc;
     } else {
       dsum[row] = 0.f;
       lse2[row] = INFINITY;
@@ -570,9 +633,8 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float* dq_acc, void
 // at stg + (j / 4) * 8 KB, the layout of the tmdQ map's box for cp.reduce.async.bulk.tensor.
 // Fragment j of thread (r0, qd) belongs in chunk (2 (j % 4) + qd / 2) ^ r0. Stored in j order,
 // a half-warp's 16 64-bit stores would hit only 8 distinct 8-byte bank slots (lanes (r0, qd)
-// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, Nsight Compute's 4 wavefronts per store
-// instead of 2); so in store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose
-// chunk (2 (j % 4) ^ 4 + 1) ^ r0 lies in the other half of the row: 16 distinct slots.
+// and (r0 ^ 1, qd ^ 2) collide: a 2-way conflict, 4 wavefronts per store instead of 2); so in
+// store j the threads with qd >= 2 write fragment j ^ 2 (same box), whose chunk (2 (j % 4) ^ 4 + 1) ^ r0 lies in the other half of the row: 16 distinct slots.
 template <int NJ>
 __device__ __forceinline__ void stage_dq_part(uint32_t stg, int warp, int r0, int qd, const float* dq) {
   const uint32_t trow = stg + (warp * 16 + r0) * 128 + (qd & 1) * 8;

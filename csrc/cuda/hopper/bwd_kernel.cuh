@@ -23,8 +23,8 @@ namespace fusedattn {
 namespace hopper {
 
 // Two dS^T tiles and the dQ staging tiles.
-template <int D>
-using BwdSmem = BwdSmemLayout<D, 2, true>;
+template <int D, bool VARLEN = false>
+using BwdSmem = BwdSmemLayout<D, 2, true, VARLEN>;
 
 // The body of both kernels below. Each consumer writes its 64 x 64 fp32 dQ_part to its own
 // staging tile, two boxes of [64 rows][32 fp32] (128 B rows, 128B swizzle), fences (generic ->
@@ -35,8 +35,8 @@ using BwdSmem = BwdSmemLayout<D, 2, true>;
 // dq_cnt (bwd_common.cuh); the key tiles run in reverse blockIdx.x order.
 template <typename T, int D, class Feat, bool DET_>
 struct BwdConsumer {
-  using Smem = BwdSmem<D>;
-  using Mask = TileMask<Feat::MASK>;
+  using Smem = BwdSmem<D, Feat::VARLEN>;
+  using Mask = TileMask<Feat::MASK, Feat::VARLEN>;
   static constexpr bool DET = DET_, kDqInQ = false;
   static __device__ __forceinline__ void consume(const BwdCtx<Smem, Mask>& c, const CUtensorMap* tmdQ,
                                                  const BwdKParams& p, int* dq_cnt);
@@ -60,6 +60,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
   const uint32_t sdS0 = sbase + Smem::kTiles;
   const float *gL0 = c.gL0, *gDs0 = c.gDs0;
   const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G, n_m = c.cta.n_m;
+  const int map_batch = c.cta.map_batch;
   const int m_start = c.cta.m_start, m_end = c.cta.m_end;
   const int cw = c.cw;  // keys [64cw, 64cw+64) of the tile
   const int ltid = c.ltid, warp = c.warp, lane = c.lane, qd = c.qd, r0 = c.r0;
@@ -134,8 +135,8 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
       // ---------------- P^T, dS^T (fragment: rows key_l (+8 hf), cols 8j + 2qd + e),
       // packed into 16-bit A fragments step by step (k-step t = queries 16t..16t+15,
       // same mapping as the forward's P) so the fp32 S/dP registers die early.
-      const float* Ls = gL0 + s * BM;
-      const float* Dss = gDs0 + s * BM;
+      const float* Ls = gL0 + s * Smem::kRowFloats + c.cta.row_shift;
+      const float* Dss = gDs0 + s * Smem::kRowFloats + c.cta.row_shift;
       const bool diag = c.mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
       // Keys >= s_kv (TMA zero rows) would get P = exp2(-lse2), harmless when
       // finite (K rows are 0) but able to overflow to inf (-> NaN): mask them.
@@ -145,7 +146,9 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
       uint32_t pa[BM / 16][4], da[BM / 16][4];
       // P^T of accumulator element idx = 4j + 2hf + e (key key_g + 8hf, query m BM + 8j + 2qd + e):
       // capped (SOFTCAP: the score's gradient factor 1 - tanh^2 into g), masked (causal diagonal,
-      // keys past s_kv, a general mask), exponentiated against the row's lse2 (l2e).
+      // keys past s_kv, a general mask), exponentiated against the row's lse2 (l2e). Varlen: a
+      // hidden score gets P = 0 and g = 0 outright (then dS = 0), whatever its row's lse2 and Dsum
+      // (a row past the sequence has another sequence's).
       auto p_of = [&](int j, int hf, int e, float l2e, float& g) {
         float sv = sacc[4 * j + 2 * hf + e];
         if constexpr (Feat::SOFTCAP) {
@@ -153,7 +156,13 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
           g = 1.f - sv * sv;
         }
         if constexpr (Mask::GENERAL) {
-          if (partial && c.mask.hidden(m * BM + 8 * j + 2 * qd + e, key_g + 8 * hf)) sv = -INFINITY;
+          if (partial && c.mask.hidden(m * BM + 8 * j + 2 * qd + e, key_g + 8 * hf)) {
+            if constexpr (Mask::VARLEN) {
+              g = 0.f;
+              return 0.f;
+            }
+            sv = -INFINITY;
+          }
         } else {
           if (diag) {
             const int q = m * BM + 8 * j + 2 * qd + e;
@@ -189,8 +198,11 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
           const int j = 2 * t + jj;
-          const float2 l2 = *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
-          const float2 dd = *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
+          // (varlen: the slices start at any row, so no 8-byte loads)
+          const float2 l2 = Feat::VARLEN ? make_float2(Ls[8 * j + 2 * qd], Ls[8 * j + 2 * qd + 1])
+                                         : *reinterpret_cast<const float2*>(Ls + 8 * j + 2 * qd);
+          const float2 dd = Feat::VARLEN ? make_float2(Dss[8 * j + 2 * qd], Dss[8 * j + 2 * qd + 1])
+                                         : *reinterpret_cast<const float2*>(Dss + 8 * j + 2 * qd);
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
@@ -201,6 +213,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
               sacc[idx] = pv;
               pacc[idx] = pv * (pacc[idx] - (e ? dd.y : dd.x));
               if constexpr (Feat::SOFTCAP) pacc[idx] *= g;
+              if constexpr (Feat::VARLEN) pacc[idx] = g != 0.f ? pacc[idx] : 0.f;
             }
           }
         }
@@ -282,7 +295,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
           rel_cnt = cnt;
           rel_val = turn + 1;
         }
-        reduce_dq_part<NDQ / 32>(tmdQ, stg, col0, head, row0, batch);
+        reduce_dq_part<NDQ / 32>(tmdQ, stg, col0, head, row0, map_batch);
       }
 
       wgmma_wait<0>();
@@ -305,8 +318,8 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
   }
 
   // ---------------------------------------------------------------- epilogue
-  bwd_store_dkdv<T, D, D, Feat::template DQK_OF<D>, Feat::template DV_OF<D>>(p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, batch,
-                                                      cw, qd);
+  bwd_store_dkdv<T, D, D, Feat::template DQK_OF<D>, Feat::template DV_OF<D>>(
+      p, dk, dv, [&](int hf) { return key_g + 8 * hf; }, hk, OutRows{c.cta.kv_row0, c.cta.len_kv}, cw, qd);
   if constexpr (!DET) {
     if (ltid == 0) bulk_wait_group<0>();
   }

@@ -67,7 +67,7 @@
 //   in (a)-(d): dK 64 + dV 64 + S or dP 32 = 160. Limit 240 (setmaxnreg).
 // Shared memory (bytes): K 32768 + V 32768 + 2 stages x (Q 32768 + dO 32768)
 //   + 2 x sP 8192 + 2 x sdS 8192 + 2 x 2 x 256 rows + 128 barriers + 1024
-//   alignment slack = 231552 <= 232448 (227 KB).
+//   alignment slack = 231552 <= 232448 (227 KB); varlen's row slices take 4 x 16 bytes more.
 // The 256-wide rows of K, V, Q, dO are 4 chunks of [rows][64] (128 B rows,
 // 128B swizzle, chunk c at c * rows * 128), loaded by 4 TMA boxes (64, 1,
 // rows, 1); a K-major k16 step at d-offset 16k reads chunk k/4 at +32(k%4) B,
@@ -80,8 +80,9 @@ namespace fusedattn {
 namespace hopper {
 
 // Two P and two dS tiles, no staging (the dQ_parts are staged in the dead Q and dO tiles).
-using BwdSmemD256 = BwdSmemLayout<256, 4, false>;
-static_assert(BwdSmemD256::BM == 64 && BwdSmemD256::BN == 64, "one wgmma M tile of queries and of keys");
+template <bool VARLEN = false>
+using BwdSmemD256 = BwdSmemLayout<256, 4, false, VARLEN>;
+static_assert(BwdSmemD256<>::BM == 64 && BwdSmemD256<>::BN == 64, "one wgmma M tile of queries and of keys");
 
 namespace d256 {
 
@@ -95,8 +96,8 @@ __device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
 
 template <typename T, class Feat>
 struct BwdConsumerD256 {
-  using Smem = BwdSmemD256;
-  using Mask = TileMask<Feat::MASK>;
+  using Smem = BwdSmemD256<Feat::VARLEN>;
+  using Mask = TileMask<Feat::MASK, Feat::VARLEN>;
   static constexpr bool DET = false, kDqInQ = true;
   static __device__ __forceinline__ void consume(const BwdCtx<Smem, Mask>& c, const CUtensorMap* tmdQ,
                                                  const BwdKParams& p, int*);
@@ -117,7 +118,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
   const uint32_t sP0 = sbase + Smem::kTiles;
   const uint32_t sdS0 = sP0 + 2 * Smem::kTileBytes;
   const float *gL0 = c.gL0, *gDs0 = c.gDs0;
-  const int n_blk = c.cta.n_blk, hk = c.cta.hk, batch = c.cta.batch, G = c.cta.G;
+  const int n_blk = c.cta.n_blk, hk = c.cta.hk, map_batch = c.cta.map_batch, G = c.cta.G;
   const int m_start = c.cta.m_start, m_end = c.cta.m_end;
   const int cw = c.cw;  // head-dim half [128cw, 128cw + 128) of dK, dV, dQ; S (cw 0) or dP (cw 1)
   const int ltid = c.ltid, warp = c.warp, lane = c.lane, qd = c.qd, r0 = c.r0;
@@ -175,8 +176,8 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
 
-      const float* Ls = gL0 + s * BM;
-      const float* Dss = gDs0 + s * BM;
+      const float* Ls = gL0 + s * Smem::kRowFloats + c.cta.row_shift;
+      const float* Dss = gDs0 + s * Smem::kRowFloats + c.cta.row_shift;
       // ---------------- (b) P -> sP [query][key] (cw 0)
       if (cw == 0) {
         const bool diag = c.mask.crosses_diagonal(n_blk * BN + BN - 1, m * BM);
@@ -198,13 +199,17 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
               const int key = n_blk * BN + 8 * j + 2 * qd + e;
               float sv = acc[idx];
               if constexpr (Feat::SOFTCAP) sv = softcap_tanh(sv, p.softcap_k2);
+              bool hid = false;  // varlen: P = 0 outright (a row past the sequence has another's lse2)
               if constexpr (Mask::GENERAL) {
-                if (partial && c.mask.hidden(q, key)) sv = -INFINITY;
+                if (partial && c.mask.hidden(q, key)) {
+                  sv = -INFINITY;
+                  hid = Mask::VARLEN;
+                }
               } else {
                 if (diag && c.mask.above_diagonal(q, key)) sv = -INFINITY;
                 if (ktail && c.mask.past_keys(key)) sv = -INFINITY;
               }
-              acc[idx] = fast_exp2(fmaf(sv, sl2, -l2));
+              acc[idx] = hid ? 0.f : fast_exp2(fmaf(sv, sl2, -l2));
             }
             st_shared_b32(sP + d256::swz_pair(ql, j, qd), pack2<F16>(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]));
           }
@@ -239,6 +244,12 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
             const float2 pv = unpack2<F16>(ld_shared_b32(sP + off));
             float d0 = pv.x * (acc[4 * j + 2 * hf] - dd);
             float d1 = pv.y * (acc[4 * j + 2 * hf + 1] - dd);
+            if constexpr (Feat::VARLEN) {
+              // P = 0 (hidden, or no weight): dS = 0 whatever the row's Dsum (a row past the
+              // sequence has another's).
+              d0 = pv.x != 0.f ? d0 : 0.f;
+              d1 = pv.y != 0.f ? d1 : 0.f;
+            }
             if constexpr (Feat::SOFTCAP) {
               // The capped score t behind P = 2^(cap log2(e) t - lse2), from P (consumer 0 keeps t;
               // shared memory has no room for it): t = (log2 P + lse2) / (cap log2(e)), exact to
@@ -297,7 +308,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
         stage_dq_part<DH / 8>(sdO, warp, r0, qd, dq);
         fence_proxy_async_smem();
         bar_sync_imm<5, 128>();
-        if (ltid == 0) reduce_dq_part<DH / 32>(tmdQ, sdO, 0, head, m * BM, batch);
+        if (ltid == 0) reduce_dq_part<DH / 32>(tmdQ, sdO, 0, head, m * BM, map_batch);
         wgmma_wait<0>();
         bar_arrive_imm<4, 256>();
       } else {
@@ -328,7 +339,8 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
 
   // ---------------------------------------------------------------- epilogue
   bwd_store_dkdv<T, D, DH, Feat::template DQK_OF<D>, Feat::template DV_OF<D>>(
-      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, batch, cw, qd);
+      p, dk, dv, [&](int hf) { return n_blk * BN + row_l + 8 * hf; }, hk, OutRows{c.cta.kv_row0, c.cta.len_kv}, cw,
+      qd);
   // cw 0's reduces read this CTA's shared memory: complete them before exit (after the dK / dV
   // stores, which they overlap). Then the last release: the producer waits for it before it reduces
   // cw 1's last staged tile.

@@ -1,8 +1,9 @@
 // The Hopper (sm_90a) forward kernel: one template composed of a tile configuration (Cfg: element
 // type, head dim, consumer warpgroups, tile and ring sizes, per-warpgroup options; tuning.h picks
-// them), a tile scheduler (Sched: one tile per CTA or persistent; tile_scheduler.cuh) and the
-// features it computes (Feat, features.h: the mask kind), with the roles of fwd_mainloop.cuh
-// (producer, consumers), mask.cuh, softmax.cuh and epilogue.cuh.
+// them), a tile scheduler (Sched: one tile per CTA, persistent or varlen; tile_scheduler.cuh) and the
+// features it computes (Feat, features.h: the mask kind, varlen), with the roles of fwd_mainloop.cuh
+// (producer, consumers), mask.cuh, softmax.cuh and epilogue.cuh; varlen.cuh builds a varlen call's
+// per-sequence tensor maps before it.
 //
 //   q [b, s_q, h, d], k / v [b, s_kv, h_kv, d], o like q, lse fp32 [b, h, s_q] (natural log), each
 //   through its own (b, s, h) element strides with a unit head-dim stride. GQA: h % h_kv == 0.
@@ -22,11 +23,12 @@
 
 #include "features.h"
 #include "fwd_mainloop.cuh"
+#include "kernels.h"
 #include "params.h"
 #include "tile_scheduler.cuh"
 #include "tma_host.h"
-#include "kernels.h"
 #include "tuning.h"
+#include "varlen.cuh"
 
 namespace fusedattn {
 namespace hopper {
@@ -49,8 +51,8 @@ template <class Cfg, class Sched, class Feat>
 struct FwdTraits : Cfg {
   using T = typename Cfg::T;
   using Pos = typename Sched::Pos;
-  using Mask = TileMask<Feat::MASK>;
-  static constexpr bool GENERAL = Feat::GENERAL, SOFTCAP = Feat::SOFTCAP;
+  using Mask = TileMask<Feat::MASK, Feat::VARLEN>;
+  static constexpr bool GENERAL = Feat::GENERAL, SOFTCAP = Feat::SOFTCAP, VARLEN = Feat::VARLEN;
   static constexpr int DQK = Feat::template DQK_OF<Cfg::D>, DV = Feat::template DV_OF<Cfg::D>;  // the problem's
   static constexpr int D = Cfg::D, NCONS = Cfg::NCONS, BN = Cfg::BN, STAGES = Cfg::STAGES;
   static constexpr bool kPersistent = Sched::kPersistent;
@@ -95,6 +97,7 @@ struct FwdTraits : Cfg {
   static_assert(kTotal <= kSmemLimit, "dynamic shared memory");
   static_assert(!Feat::GENERAL || !Cfg::SKIP, "general masks: no SKIP (mask.cuh's n_key_tiles_of_rows)");
   static_assert(kProducerRegs * 128 + NCONS * kConsumerRegs * 128 <= kThreads * kLaunchRegs, "setmaxnreg pool");
+  static_assert(!VARLEN || Sched::kPersistent, "varlen: VarlenScheduler");
 };
 
 template <class Cfg, class Sched, class Feat>
@@ -136,7 +139,21 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched, Feat>::kThreads, 1)
         const FwdProducerIo io{&tmQ, &tmK, &tmV, sQ0, sK0, sV0};
         Pos kv = 0;  // the ring position of the tile's first key tile
         sched.template for_each<BM, BN>(p, mask, [&](const FwdWork& w, uint32_t j, bool) {
-          produce_tile<K>(io, bars, w, kv, j);
+          if constexpr (K::VARLEN) {
+            // The tile's sequence's maps, batch coordinate 0 (varlen.cuh).
+            FwdProducerIo sio = io;
+            sio.tmQ = static_cast<const CUtensorMap*>(seq_map(p.seq_maps, kFwdSeqMaps, w.batch, kMapQ));
+            sio.tmK = static_cast<const CUtensorMap*>(seq_map(p.seq_maps, kFwdSeqMaps, w.batch, kMapK));
+            sio.tmV = static_cast<const CUtensorMap*>(seq_map(p.seq_maps, kFwdSeqMaps, w.batch, kMapV));
+            tensormap_acquire(sio.tmQ);
+            tensormap_acquire(sio.tmK);
+            tensormap_acquire(sio.tmV);
+            FwdWork sw = w;
+            sw.batch = 0;
+            produce_tile<K>(sio, bars, sw, kv, j);
+          } else {
+            produce_tile<K>(io, bars, w, kv, j);
+          }
           kv += w.n_blocks;
         });
       }
@@ -197,7 +214,45 @@ struct FwdLaunch {
   dim3 grid;
   int smem, threads;
   void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, KParams);
+  // Varlen: the prologue that builds the sequences' maps and writes the rows no sequence owns.
+  bool varlen = false;
+  VarlenPrologue pro;
+  int sm_count = 0;
 };
+
+// A varlen call's maps (varlen.cuh): the templates as the kernel's tq, tk, tv and in the prologue,
+// which rebases them per sequence into the workspace and zero-fills out (lse -inf) where no sequence
+// owns a row.
+template <class K>
+inline bool fwd_prepare_varlen(FwdLaunch* L, const Sm90Args& a) {
+  using T = typename K::T;
+  const KParams& p = a.out;
+  VarlenPrologue& pro = L->pro;
+  pro = VarlenPrologue{};
+  if (!varlen_map<T>(&L->tq, &pro.map[kMapQ], a.q, false, K::BM) ||
+      !varlen_map<T>(&L->tk, &pro.map[kMapK], a.k, true, K::BN) ||
+      !varlen_map<T>(&L->tv, &pro.map[kMapV], a.v, true, K::BN))
+    return false;
+  pro.tmpl[kMapQ] = L->tq;
+  pro.tmpl[kMapK] = L->tk;
+  pro.tmpl[kMapV] = L->tv;
+  pro.n_maps = kFwdSeqMaps;
+  pro.maps = seq_map_slots(a.ws);
+  pro.fill[0] = RowFill{static_cast<char*>(p.o), p.o_sb * int64_t{sizeof(T)}, p.o_ss * int64_t{sizeof(T)},
+                        p.o_sh * int64_t{sizeof(T)}, p.h, K::DV * static_cast<int>(sizeof(T)), false};
+  pro.n_fill = 1;
+  pro.lse = p.lse;
+  pro.lse_sb = p.lse_sb;
+  pro.lse_sh = p.lse_sh;
+  pro.lse_ss = p.lse_ss;
+  pro.lse_heads = p.h;
+  pro.seq = p.seq;
+  pro.nseq = p.b;
+  L->varlen = true;
+  L->sm_count = a.sm_count;
+  L->p.seq_maps = pro.maps;
+  return true;
+}
 
 // Returns cudaErrorInvalidValue on arguments the kernel does not take or a failed map encode.
 template <class Cfg, class Sched, class Feat = PlainFeatures<Sched::CAUSAL>>
@@ -219,10 +274,17 @@ inline cudaError_t fwd_prepare(FwdLaunch* L, const Sm90Args& a) {
        reinterpret_cast<uintptr_t>(a.v.ptr)) & 15)
     return cudaErrorInvalidValue;
   if (reinterpret_cast<uintptr_t>(p.o) & 3) return cudaErrorInvalidValue;
-  if (!detail::make_map<typename K::T>(&L->tq, a.q, K::BM) || !detail::make_map<typename K::T>(&L->tk, a.k, K::BN) ||
-      !detail::make_map<typename K::T>(&L->tv, a.v, K::BN))
-    return cudaErrorInvalidValue;
   L->p = p;
+  if constexpr (K::VARLEN) {
+    // The fills store 16-byte vectors; the maps need the workspace.
+    if (a.ws == nullptr || (reinterpret_cast<uintptr_t>(p.o) & 15) || (p.o_sb | p.o_ss | p.o_sh) % 8 != 0 ||
+        !fwd_prepare_varlen<K>(L, a))
+      return cudaErrorInvalidValue;
+  } else if (!detail::make_map<typename K::T>(&L->tq, a.q, K::BM) ||
+             !detail::make_map<typename K::T>(&L->tk, a.k, K::BN) ||
+             !detail::make_map<typename K::T>(&L->tv, a.v, K::BN)) {
+    return cudaErrorInvalidValue;
+  }
   if (!Sched::kPersistent) {
     L->p.causal_chunk =
         causal_chunk_for(a.causal, a.causal_chunk, (p.s_q + K::BM - 1) / K::BM, int64_t{p.h} * p.b, a.sm_count);
@@ -236,6 +298,10 @@ inline cudaError_t fwd_prepare(FwdLaunch* L, const Sm90Args& a) {
 }
 
 inline cudaError_t fwd_launch(const FwdLaunch& L, cudaStream_t stream) {
+  if (L.varlen) {
+    const cudaError_t e = varlen_prologue(L.pro, L.sm_count, stream);
+    if (e != cudaSuccess) return e;
+  }
   L.kern<<<L.grid, dim3(L.threads), L.smem, stream>>>(L.tq, L.tk, L.tv, L.p);
   return cudaGetLastError();
 }
@@ -301,6 +367,17 @@ inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
 template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream) {
   return fwd_run(fwd_prepare_general<T, DQK, DV, SOFTCAP>, a, stream);
+}
+// The general kernel on per-sequence lengths (varlen.cuh), the tiles in the same order.
+template <typename T, int DQK, int DV, bool SOFTCAP>
+inline cudaError_t fwd_prepare_varlen_general(FwdLaunch* L, const Sm90Args& a) {
+  constexpr int D = tile_head_dim(DQK, DV);
+  using Feat = VarlenFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
+  return fwd_prepare<FwdConfigFor<T, D, 2, true>, VarlenScheduler<kTilesSnake>, Feat>(L, a);
+}
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_fwd_varlen(const Sm90Args& a, cudaStream_t stream) {
+  return fwd_run(fwd_prepare_varlen_general<T, DQK, DV, SOFTCAP>, a, stream);
 }
 
 }  // namespace hopper

@@ -377,7 +377,7 @@ struct FwdConsumerIo {
 // caller's (zeroed once: the first k-step of every S GEMM ignores the old value). last_tile: the
 // CTA's last tile, whose last turn the last consumer does not pass on.
 template <class K, class Bars>
-__device__ __forceinline__ void consume_tile(const KParams& p, const typename K::Mask& mask, const FwdWork& w,
+__device__ __forceinline__ void consume_tile(const KParams& p, const typename K::Mask& call_mask, const FwdWork& w,
                                              const FwdConsumerIo<K>& io, const Bars& bars, const ConsumerThread& th,
                                              float (&sacc)[K::BN / 2], bool& timed_out, bool last_tile) {
   using Pos = typename K::Pos;
@@ -393,6 +393,11 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   const int wg_row0 = kHeld ? io.wg_row0 : w.m_blk * BM + cw * 64;
   const int n_blocks = w.n_blocks;
   const float sl2 = K::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softcap_scores's scale
+  // Varlen: the rule on the tile's sequence.
+  const typename K::Mask mask = [&] {
+    if constexpr (K::VARLEN) return call_mask.seq(w.len_q, w.len_kv);
+    return call_mask;
+  }();
   // The key tiles this warpgroup's rows see (SKIP), at least 1: S_0 is always computed.
   const int n_eff = K::SKIP ? mask.template n_key_tiles_of_rows<BN>(wg_row0, n_blocks) : n_blocks;
 
@@ -444,7 +449,11 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   // two-consumer form of that test (cw == 0) lets ptxas keep a single predicated bar.arrive.
   const bool pass = K::NCONS == 2 && !K::kPersistent ? cw == 0 : !(cw == K::NCONS - 1 && last_tile);
   last_step<K>(step(io.kv + n_blocks - 1), bars, regs, wait_full, pass);
-  fwd_store_rows<typename K::T, D, K::DV, K::GENERAL>(p, o, row_m, row_l, row_base, w.batch, w.head, qd);
+  // The rows to store: the sequence's (varlen: from its first token), else the call's s_q.
+  OutRows rows{0, p.s_q};
+  if constexpr (K::VARLEN) rows = OutRows{gpu::seq_span(p.seq, w.batch).tok_q, w.len_q};
+  fwd_store_rows<typename K::T, D, K::DV, K::GENERAL, K::VARLEN>(p, o, row_m, row_l, row_base, w.batch, w.head, qd,
+                                                                 rows);
 }
 
 }  // namespace hopper

@@ -27,6 +27,10 @@ cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t st
 // for head dims DQK, DV (on the tile of head dim features.h's tile_head_dim(DQK, DV)), with softcap.
 template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream);
+// The general kernels on per-sequence lengths (thd, padding masks: features.h's VARLEN; a.ws of
+// fwd_sm90_varlen_workspace_bytes(), the backward's of bwd_sm90_varlen_workspace()).
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_fwd_varlen(const Sm90Args& a, cudaStream_t stream);
 template <typename T, int D>
 cudaError_t run_bwd(const Sm90BwdArgs& a, cudaStream_t stream);
 // dQ, dK, dV bitwise reproducible (bwd_common.cuh's deterministic mode); D = 64, 128; a.ws of
@@ -37,6 +41,10 @@ template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_bwd_general(const Sm90BwdArgs& a, cudaStream_t stream);
 template <typename T, int DQK, int DV, bool SOFTCAP>  // tile_head_dim(DQK, DV) = 64, 128
 cudaError_t run_bwd_general_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
+template <typename T, int DQK, int DV, bool SOFTCAP>
+cudaError_t run_bwd_varlen(const Sm90BwdArgs& a, cudaStream_t stream);
+template <typename T, int DQK, int DV, bool SOFTCAP>  // tile_head_dim(DQK, DV) = 64, 128
+cudaError_t run_bwd_varlen_deterministic(const Sm90BwdArgs& a, cudaStream_t stream);
 
 // The entries of kernels.list.
 enum class KernelEntry {
@@ -49,6 +57,9 @@ enum class KernelEntry {
   kBwdDeterministic,
   kBwdGeneral,
   kBwdGeneralDeterministic,
+  kFwdVarlen,
+  kBwdVarlen,
+  kBwdVarlenDeterministic,
 };
 // One instantiation: its entry, dtype (fp16 or bf16), head dims and whether it caps logits, and the
 // function (fwd for the forward entries, bwd for the backward ones).

@@ -7,6 +7,8 @@
 //   kMaskGeneral  the call's window (left, right; -1 unbounded; causal is right = 0) on either
 //                 diagonal, read at run time: tiles wholly outside it are skipped, and a query tile
 //                 that sees no key runs one fully masked tile (zero output, lse -inf).
+// VARLEN: s_q, s_kv are one sequence's lengths (seq()), and the backward also hides the rows past
+// s_q (the tile's rows there belong to no row of this sequence: their lse2 and Dsum are another's).
 #pragma once
 
 #include <cmath>
@@ -22,11 +24,13 @@ struct TileRange {
   int first, count;
 };
 
-template <int MASK_>
+template <int MASK_, bool VARLEN_ = false>
 struct TileMask {
   static constexpr int MASK = MASK_;
   static constexpr bool CAUSAL = MASK == kMaskCausal;
   static constexpr bool GENERAL = MASK == kMaskGeneral;
+  static constexpr bool VARLEN = VARLEN_;
+  static_assert(GENERAL || !VARLEN, "varlen: general masks");
   int s_q, s_kv;
   // kMaskGeneral: the window (clamped, fusedattn/visibility.h) and its diagonal.
   int wl = -1, wr = -1;
@@ -43,10 +47,17 @@ struct TileMask {
     }
     return m;
   }
+  // The same rule on a sequence of lengths len_q, len_kv.
+  __device__ __forceinline__ TileMask seq(int len_q, int len_kv) const {
+    TileMask m = *this;
+    m.s_q = len_q;
+    m.s_kv = len_kv;
+    return m;
+  }
 
   // The visibility rule: no window but causal's for the fixed kinds (top-left, or bottom-right with
   // s_q = s_kv, the same diagonal). Rows past s_q are not bounded here: the forward does not store
-  // them, the backward's lse2 padding gives them P = 0.
+  // them, the backward's lse2 padding gives them P = 0 (varlen: tile_partial and hidden bound them).
   __device__ __forceinline__ Visibility<int> visibility() const {
     if constexpr (GENERAL) return Visibility<int>::make(wl, wr, bottom_right, s_q, s_kv);
     return Visibility<int>::make(-1, CAUSAL ? 0 : -1, false, s_q, s_kv);
@@ -74,7 +85,7 @@ struct TileMask {
       const int n_total = (s_kv + BN - 1) / BN;
       const int i0 = m_blk * BM, i1 = min(i0 + BM, s_q) - 1;
       const int lo = vis.key_lo(i0), hi = vis.key_hi(i1);
-      if (hi <= lo) return TileRange{min(lo / BN, n_total - 1), 1};
+      if (hi <= lo) return TileRange{max(0, min(lo / BN, n_total - 1)), 1};  // n_total 0: no key at all
       return TileRange{lo / BN, (hi - 1) / BN - lo / BN + 1};
     }
   }
@@ -107,6 +118,7 @@ struct TileMask {
     } else {
       const Visibility<int> vis = visibility();
       const int j0 = n_blk * BN, j1 = min(j0 + BN, s_kv) - 1;
+      if (j1 < j0) return TileRange{0, 0};  // a key tile past the sequence's keys
       const int lo = vis.row_lo(j0), hi = vis.row_hi(j1);
       if (hi <= lo) return TileRange{0, 0};
       return TileRange{lo / BM, (hi - 1) / BM - lo / BM + 1};
@@ -138,9 +150,13 @@ struct TileMask {
   // one by one, and whether one score is hidden.
   template <int BM, int BN>
   __device__ __forceinline__ bool tile_partial(int q0, int k0) const {
+    if constexpr (VARLEN) return !visibility().tile_all_visible(q0, BM, k0, BN);
     return GENERAL && !visibility().keys_all_visible(q0, q0 + BM - 1, k0, BN);
   }
-  __device__ __forceinline__ bool hidden(int q, int key) const { return GENERAL && !visibility().key_visible(q, key); }
+  __device__ __forceinline__ bool hidden(int q, int key) const {
+    if constexpr (VARLEN) return !visibility().visible(q, key);
+    return GENERAL && !visibility().key_visible(q, key);
+  }
 
   // Forward: key tile n (BN keys) of S in a consumer thread's accumulator fragment (rows row_base
   // and row_base + 8 of a warpgroup whose 64 rows start at wg_row0; columns 8j + 2qd + e): scores the

@@ -1,13 +1,15 @@
 // What the Hopper kernels take: the host-side arguments of one call (Sm90Args, Sm90BwdArgs, filled
 // by sm90.cu) and the parameter structs the kernels read from constant memory (KParams,
 // BwdKParams). Tensors are [b, s, h, d] with their own (b, s, h) element strides and a unit
-// head-dim stride; lse is fp32 [b, h, s_q] in natural log.
+// head-dim stride; lse is fp32 [b, h, s_q] in natural log. Varlen calls (features.h's VARLEN) add
+// per-sequence lengths: thd tensors are [t, h, d] (stride_b 0) and lse [h, t_q].
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "tuning.h"  // BwdTile
+#include "common/seq.cuh"  // gpu::SeqExtents
+#include "tuning.h"        // BwdTile
 
 namespace fusedattn {
 namespace hopper {
@@ -29,6 +31,10 @@ struct KParams {
   // Softcap kernels: softcap log2(e) (the capped scores' scale in the softmax) and 2 log2(e) scale /
   // softcap (softmax.cuh's softcap_scores).
   float softcap_log2, softcap_k2;
+  // Varlen kernels: the sequences (s_q, s_kv their maximum lengths) and their tensor maps
+  // (varlen.cuh's seq_map: q, k, v of each sequence), which the varlen prologue builds.
+  gpu::SeqExtents seq;
+  const uint8_t* seq_maps;
 };
 
 // Backward main-kernel parameters (besides the tensor maps). The workspace holds the fp32 dQ
@@ -45,6 +51,11 @@ struct BwdKParams {
   int causal_chunk;  // causal, not deterministic: (kv head, batch) groups per chunk of the key-tile order
   int window_left, window_right, bottom_right;  // as KParams's
   float softcap_log2, softcap_k2;              // as KParams's
+  // Varlen kernels: as KParams's (seq_maps: q, k, v, dO and the dQ accumulator of each sequence). The
+  // workspace rows are bwd_sm90_varlen_rows' (thd: one per token), lse2 / Dsum slices
+  // BwdSmemLayout::kRowFloats long from the 4-aligned row below a tile's first.
+  gpu::SeqExtents seq;
+  const uint8_t* seq_maps;
 };
 
 namespace detail {
@@ -66,6 +77,9 @@ struct Sm90Args {
   // group by group).
   int sm_count = 0;
   int causal_chunk = 0;  // > 0: that chunk instead of tuning.h's choice
+  // Varlen: a workspace of fwd_sm90_varlen_workspace_bytes(), 16-byte aligned (q, k, v, out, lse
+  // strides as FwdParams's: thd has stride_b 0).
+  void* ws = nullptr;
 };
 
 // Element strides of a [b, s, h, d] tensor with a unit head-dim stride; all zero means contiguous.
@@ -99,6 +113,10 @@ struct Sm90BwdArgs {
   const float* softmax_offset = nullptr;
   float* d_softmax_offset = nullptr;
   double softcap = 0;  // > 0: the softcap kernels' cap
+  // Varlen kernels: the sequences (b of them; s_q, s_kv their maximum lengths). q, k, v strides as
+  // FwdParams's (thd: stride_b 0); o, dout, dq contiguous in q's format, dk, dv in k's, lse contiguous
+  // ([b, h, s_q] or thd [h, t_q]); ws of bwd_sm90_varlen_workspace().
+  gpu::SeqExtents seq{};
 };
 
 // The backward's workspace: the fp32 dQ accumulator [b, s_q, h, d], then lse2 and Dsum rows
@@ -131,6 +149,46 @@ inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
 inline int bwd_sm90_pre_rows_per_block(int d) { return 8 * (256 / d); }
 inline long long bwd_sm90_dsink_partials(int b, int s_q, int h, int d) {
   return static_cast<long long>(b) * h * (bwd_sm90_s_pad(s_q) / bwd_sm90_pre_rows_per_block(d));
+}
+
+// ---- varlen (features.h's VARLEN)
+// Per-sequence tensor maps (varlen.cuh): 128 bytes each, 128-byte aligned in the workspace (one slot
+// of slack for the alignment).
+constexpr size_t kSeqMapBytes = 128;
+inline size_t seq_maps_bytes(int nseq, int maps_per_seq) {
+  return (static_cast<size_t>(nseq) * maps_per_seq + 1) * kSeqMapBytes;
+}
+inline size_t fwd_sm90_varlen_workspace_bytes(int nseq) { return seq_maps_bytes(nseq, 3); }
+
+// The varlen backward's query rows as its preprocess, workspace and postprocess see them: b x s rows
+// (bshd / sbhd with a padding mask: the call's b x s_q; thd: 1 x t_q, a row per token, whichever
+// sequence owns it) with lse2 / Dsum rows padded to s_pad, kBwdRowPad + 4 past the rows: a
+// sequence's query tile may start at any token and reads BM + 4 of them from the 4-aligned row below
+// its first (the bulk copy's 16-byte alignment).
+struct BwdRows {
+  int b, s, s_pad;
+};
+inline BwdRows bwd_sm90_varlen_rows(int b, int s_q, int64_t t_q, bool thd) {
+  const int s = thd ? static_cast<int>(t_q) : s_q;
+  return BwdRows{thd ? 1 : b, s, bwd_sm90_s_pad(s + kBwdRowPad + 4)};
+}
+// Its workspace: the dQ accumulator, lse2 and Dsum over the rows, the deterministic mode's turn
+// counters (per batch, head and query tile of the longest sequence, as bwd_sm90_det_counters) and the
+// d_softmax_offset partials (per preprocess block), then the five maps of each sequence; byte offsets.
+struct BwdVarlenWorkspace {
+  size_t lse2, dsum, counters, dsink, maps, bytes;
+};
+inline BwdVarlenWorkspace bwd_sm90_varlen_workspace(const BwdRows& r, int b, int s_q, int h, int d) {
+  BwdVarlenWorkspace w;
+  const size_t nacc = static_cast<size_t>(r.b) * r.s * h * d;
+  const size_t nrow = static_cast<size_t>(r.b) * h * r.s_pad;
+  w.lse2 = nacc * sizeof(float);
+  w.dsum = w.lse2 + nrow * sizeof(float);
+  w.counters = w.dsum + nrow * sizeof(float) + 256;
+  w.dsink = w.counters + static_cast<size_t>(bwd_sm90_det_counters(b, s_q, h, d)) * sizeof(int);
+  w.maps = w.dsink + (nrow / bwd_sm90_pre_rows_per_block(d)) * sizeof(float);
+  w.bytes = w.maps + seq_maps_bytes(b, 5);
+  return w;
 }
 
 }  // namespace hopper

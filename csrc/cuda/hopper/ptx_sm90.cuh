@@ -84,6 +84,32 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint
       : "memory");
 }
 
+// ---- tensor maps built on the device (varlen.cuh: one map per sequence) ----
+// A map in shared memory (128-byte aligned) rebased: its global address, and the extent of its dim
+// 2 (the sequence dim of the (d, h, s, b) maps).
+__device__ __forceinline__ void tensormap_rebase_smem(uint32_t smap, const void* addr, uint32_t dim2) {
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(smap),
+               "l"(reinterpret_cast<uint64_t>(addr))
+               : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 2, %1;\n" ::"r"(smap), "r"(dim2)
+               : "memory");
+}
+// Copies a map from shared to global memory and releases it to the tensor-map proxy at gpu scope
+// (every lane of the warp, with the same addresses).
+__device__ __forceinline__ void tensormap_publish(void* gmap, uint32_t smap) {
+  asm volatile(
+      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n" ::"l"(
+          reinterpret_cast<uint64_t>(gmap)),
+      "r"(smap)
+      : "memory");
+}
+// Before a thread's first TMA through a map another kernel wrote: the tensor-map proxy is not acquired
+// at kernel start.
+__device__ __forceinline__ void tensormap_acquire(const void* gmap) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(gmap))
+               : "memory");
+}
+
 // ------------------------------------------------------------------- wgmma
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

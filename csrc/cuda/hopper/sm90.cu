@@ -12,27 +12,31 @@
 // forces one (the three-consumer ones only where d = 64) for A/B timing and for
 // the tests. Calls with a sliding window, a bottom-right diagonal with
 // s_q != s_kv, or off-by-one / learnable softmax run the general kernel
-// (features.h), as do head dims and softcap the plain kernels do not have.
-// Both take fp16 / bf16 on a compute-capability 9.0 device, the listed head
-// dims, bshd / sbhd / packed layouts (unit head-dim stride, 16-byte aligned rows
-// and strides), and no bias, ALiBi, dropout, padding, thd, max_logit or KV
-// cache. Every other call goes on to the sm80-class
-// tensor-core kernels or the SIMT engine.
+// (features.h), as do head dims and softcap the plain kernels do not have;
+// calls with per-sequence lengths (thd on either side, or cu_seqlens with a
+// padding mask) its varlen form (varlen.cuh), with any of those settings but a
+// window or a bottom-right diagonal (below). All
+// take fp16 / bf16 on a compute-capability 9.0 device, the listed head dims,
+// bshd / sbhd / thd / packed layouts (unit head-dim stride, 16-byte aligned rows
+// and strides), and no bias, ALiBi, dropout, explicit mask, max_logit or KV
+// cache. Every other call goes on to the sm80-class tensor-core kernels or the
+// SIMT engine.
 //
 // Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
-// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with contiguous
-// bshd out, dout and gradients (q, k, v keep their strides) and no dbias, on the
-// plain or the general kernel as the forward. Deterministic mode
-// (torch.use_deterministic_algorithms) runs the listed deterministic kernels
-// (d = 64 and 128: dQ reduce-adds take turns in a fixed order); at d = 256,
-// whose dQ reduce-adds sum in an order that varies from run to run, it goes to
-// the sm80-class backward, as does everything else.
+// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with out, dout
+// and gradients contiguous in their format's bshd or thd (q, k, v keep their
+// strides) and no dbias, on the plain, general or varlen kernel as the forward.
+// Deterministic mode (torch.use_deterministic_algorithms) runs the listed
+// deterministic kernels (d = 64 and 128: dQ reduce-adds take turns in a fixed
+// order); at d = 256, whose dQ reduce-adds sum in an order that varies from run
+// to run, it goes to the sm80-class backward, as does everything else.
 #include <cuda_runtime.h>
 
 #include <string>
 #include <tuple>
 
 #include "common/rows.h"
+#include "common/seq.cuh"
 #include "fusedattn/cat.h"
 #include "fusedattn/overrides.h"
 #include "fusedattn/visibility.h"
@@ -85,6 +89,18 @@ FwdVariant fwd_variant(const Problem& pr, bool causal, int sm_count) {
 
 bool is_causal(const MaskParams& m) { return m.window_left < 0 && m.window_right == 0; }
 
+// Per-sequence lengths: thd on either side, or cu_seqlens with a padding mask.
+bool is_varlen(const FwdParams& p) {
+  const SeqlenParams& sl = p.seqlens;
+  return sl.q_is_thd || sl.kv_is_thd || sl.cu_seqlens_q != nullptr || sl.cu_seqlens_kv != nullptr;
+}
+
+// The sequences as the varlen kernels read them (varlen.cuh).
+gpu::SeqExtents seq_extents(const FwdParams& p) {
+  const Problem& pr = p.prob;
+  return gpu::SeqExtents{p.seqlens, pr.s_q, pr.s_kv, pr.t_q, pr.t_kv};
+}
+
 // The instantiation of kernels.list for an entry and a call's dtype, head dims and softcap; null if
 // none.
 const KernelRow* find_kernel(KernelEntry entry, const FwdParams& p) {
@@ -101,9 +117,10 @@ const KernelRow* find_kernel(KernelEntry entry, const FwdParams& p) {
 
 // Whether a call needs the general kernels (features.h): a sliding window, a bottom-right diagonal
 // that differs from the top-left one (s_q != s_kv), off-by-one or learnable softmax, or head dims
-// the plain kernels do not have (80, 96, 192, 192 / 128 on the tiles of 128 and 256), softcap.
+// the plain kernels do not have (80, 96, 192, 192 / 128 on the tiles of 128 and 256), softcap,
+// per-sequence lengths (their varlen form).
 bool needs_general(const FwdParams& p) {
-  if (p.softmax.type != SoftmaxType::kVanilla) return true;
+  if (p.softmax.type != SoftmaxType::kVanilla || is_varlen(p)) return true;
   if (find_kernel(KernelEntry::kFwdOneTile, p) == nullptr) return true;
   const MaskParams& m = p.mask;
   if (m.window_left < 0 && m.window_right < 0) return false;
@@ -119,20 +136,24 @@ KernelEntry entry_of(FwdVariant v) {
   }
 }
 
-// The forward kernel of a call: the general one, or the plain variant fwd_variant picks.
+// The forward kernel of a call: the varlen or the general one, or the plain variant fwd_variant picks.
 KernelEntry fwd_entry(const FwdParams& p, int sm_count) {
+  if (is_varlen(p)) return KernelEntry::kFwdVarlen;
   if (needs_general(p)) return KernelEntry::kFwdGeneral;
   return entry_of(fwd_variant(p.prob, is_causal(p.mask), sm_count));
 }
 
-Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
+Status run_kernel(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
   const Problem& pr = p.prob;
   const bool causal = is_causal(p.mask);
   const int sm_count = plan.sm_count;
+  // thd tensors: the token dim as the sequence dim (varlen.cuh rebases the maps per sequence).
+  const SeqlenParams& sl = p.seqlens;
   Sm90Args a{};
-  a.q = map_of(p.q, pr, pr.s_q, pr.h_q, pr.d_qk);
-  a.k = map_of(p.k, pr, pr.s_kv, pr.h_kv, pr.d_qk);
-  a.v = map_of(p.v, pr, pr.s_kv, pr.h_kv, pr.d_v);
+  a.q = map_of(p.q, pr, sl.q_is_thd ? pr.t_q : pr.s_q, pr.h_q, pr.d_qk);
+  a.k = map_of(p.k, pr, sl.kv_is_thd ? pr.t_kv : pr.s_kv, pr.h_kv, pr.d_qk);
+  a.v = map_of(p.v, pr, sl.kv_is_thd ? pr.t_kv : pr.s_kv, pr.h_kv, pr.d_v);
+  a.ws = launch.workspace;
   KParams& k = a.out;
   k.o = p.out.data;
   k.o_sb = p.out.stride_b;
@@ -155,11 +176,13 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, cudaStream_t st) {
   k.softmax_offset = p.softmax.offset;
   k.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
   k.softcap_k2 = p.softcap > 0 ? static_cast<float>(2 * 1.4426950408889634 * p.scale / p.softcap) : 0.f;
+  k.seq = seq_extents(p);
   a.causal = causal;
   a.causal_chunk = overrides().hopper_causal_chunk;
   a.sm_count = sm_count;
   const KernelRow* row = find_kernel(static_cast<KernelEntry>(plan.kernel), p);  // plan_fwd found it
-  const cudaError_t e = row != nullptr ? row->fwd(a, st) : cudaErrorInvalidValue;
+  const cudaError_t e =
+      row != nullptr ? row->fwd(a, static_cast<cudaStream_t>(launch.stream)) : cudaErrorInvalidValue;
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper forward launch failed: ", cudaGetErrorString(e)));
   return Status::Ok();
 }
@@ -172,18 +195,31 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   // The row maximum is taken over unscaled scores: with scale <= 0 it would be the minimum, and P
   // could overflow fp16.
   if (!(p.scale > 0)) return "a scale <= 0";
-  const bool general = needs_general(p);
-  if (find_kernel(general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile, p) == nullptr) {
+  const bool varlen = is_varlen(p), general = needs_general(p);
+  const KernelEntry entry =
+      varlen ? KernelEntry::kFwdVarlen : general ? KernelEntry::kFwdGeneral : KernelEntry::kFwdOneTile;
+  if (find_kernel(entry, p) == nullptr) {
     return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " with ", dtype_name(pr.dtype),
-               general ? " on the general kernels" : "",
+               p.softcap > 0 ? " and softcap" : "",
+               varlen ? " on the varlen kernels" : general ? " on the general kernels" : "",
                " (no kernel in hopper/kernels.list)");
   }
   if (general && (dev.sm_count <= 0 || (pr.s_q + 127) / 128 * pr.h_q * pr.b + 2 * int64_t{dev.sm_count} > 0x7fffffff)) {
-    return "a window, bottom-right diagonal or softmax sink with a grid beyond the persistent kernel's tile indices";
+    return "a window, bottom-right diagonal, softmax sink or per-sequence lengths with a grid beyond the persistent "
+           "kernel's tile indices";
   }
-  if (p.seqlens.q_is_thd || p.seqlens.kv_is_thd || p.seqlens.cu_seqlens_q != nullptr ||
-      p.seqlens.cu_seqlens_kv != nullptr) {
-    return "thd or padding (per-sequence lengths)";
+  // The tensor maps' rows are int: a thd token dim, and the int32 tile coordinates, stay below 2^31.
+  // An empty sequence's map is its tensor's first row (varlen.cuh), which must exist.
+  if (pr.t_q > 0x7fffffff - 512 || pr.t_kv > 0x7fffffff - 512) return "a thd token dim of 2^31 or more";
+  if ((p.seqlens.q_is_thd && pr.t_q == 0) || (p.seqlens.kv_is_thd && pr.t_kv == 0)) return "an empty thd token dim";
+  // The varlen prologue zero-fills out's unowned rows with 16-byte stores.
+  if (varlen && !gpu::rows16(p.out)) return "per-sequence lengths with out not in 16-byte rows";
+  // The general kernels hang on the H200 with a window and fail the float64 check with a bottom-right
+  // diagonal (kernels.list lists none of them); their varlen form, listed, keeps off both.
+  const MaskParams& m = p.mask;
+  if (varlen && (m.window_left >= 0 || m.window_right > 0 || (m.bottom_right && m.window_right == 0))) {
+    return "per-sequence lengths with a sliding window or a bottom-right diagonal (the general kernels' "
+           "windows and bottom-right diagonals fail on the H200)";
   }
   if (p.paged.page_table != nullptr) return "KV cache";
   if (p.mask.mask.data != nullptr) return "explicit attention mask";
@@ -193,7 +229,7 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   if (pr.b > 65535 || pr.h_q > 65535 || pr.s_q + pr.s_kv >= kMaxPositionSum32) {
     return "batch, heads or sequence beyond the grid";
   }
-  if (pr.s_q <= 0 || pr.s_kv <= 0) return "an empty sequence dim";
+  if (pr.b <= 0 || pr.s_q <= 0 || pr.s_kv <= 0) return "no sequence, or an empty sequence dim";
   for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}}) {
     std::string r = gpu::rows16_problem(*t, name);  // the tensor-memory accelerator's layout
     if (!r.empty()) return r;
@@ -206,12 +242,15 @@ std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
 
 // The backward kernel of a call.
 KernelEntry bwd_entry(const BwdParams& p) {
+  if (is_varlen(p.fwd)) return p.deterministic ? KernelEntry::kBwdVarlenDeterministic : KernelEntry::kBwdVarlen;
   if (needs_general(p.fwd)) return p.deterministic ? KernelEntry::kBwdGeneralDeterministic : KernelEntry::kBwdGeneral;
   return p.deterministic ? KernelEntry::kBwdDeterministic : KernelEntry::kBwd;
 }
 
-bool contiguous_bshd(const SeqTensor& t, int64_t s, int64_t h, int64_t d) {
-  return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d && t.stride_b == s * h * d;
+// Contiguous bshd, or thd ([t, h, d]: stride_b 0) when `thd`.
+bool contiguous_rows(const SeqTensor& t, bool thd, int64_t s, int64_t h, int64_t d) {
+  return t.data != nullptr && t.stride_d == 1 && t.stride_h == d && t.stride_s == h * d &&
+         t.stride_b == (thd ? 0 : s * h * d);
 }
 
 std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
@@ -222,19 +261,20 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = f.prob;
   if (find_kernel(bwd_entry(p), f) == nullptr) {
     return cat(p.deterministic ? "deterministic mode" : "the backward", " at d_qk=", pr.d_qk, ", d_v=", pr.d_v,
-               needs_general(f) ? " on the general kernels" : "",
+               is_varlen(f) ? " on the varlen kernels" : needs_general(f) ? " on the general kernels" : "",
                " (no kernel in hopper/kernels.list)");
   }
   if (p.dbias.data != nullptr) return "dbias";
   // q, k, v reach the kernel through tensor maps with their own strides (fwd_support checked
-  // them); the pre/post kernels and the dK/dV stores address the rest as contiguous bshd.
+  // them); the pre/post kernels and the dK/dV stores address the rest as contiguous bshd (thd).
+  const bool q_thd = f.seqlens.q_is_thd, kv_thd = f.seqlens.kv_is_thd;
   for (const auto& [t, name, d] : {std::tuple<const SeqTensor*, const char*, int64_t>{&f.out, "out", pr.d_v},
                                    {&p.dout, "dout", pr.d_v}, {&p.dq, "dq", pr.d_qk}}) {
-    if (!contiguous_bshd(*t, pr.s_q, pr.h_q, d)) return cat(name, " is not contiguous bshd");
+    if (!contiguous_rows(*t, q_thd, pr.s_q, pr.h_q, d)) return cat(name, " is not contiguous bshd or thd");
   }
   for (const auto& [t, name, d] :
        {std::tuple<const SeqTensor*, const char*, int64_t>{&p.dk, "dk", pr.d_qk}, {&p.dv, "dv", pr.d_v}}) {
-    if (!contiguous_bshd(*t, pr.s_kv, pr.h_kv, d)) return cat(name, " is not contiguous bshd");
+    if (!contiguous_rows(*t, kv_thd, pr.s_kv, pr.h_kv, d)) return cat(name, " is not contiguous bshd or thd");
   }
   // TMA (q, k, v, dout) and the preprocess's vector loads (out, dout) need 16-byte aligned bases;
   // a misaligned view goes to the sm80-class backward instead of failing the launch.
@@ -242,8 +282,9 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
                                 {&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}}) {
     if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return cat(name, " is not 16-byte aligned");
   }
-  if (f.lse_stride_s != 1 || f.lse_stride_h != pr.s_q || f.lse_stride_b != pr.h_q * pr.s_q) {
-    return "softmax_lse is not contiguous [b, h, s_q]";
+  if (q_thd ? (f.lse_stride_s != 1 || f.lse_stride_h != pr.t_q)
+            : (f.lse_stride_s != 1 || f.lse_stride_h != pr.s_q || f.lse_stride_b != pr.h_q * pr.s_q)) {
+    return "softmax_lse is not contiguous [b, h, s_q] (thd: [h, t_q])";
   }
   return "";
 }
@@ -255,7 +296,7 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.q = f.q.data;
   a.k = f.k.data;
   a.v = f.v.data;
-  a.q_strides = BshdStrides{f.q.stride_b, f.q.stride_s, f.q.stride_h};
+  a.q_strides = BshdStrides{f.q.stride_b, f.q.stride_s, f.q.stride_h};  // (thd: stride_b 0)
   a.k_strides = BshdStrides{f.k.stride_b, f.k.stride_s, f.k.stride_h};
   a.v_strides = BshdStrides{f.v.stride_b, f.v.stride_s, f.v.stride_h};
   a.o = f.out.data;
@@ -281,6 +322,7 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.softmax_offset = f.softmax.offset;
   a.d_softmax_offset = p.d_softmax_offset;
   a.softcap = f.softcap;
+  a.seq = seq_extents(f);
   const KernelRow* row = find_kernel(bwd_entry(p), f);  // bwd_support found it
   const cudaError_t e = row != nullptr ? row->bwd(a, st) : cudaErrorInvalidValue;
   if (e != cudaSuccess) return Status::Invalid(cat("Hopper backward launch failed: ", cudaGetErrorString(e)));
@@ -296,6 +338,7 @@ std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   plan->engine = CudaEngine::kHopper;
   plan->sm_count = dev.sm_count;
   plan->kernel = static_cast<int>(fwd_entry(p, dev.sm_count));
+  if (is_varlen(p)) plan->workspace_bytes = fwd_sm90_varlen_workspace_bytes(static_cast<int>(p.prob.b));
   return "";
 }
 
@@ -308,9 +351,15 @@ std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   *plan = CudaPlan{};
   plan->engine = CudaEngine::kHopper;
   plan->sm_count = dev.sm_count;
-  plan->workspace_bytes = p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
-  if (p.fwd.softmax.type == SoftmaxType::kLearnable && p.d_softmax_offset != nullptr) {
-    plan->workspace_bytes += static_cast<size_t>(bwd_sm90_dsink_partials(b, s, h, d)) * sizeof(float);
+  if (is_varlen(p.fwd)) {
+    plan->workspace_bytes =
+        bwd_sm90_varlen_workspace(bwd_sm90_varlen_rows(b, s, pr.t_q, p.fwd.seqlens.q_is_thd), b, s, h, d).bytes;
+  } else {
+    plan->workspace_bytes =
+        p.deterministic ? bwd_sm90_det_workspace_bytes(b, s, h, d) : bwd_sm90_workspace_bytes(b, s, h, d);
+    if (p.fwd.softmax.type == SoftmaxType::kLearnable && p.d_softmax_offset != nullptr) {
+      plan->workspace_bytes += static_cast<size_t>(bwd_sm90_dsink_partials(b, s, h, d)) * sizeof(float);
+    }
   }
   plan->deterministic = p.deterministic;  // bwd_support declines deterministic calls it cannot order
   return "";
@@ -321,7 +370,7 @@ Status run_bwd(const BwdParams& p, const CudaPlan& plan, const CudaLaunch& launc
 }
 
 Status run_fwd(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& launch) {
-  return run_kernel(p, plan, static_cast<cudaStream_t>(launch.stream));
+  return run_kernel(p, plan, launch);
 }
 
 }  // namespace hopper

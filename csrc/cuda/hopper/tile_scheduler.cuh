@@ -3,10 +3,11 @@
 //                            tiles first, in chunks of groups (chunked_tile).
 //   PersistentScheduler      min(#tiles, #SMs) CTAs, each looping over a static list of forward
 //                            tiles; causal orders snake and snake head-major (below).
+//   VarlenScheduler          the persistent tiles over the longest sequence's query tiles, each
+//                            carrying its sequence's lengths; tiles past their sequence skipped.
 //   bwd_work                 the backward's key tile per CTA (grid n_kt x h_kv x b), chunked like
 //                            the one-tile forward, or in the deterministic mode's fixed order.
-// Varlen bounds would come in as another scheduler over the same work-tile type. tuning.h picks
-// the order and the chunk; the rest of a kernel does not depend on them.
+// tuning.h picks the order and the chunk; the rest of a kernel does not depend on them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,9 +42,11 @@ __device__ __forceinline__ ChunkedTile chunked_tile(int tiles, int groups, int c
 
 // A forward work tile: query tile m_blk of (head, batch), its K / V head, and the key tiles it
 // runs, [n_first, n_first + n_blocks) (the mask's key_tiles, n_blocks >= 1; n_first is 0 but for
-// general masks). Every consumer warpgroup of a CTA runs all of them.
+// general masks). Every consumer warpgroup of a CTA runs all of them. VarlenScheduler's tiles also
+// carry their sequence's lengths.
 struct FwdWork {
   int m_blk, head, batch, head_kv, n_blocks, n_first;
+  int len_q, len_kv;
 };
 // The key tiles of query tile m_blk into w.
 template <int BM, int BN, class Mask>
@@ -131,8 +134,8 @@ struct PersistentScheduler {
     s.group = p.h / p.h_kv;
     return s;
   }
-  template <int BM, int BN, class Mask>
-  __device__ __forceinline__ FwdWork decode(int t, const KParams& p, const Mask& mask) const {
+  // Tile t's query tile, head, batch and K / V head.
+  __device__ __forceinline__ FwdWork coords(int t, const KParams& p) const {
     FwdWork r;
     int hb;
     if (CAUSAL && !kHeadMajor) {
@@ -146,8 +149,13 @@ struct PersistentScheduler {
     }
     r.batch = hb / p.h;
     r.head = hb - r.batch * p.h;
-    set_key_tiles<BM, BN>(r, mask);
     r.head_kv = r.head / group;
+    return r;
+  }
+  template <int BM, int BN, class Mask>
+  __device__ __forceinline__ FwdWork decode(int t, const KParams& p, const Mask& mask) const {
+    FwdWork r = coords(t, p);
+    set_key_tiles<BM, BN>(r, mask);
     return r;
   }
   template <int BM>
@@ -170,6 +178,55 @@ struct PersistentScheduler {
   static dim3 grid(const KParams& p, int bm, int num_sms) {
     const int64_t n_tiles = static_cast<int64_t>((p.s_q + bm - 1) / bm) * p.h * p.b;
     return dim3(static_cast<unsigned>(n_tiles < num_sms ? n_tiles : num_sms), 1, 1);
+  }
+};
+
+// Varlen (features.h's VARLEN, the general kernels): PersistentScheduler's tiles and order over the
+// query tiles of the longest sequence (s_q), each tile with its sequence's lengths and the key tiles
+// its mask gives them. A tile whose rows lie past its sequence's queries is skipped (it costs the
+// reads of its sequence's lengths, which L1 holds), and `last` flags the last tile a CTA runs. The
+// snake's rounds count every tile, run or skipped, so all consumers and the producer of a CTA still
+// see one sequence.
+template <int ORDER>
+struct VarlenScheduler : PersistentScheduler<true, ORDER> {
+  using Base = PersistentScheduler<true, ORDER>;
+  template <int BM, int BN, class Mask>
+  __device__ __forceinline__ static VarlenScheduler make(const KParams& p, const Mask& mask) {
+    VarlenScheduler s;
+    static_cast<Base&>(s) = Base::template make<BM, BN>(p, mask);
+    return s;
+  }
+  template <int BM>
+  __device__ __forceinline__ bool runs(int t, const KParams& p) const {
+    const FwdWork w = this->coords(t, p);
+    return w.m_blk * BM < gpu::seq_span(p.seq, w.batch).len_q;
+  }
+  template <int BM, int BN, class Mask>
+  __device__ __forceinline__ FwdWork decode(int t, const KParams& p, const Mask& mask) const {
+    FwdWork r = this->coords(t, p);
+    const gpu::SeqSpan sp = gpu::seq_span(p.seq, r.batch);
+    r.len_q = sp.len_q;
+    r.len_kv = sp.len_kv;
+    set_key_tiles<BM, BN>(r, mask.seq(sp.len_q, sp.len_kv));
+    return r;
+  }
+  template <int BM, int BN, class Mask, class F>
+  __device__ __forceinline__ void for_each(const KParams& p, const Mask& mask, F&& f) const {
+    // (t, round): a tile index and the CTA's round it falls in; the next one that runs.
+    const auto skip = [&](int& t, uint32_t& round) {
+      while (t < this->n_tiles && !runs<BM>(t, p)) t = Base::next(t, round++);
+    };
+    int t = blockIdx.x;
+    uint32_t round = 0;
+    skip(t, round);
+    for (uint32_t j = 0; t < this->n_tiles; ++j) {
+      int t2 = Base::next(t, round);
+      uint32_t round2 = round + 1;
+      skip(t2, round2);
+      f(decode<BM, BN>(t, p, mask), j, t2 >= this->n_tiles);
+      t = t2;
+      round = round2;
+    }
   }
 };
 

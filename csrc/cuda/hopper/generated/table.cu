@@ -83,6 +83,22 @@ const KernelRow kKernelRows[] = {
     {KernelEntry::kBwdGeneralDeterministic, true, 128, 128, true, nullptr, &run_bwd_general_deterministic<__half, 128, 128, true>},
     {KernelEntry::kBwdGeneralDeterministic, false, 64, 64, true, nullptr, &run_bwd_general_deterministic<__nv_bfloat16, 64, 64, true>},
     {KernelEntry::kBwdGeneralDeterministic, false, 128, 128, true, nullptr, &run_bwd_general_deterministic<__nv_bfloat16, 128, 128, true>},
+    {KernelEntry::kFwdVarlen, true, 64, 64, false, &run_fwd_varlen<__half, 64, 64, false>, nullptr},
+    {KernelEntry::kFwdVarlen, true, 128, 128, false, &run_fwd_varlen<__half, 128, 128, false>, nullptr},
+    {KernelEntry::kFwdVarlen, true, 256, 256, false, &run_fwd_varlen<__half, 256, 256, false>, nullptr},
+    {KernelEntry::kFwdVarlen, false, 64, 64, false, &run_fwd_varlen<__nv_bfloat16, 64, 64, false>, nullptr},
+    {KernelEntry::kFwdVarlen, false, 128, 128, false, &run_fwd_varlen<__nv_bfloat16, 128, 128, false>, nullptr},
+    {KernelEntry::kFwdVarlen, false, 256, 256, false, &run_fwd_varlen<__nv_bfloat16, 256, 256, false>, nullptr},
+    {KernelEntry::kBwdVarlen, true, 64, 64, false, nullptr, &run_bwd_varlen<__half, 64, 64, false>},
+    {KernelEntry::kBwdVarlen, true, 128, 128, false, nullptr, &run_bwd_varlen<__half, 128, 128, false>},
+    {KernelEntry::kBwdVarlen, true, 256, 256, false, nullptr, &run_bwd_varlen<__half, 256, 256, false>},
+    {KernelEntry::kBwdVarlen, false, 64, 64, false, nullptr, &run_bwd_varlen<__nv_bfloat16, 64, 64, false>},
+    {KernelEntry::kBwdVarlen, false, 128, 128, false, nullptr, &run_bwd_varlen<__nv_bfloat16, 128, 128, false>},
+    {KernelEntry::kBwdVarlen, false, 256, 256, false, nullptr, &run_bwd_varlen<__nv_bfloat16, 256, 256, false>},
+    {KernelEntry::kBwdVarlenDeterministic, true, 64, 64, false, nullptr, &run_bwd_varlen_deterministic<__half, 64, 64, false>},
+    {KernelEntry::kBwdVarlenDeterministic, true, 128, 128, false, nullptr, &run_bwd_varlen_deterministic<__half, 128, 128, false>},
+    {KernelEntry::kBwdVarlenDeterministic, false, 64, 64, false, nullptr, &run_bwd_varlen_deterministic<__nv_bfloat16, 64, 64, false>},
+    {KernelEntry::kBwdVarlenDeterministic, false, 128, 128, false, nullptr, &run_bwd_varlen_deterministic<__nv_bfloat16, 128, 128, false>},
 };
 const int kKernelRowCount = static_cast<int>(sizeof(kKernelRows) / sizeof(kKernelRows[0]));
 
