@@ -194,13 +194,16 @@ Status make_call(FakeTensors& f, const Config& c, Call* call) {
   return Status::Ok();
 }
 
-// The kernel variant: the Hopper forward's plain or general kernels, the tensor-core kernels' fast
-// or general ones.
+// The kernel variant: the Hopper forward's plain or general kernels, the tensor-core kernels' fast,
+// softcap or general ones.
 std::string kernel_name(const CudaPlan& plan, bool backward) {
   if (plan.engine == CudaEngine::kHopper && !backward) {
     return static_cast<hopper::KernelEntry>(plan.kernel) == hopper::KernelEntry::kFwdGeneral ? "general" : "plain";
   }
-  if (plan.engine == CudaEngine::kTensorCore) return tc::kStubRows[plan.kernel].general ? "general" : "fast";
+  if (plan.engine == CudaEngine::kTensorCore) {
+    const tc::Variant v = tc::kStubRows[plan.kernel].variant;
+    return v == tc::Variant::kGeneral ? "general" : v == tc::Variant::kSoftcap ? "softcap" : "fast";
+  }
   return "-";
 }
 
