@@ -110,8 +110,9 @@ __device__ __forceinline__ float general_score(const KArgs& a, float qk, float& 
   return qk * a.scale;
 }
 
-// Logit of element (i, j) before the softmax in the general variant, in log2 units: x (from
-// general_score) plus bias or ALiBi, -inf when not visible. Positions are inside the sequence.
+// Logit of element (i, j) before the softmax in the general variant, in log2 units: x (the score
+// scaled or capped, general_score's rule) plus bias or ALiBi, -inf when not visible. Positions are
+// inside the sequence.
 template <typename Elem>
 __device__ __forceinline__ float general_logit(const KArgs& a, float x, int b, int h, int i, int j, const SeqInfo& sq,
                                                const Visibility<int>& rule, bool check_window, float slope) {
