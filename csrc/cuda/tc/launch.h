@@ -1,7 +1,7 @@
 // Host launchers of the two main kernels for one (dtype, head-dim bucket,
-// variant: kargs.h's Variant). Each generated instantiation file (generated/*.cu) compiles one of
-// these, so the heavy kernels build in parallel; dispatch.cu reaches them
-// through the generated table.
+// variant: kargs.h's Variant). Each generated instantiation file
+// (generated/*.cu) compiles one of these, so the heavy kernels build in
+// parallel; dispatch.cu reaches them through the generated table.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,7 +56,7 @@ Status run_fwd(const KArgs& a, cudaStream_t stream) {
 
 template <typename Elem, int kD, Variant kV>
 Status run_bwd(const KArgs& a, cudaStream_t stream) {
-  using T = BwdTile<kD, kV == Variant::kGeneral>;
+  using T = BwdTileOf<kD, kV>;
   constexpr int kSmem = BwdSmem<kD, T::kBlockM, T::kBlockN>::kBytes;
   auto kernel =
       bwd_kernel<Elem, kD, T::kBlockM, T::kBlockN, T::kNWarps, T::kSdpWN, T::kDkvWN, T::kDqWM, kV>;

@@ -115,5 +115,10 @@ struct BwdTile<256, G> {
   static constexpr int kSdpWN = 4, kDkvWN = 2, kDqWM = 2;
 };
 
+// A variant's backward tile: softcap takes the fast tiles (its tanh's factor is folded into dP^T at
+// once, so no extra array of registers stays live).
+template <int kD, Variant kV>
+using BwdTileOf = BwdTile<kD, kV == Variant::kGeneral>;
+
 }  // namespace tc
 }  // namespace fusedattn
