@@ -321,18 +321,23 @@ def sdpa_seen_only(q, k, v, attn_mask=None, is_causal=False, scale=None):
     q . k is there) and the values of those keys. Differentiable; its NaN positions (output and
     gradients) are where a NaN reaches through the (row, key) pairs a row sees, the least the CUDA
     engines propagate (docs/robustness.md). Rows that see no key are zeros."""
+    # Every (row, key) pair is gated by torch.where, whose backward gives the other branch an exact 0:
+    # a product with a zero (0 * NaN) never carries a NaN from a pair a row does not see.
     s_q, s_kv = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.transpose(-2, -1)) * scale
+    zero = torch.zeros((), dtype=q.dtype)
     vis = torch.ones(s_q, s_kv, dtype=torch.bool)
     if is_causal:
         vis = vis.tril()
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         vis = vis & attn_mask
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    vis = vis.expand(scores.shape)
+    shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (s_q, s_kv)
+    vis = vis.expand(shape)
+    k_rows = torch.where(vis.unsqueeze(-1), k.unsqueeze(-3), zero)  # [b, h, s_q, s_kv, d]: row i's keys
+    v_rows = torch.where(vis.unsqueeze(-1), v.unsqueeze(-3), zero)
+    scores = (q.unsqueeze(-2) * k_rows).sum(-1) * scale
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        scores = scores + torch.where(vis, attn_mask, zero)
     probs = torch.softmax(scores.masked_fill(~vis, float("-inf")), dim=-1)
-    probs = torch.where(vis.any(-1, keepdim=True), probs, torch.zeros((), dtype=probs.dtype))
-    terms = probs.unsqueeze(-1) * v.unsqueeze(-3)  # [b, h, s_q, s_kv, d]
-    return torch.where(vis.unsqueeze(-1), terms, torch.zeros((), dtype=terms.dtype)).sum(-2)
+    probs = torch.where(vis, probs, zero)  # rows that see no key: zeros
+    return (probs.unsqueeze(-1) * v_rows).sum(-2)

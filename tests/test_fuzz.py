@@ -349,13 +349,14 @@ def test_fuzz_nan_like_torch_math(p):
 @given(st.sampled_from(["cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"]),
        st.integers(2, 4))
 def test_fuzz_strided_1d_arguments_raise(name, step):
-    cu = {n: torch.tensor([0, 3, 7], dtype=torch.int32) for n in ("cu_seqlens_q", "cu_seqlens_kv",
-                                                                   "cu_seqlens_q_padded", "cu_seqlens_kv_padded")}
-    buf = torch.zeros(3 * step, dtype=torch.int32)
+    # The strided view is made on the test device: moving one there would copy it densely.
+    cu = {n: on_device(torch.tensor([0, 3, 7], dtype=torch.int32))
+          for n in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")}
+    buf = on_device(torch.zeros(3 * step, dtype=torch.int32))
     buf[::step] = cu[name]
     cu[name] = buf[::step]
     q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
     args = FwdArgs(scale=0.25, q_format="thd", kv_format="thd", mask_type="padding")
     with pytest.raises(ValueError, match=rf"\b{name} must be contiguous"):
         fusedattn._ops._call(torch.ops.fusedattn.fwd, *on_device((q, k, v)), None, None, None, None,
-                             *on_device(tuple(cu.values())), None, *args.op_args(), False)
+                             *cu.values(), None, *args.op_args(), False)

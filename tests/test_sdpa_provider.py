@@ -113,11 +113,15 @@ def test_leaving_restores_torchs_kernel_and_the_previous_provider():
     with profile() as prof:
         F.scaled_dot_product_attention(q, k, v)
     assert not _ops_in(prof)
+    order = list(torch._C._get_sdp_priority_order())
     with sdpa.activated():  # twice in a row, and nested
         with sdpa.activated():
             pass
         assert reg.current_flash_attention_impl() == "fusedattn"
+        # SDPA tries its flash backend first while fusedattn is active (torch prefers cuDNN on sm_90)
+        assert list(torch._C._get_sdp_priority_order())[0] == int(SDPBackend.FLASH_ATTENTION)
     assert reg.current_flash_attention_impl() is None
+    assert list(torch._C._get_sdp_priority_order()) == order
 
 
 @pytest.mark.parametrize("what", ["head_dim_12", "dropout"])

@@ -201,7 +201,7 @@ def test_nan_rule_sdpa(where, mask_kind, dtype):
         out = C.math_sdpa(*leaves.values(), attn_mask=m, is_causal=is_causal)
         out.backward(dout.to(dt))
         refs[dt] = {"out": out.detach(), **{f"d{n}": x.grad for n, x in leaves.items()}}
-    leaves = {n: x.to(DEV).requires_grad_() for n, x in t.items()}
+    leaves = {n: x.detach().to(DEV).requires_grad_() for n, x in t.items()}
     dmask = None if mask is None else mask.to(DEV)
     if dmask is not None and dmask.dtype != torch.bool:
         dmask.requires_grad_()
@@ -243,7 +243,7 @@ def test_nan_with_padding_exact(where, dtype):
     args = FwdArgs(scale=1 / math.sqrt(d), mask_type="padding")
     results = {}
     for dev in ("cpu", DEV):
-        leaves = {n: t.to(dev).requires_grad_() for n, t in x.items()}
+        leaves = {n: t.detach().to(dev).requires_grad_() for n, t in x.items()}
         out, _ = fusedattn._ops.attention(*leaves.values(), args, cu_seqlens_q=cu(lens_q).to(dev),
                                           cu_seqlens_kv=cu(lens_kv).to(dev))
         out.backward(dout.to(dev))
@@ -302,7 +302,7 @@ def test_nan_head_parameter_exact(kind, dtype):
             sl = slopes.clone()
             sl[2] = float("nan")
             kw = dict(core_attention_bias_type="alibi", alibi_slopes=sl.to(dev))
-        leaves = {n: t.to(dev).requires_grad_() for n, t in x.items()}
+        leaves = {n: t.detach().to(dev).requires_grad_() for n, t in x.items()}
         out = mod(*leaves.values(), **kw).view(b, s, h, d)
         out.backward(dout.to(dev))
         results[dev] = {"out": C.to_host(out), **{f"d{n}": C.to_host(t.grad) for n, t in leaves.items()}}
@@ -315,9 +315,11 @@ def test_nan_head_parameter_exact(kind, dtype):
             want[:, :, 2] = True
             if not torch.equal(torch.isnan(r), want):
                 msgs.append(f"{dev} {n}: NaN positions are not exactly head 2's")
+    # d_softmax_offset is fp32 but sums products of P and dP that the CUDA engines form in the inputs'
+    # dtype (the CPU engine in fp32): the inputs' dtype bounds the agreement.
     for n in results["cpu"]:
-        msgs.append(_close(f"{n} (cuda vs cpu)", results[DEV][n], results["cpu"][n],
-                           torch.float32 if n == "doffset" else dtype, where=~torch.isnan(results["cpu"][n])))
+        msgs.append(_close(f"{n} (cuda vs cpu)", results[DEV][n], results["cpu"][n], dtype,
+                           where=~torch.isnan(results["cpu"][n])))
     C.assert_matches_reference(msgs)
 
 

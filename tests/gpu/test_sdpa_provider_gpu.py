@@ -16,6 +16,7 @@ code reaches fusedattn's operators through aten's CUDA flash operators:
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -102,14 +103,17 @@ def test_sdpa_dropout_is_fusedattns_dropout():
 def test_torch_varlen_attn_runs_fusedattn(window):
     from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
 
+    # GQA where torch's varlen_attn takes enable_gqa (torch 2.11's does not)
+    gqa = "enable_gqa" in inspect.signature(torch_varlen_attn).parameters
+    kw = dict(window_size=window, **({"enable_gqa": True} if gqa else {}))
     gen = torch.Generator().manual_seed(2)
     lens = [100, 7, 300]
     cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(DEV)
     q = torch.randn(sum(lens), 8, 128, generator=gen).to(DEV, torch.bfloat16)
-    k, v = (torch.randn(sum(lens), 2, 128, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
-    want = fusedattn.varlen_attn(q, k, v, cu, cu, 300, 300, window_size=window, enable_gqa=True)
+    k, v = (torch.randn(sum(lens), 2 if gqa else 8, 128, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    want = fusedattn.varlen_attn(q, k, v, cu, cu, 300, 300, **kw)
     with sdpa.activated(), _profile() as prof:
-        got = torch_varlen_attn(q, k, v, cu, cu, 300, 300, window_size=window, enable_gqa=True)
+        got = torch_varlen_attn(q, k, v, cu, cu, 300, 300, **kw)
         torch.cuda.synchronize()
     assert "fusedattn::fwd" in _fusedattn_ops(prof)
     torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -20,7 +20,8 @@ A call fusedattn does not take (``support_reason`` says why) runs torch's own ke
 with ``torch.library.get_kernel`` before the override. The forward and the backward of one call
 decide from the same arguments, so they always run on the same side. SDPA picks its backend
 before any of this: calls it sends to another backend (math, memory-efficient, cuDNN) are
-untouched.
+untouched; activation puts the flash backend first in SDPA's priority order (torch prefers cuDNN
+on some GPUs) and deactivation restores the order.
 """
 
 from __future__ import annotations
@@ -283,15 +284,39 @@ def overridden_ops() -> List[str]:
 
 
 class _Handle:
-    """What torch's registry keeps while fusedattn is active; ``remove()`` restores torch's kernels."""
+    """What torch's registry keeps while fusedattn is active; ``remove()`` restores torch's kernels and
+    SDPA's backend priority."""
 
-    def __init__(self, library: torch.library.Library):
+    def __init__(self, library: torch.library.Library, priority: Optional[List[int]]):
         self.library = library
+        self.priority = priority
 
     def remove(self) -> None:
         if self.library is not None:
             self.library._destroy()
             self.library = None
+        if self.priority is not None:
+            torch._C._set_sdp_priority_order(self.priority)
+            self.priority = None
+
+
+def _flash_first() -> Optional[List[int]]:
+    """Put SDPA's flash backend first in its priority order (torch prefers cuDNN on some GPUs, e.g.
+    sm_90, so an active provider would otherwise never be called there); returns the previous order,
+    None where this torch has no priority order."""
+    get = getattr(torch._C, "_get_sdp_priority_order", None)
+    if get is None or not hasattr(torch._C, "_set_sdp_priority_order"):
+        return None
+    if torch.cuda.is_available():
+        # torch may settle its CUDA order (cuDNN first on sm_90) at a process's first CUDA SDPA call,
+        # which would undo a reorder made before it (on the H200 some test processes' first SDPA
+        # calls missed fusedattn). One backend choice on a tiny tensor makes that call happen first.
+        t = torch.zeros(1, 1, 1, 8, device="cuda", dtype=torch.float16)
+        torch._fused_sdp_choice(t, t, t)
+    previous = [int(b) for b in get()]
+    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    torch._C._set_sdp_priority_order([flash] + [b for b in previous if b != flash])
+    return previous
 
 
 def _install() -> _Handle:
@@ -305,7 +330,7 @@ def _install() -> _Handle:
         for op in ops:
             key, fn = _OVERRIDES[op]
             lib.impl(op, fn, key, with_keyset=True)
-    return _Handle(lib)
+    return _Handle(lib, _flash_first())
 
 
 def _registry():
