@@ -8,6 +8,7 @@
   masks are one function of (seed, offset, b, h, i, j) on both engines);
 * the dropout mask read back exactly and compared with the CPU engine's;
 * head dims up to 256 with d_qk != d_v, long rows, every dtype;
+* softcap on the tensor-core kernels (the profiler shows which ran), also deterministic;
 * CUDA graph capture of forward + backward, replayed on new inputs copied in;
 * torch.compile(fullgraph=True) of forward + backward.
 
@@ -17,6 +18,8 @@ Run with ``FUSEDATTN_TEST_DEVICE=cuda pytest tests/gpu`` (scripts/gpu_check.sh).
 from __future__ import annotations
 
 import math
+import os
+import re
 
 import pytest
 import torch
@@ -97,6 +100,101 @@ def test_cuda_float64(cfg):
         scale = max(1.0, g64[n].abs().max().item())
         torch.testing.assert_close(grads[n].double(), g64[n].double(), rtol=tol, atol=tol * scale,
                                    msg=lambda m: f"d{n}: {m}")
+
+
+# ---------------------------------------------------------------------------
+# softcap on the tensor-core engine (tc/kernels.list's softcap variant, and the general variant's
+# runtime cap), forward and backward against the float64 reference. The scores have standard
+# deviation ~1 (or ~8 with scale 8 / sqrt(d), capped at 30 as Gemma 2 caps at 50), so the caps bend
+# the largest of them and the backward's factor 1 - tanh^2 is far from 1 there.
+
+ENGINE = os.environ.get("FUSEDATTN_CUDA_ENGINE", "")
+# On a compute-capability 9.0 device the Hopper path takes some softcap calls before tc does:
+# there these tests run in a child process with FUSEDATTN_CUDA_ENGINE=sm80 (read once per process).
+TC_FIRST = ENGINE == "sm80" or (torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0))
+not_simt = pytest.mark.skipif(ENGINE == "simt", reason="FUSEDATTN_CUDA_ENGINE=simt keeps calls off tc")
+tc_first = pytest.mark.skipif(not TC_FIRST, reason="the Hopper path comes first here: test_tc_softcap_without_hopper")
+TC_SOFTCAP_SHAPE = (2, 200, 260)  # several query and key tiles in every bucket
+TC_SOFTCAP_WINDOW = ((70, 40), (100, 0))  # (non-causal, causal): cuts tiles on both sides
+
+# (config, softcap, variant the kernels must be: 1 softcap, 2 general (kargs.h's Variant))
+TC_SOFTCAP_CASES = [
+    (dict(layout="bshd", mask="causal", heads=(4, 2), dims=(64, 64), dtype="bf16"), 2.0, 1),
+    (dict(layout="bshd", mask="causal", window="tc", heads=(4, 1), dims=(128, 128), dtype="fp16"), 1.5, 1),
+    (dict(layout="bhsd_views", mask="causal", heads=(4, 2), dims=(128, 128), dtype="bf16",
+          scale=8 / math.sqrt(128), max_logit=True), 30.0, 1),
+    (dict(layout="thd", mask="padding_causal", seqlens="random", max_seqlen="given", heads=(4, 2), dims=(256, 256),
+          dtype="bf16"), 3.0, 1),
+    (dict(layout="sbhd", mask="no_mask", window="tc", heads=(4, 2), dims=(192, 128), dtype="fp16",
+          softmax="learnable"), 2.0, 1),
+    (dict(layout="bshd", mask="causal_bottom_right", window="tc", heads=(4, 2), dims=(80, 80), dtype="fp16",
+          softmax="off-by-one"), 2.0, 1),
+    (dict(layout="bshd", mask="causal", bias="1hss", heads=(4, 2), dims=(96, 96), dtype="fp16"), 2.0, 2),
+    (dict(layout="bshd", mask="causal", window="tc", bias="alibi_bh", dropout=0.25, heads=(4, 2), dims=(64, 64),
+          dtype="bf16", max_logit=True), 2.0, 2),
+    (dict(layout="thd_gaps", mask="padding_causal", seqlens="random", max_seqlen="given", bias="bhss",
+          heads=(4, 1), dims=(256, 256), dtype="bf16"), 1.5, 2),
+    (dict(layout="bshd", mask="arbitrary", attn_mask_shape="b1ss", heads=(4, 2), dims=(128, 128), dtype="fp16"),
+     2.0, 2),
+]
+
+
+def _tc_softcap_case(monkeypatch, kw, softcap):
+    monkeypatch.setitem(C.SHAPES, "tc", TC_SOFTCAP_SHAPE)
+    monkeypatch.setitem(C.WINDOWS, "tc", TC_SOFTCAP_WINDOW)
+    case = C.build_case(C.normalise(C.Config(shape="tc", **kw)))
+    case.args = case.args.replace(softcap=softcap)
+    return case
+
+
+def _tc_kernels(fn):
+    """fn() under the profiler; the kargs.h Variant numbers of the tc forward and backward kernels that ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+    names = " ".join(e.name for e in prof.events())
+    return ({int(v) for v in re.findall(r"tc::fwd_kernel<[^()]*\(fusedattn::tc::Variant\)(\d)>", names)},
+            {int(v) for v in re.findall(r"tc::bwd_kernel<[^()]*\(fusedattn::tc::Variant\)(\d)>", names)}, names)
+
+
+@not_simt
+@tc_first
+@pytest.mark.parametrize("kw,softcap,variant", TC_SOFTCAP_CASES,
+                         ids=lambda x: "-".join(str(v) for v in x.values()) if isinstance(x, dict) else str(x))
+def test_tc_softcap(monkeypatch, kw, softcap, variant):
+    """Capped logits on the tensor-core kernels: the softcap variant where the fast kernels take the
+    call (causal, windows, padding, GQA, every head-dim bucket), the general one's runtime cap with
+    bias and dbias, ALiBi, dropout, a boolean mask; fp16 and bf16."""
+    case = _tc_softcap_case(monkeypatch, kw, softcap)
+    fwd, bwd, names = _tc_kernels(lambda: C.check_case(case, device=DEV))
+    assert fwd == {variant} and bwd == {variant}, names[:800]
+
+
+@not_simt
+@tc_first
+def test_tc_softcap_deterministic(monkeypatch):
+    """The softcap kernels under torch.use_deterministic_algorithms: twice bitwise equal gradients
+    (the turn-taking dQ), matching the float64 reference."""
+    kw, softcap, variant = TC_SOFTCAP_CASES[1]
+    case = _tc_softcap_case(monkeypatch, kw, softcap)
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        fwd, bwd, names = _tc_kernels(lambda: C.check_case(case, device=DEV))
+        first, second = (C.device_run(case, DEV)[4] for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    assert fwd == {variant} and bwd == {variant}, names[:800]
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"d{name} differs between two deterministic runs"
+
+
+@pytest.mark.skipif(ENGINE in ("simt", "sm80") or TC_FIRST, reason="the tc softcap tests ran in this process")
+def test_tc_softcap_without_hopper():
+    """test_tc_softcap* in a child process with FUSEDATTN_CUDA_ENGINE=sm80, where the Hopper path
+    would take some of their calls."""
+    r = C.run_tests_in_child(__file__, {"FUSEDATTN_CUDA_ENGINE": "sm80"}, "tc_softcap and not without_hopper")
+    assert r.returncode == 0, f"run with FUSEDATTN_CUDA_ENGINE=sm80 failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
 
 # ---------------------------------------------------------------------------

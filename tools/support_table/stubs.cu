@@ -52,9 +52,9 @@ bool kernels_loadable() { return true; }
 
 namespace fusedattn {
 namespace tc {
-template <typename Elem, int kD, bool kGeneral>
+template <typename Elem, int kD, Variant kV>
 Status run_fwd(const KArgs&, cudaStream_t) { return not_launched(); }
-template <typename Elem, int kD, bool kGeneral>
+template <typename Elem, int kD, Variant kV>
 Status run_bwd(const KArgs&, cudaStream_t) { return not_launched(); }
 
 // Every launcher the table names, instantiated through it.

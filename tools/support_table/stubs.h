@@ -13,7 +13,7 @@ struct StubRow {
   Dir dir;
   DType dtype;
   int head_dim;
-  bool general;
+  Variant variant;
   KernelFn fn;
 };
 extern const StubRow kStubRows[];

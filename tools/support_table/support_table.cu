@@ -195,7 +195,7 @@ Status make_call(FakeTensors& f, const Config& c, Call* call) {
 }
 
 // The kernel variant: the Hopper forward's plain, general or varlen kernels, the tensor-core kernels'
-// fast or general ones.
+// fast, softcap or general ones.
 std::string kernel_name(const CudaPlan& plan, bool backward) {
   if (plan.engine == CudaEngine::kHopper && !backward) {
     const auto entry = static_cast<hopper::KernelEntry>(plan.kernel);
@@ -203,7 +203,10 @@ std::string kernel_name(const CudaPlan& plan, bool backward) {
            : entry == hopper::KernelEntry::kFwdVarlen ? "varlen"
                                                        : "plain";
   }
-  if (plan.engine == CudaEngine::kTensorCore) return tc::kStubRows[plan.kernel].general ? "general" : "fast";
+  if (plan.engine == CudaEngine::kTensorCore) {
+    const tc::Variant v = tc::kStubRows[plan.kernel].variant;
+    return v == tc::Variant::kGeneral ? "general" : v == tc::Variant::kSoftcap ? "softcap" : "fast";
+  }
   return "-";
 }
 

@@ -3,7 +3,7 @@
 // dK, dV in registers while it walks every query tile of every query head of
 // its GQA group (so dK/dV need no cross-block reduction). Per query tile:
 //   S^T = K Q^T and dP^T = V dO^T                     (registers)
-//   P^T = exp2(S^T * scale*log2e - lse2), dS^T = P^T (dP^T - D)  (masks, dropout)
+//   P^T = exp2(S^T * scale*log2e - lse2), dS^T = P^T (dP^T - D)  (softcap, masks, dropout)
 //   P^T, dS^T -> shared memory
 //   dV += P^T dO, dK += dS^T Q                        (registers)
 //   dQ  = dS K -> fp32 atomics into the workspace accumulator
@@ -100,8 +100,9 @@ struct BwdSmem {
 };
 
 template <typename Elem, int kD, int kBlockM, int kBlockN, int kNWarps, int kSdpWN, int kDkvWN, int kDqWM,
-          bool kGeneral>
+          Variant kV>
 __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_constant__ KArgs a) {
+  constexpr bool kGeneral = kV == Variant::kGeneral, kCap = kV == Variant::kSoftcap;
   constexpr int kThreads = kNWarps * 32;
   constexpr int kRowBytes = kD * 2;
   constexpr int kPRowBytes = kBlockM * 2;
@@ -295,25 +296,34 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
     float slope = 0.f;
     if (kGeneral && a.bias_type == 2) slope = a.alibi[b * a.al_sb + h * a.al_sh];
     const int64_t bh = static_cast<int64_t>(b) * a.h_q + h;
-    // (1) P^T = exp2(S^T * scale * log2(e) - lse2) (general: logits with bias and masks).
+    // (1) Fast variants: P^T = exp2(S^T * scale * log2(e) - lse2). kSoftcap: P^T = exp2(tanh(S^T *
+    // scale / softcap) * softcap * log2(e) - lse2), and the tanh's factor goes into dP^T here, with D:
+    // dP^T <- (dP^T - D) (1 - tanh^2), so nothing of the tanh stays live into (3).
+    if (!kGeneral) {
 #pragma unroll
-    for (int nt = 0; nt < kSdpNT; ++nt) {
-      const int il0 = wm * kSdpCols + nt * 8 + 2 * (lane & 3);
-      const float l0 = ld_shared_f32(sLb + il0 * 4), l1 = ld_shared_f32(sLb + il0 * 4 + 4);
-#pragma unroll
-      for (int mt = 0; mt < kSdpMT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (!kGeneral) {
-            // One FFMA: exp2(qk * scale * log2(e) - lse2).
-            st[mt][nt][e] = fast_exp2(fmaf(st[mt][nt][e], a.scale_log2, -((e & 1) ? l1 : l0)));
-          } else {
-            const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
-            const int j = n0 + jl, i = mm0 + il0 + (e & 1);
-            const float s2 = general_logit<Elem>(a, st[mt][nt][e], b, h, i, j, sq, vis, edge, slope);
-            st[mt][nt][e] = fast_exp2(s2 - ((e & 1) ? l1 : l0));
-          }
+      for (int nt = 0; nt < kSdpNT; ++nt) {
+        const int il0 = wm * kSdpCols + nt * 8 + 2 * (lane & 3);
+        const float l0 = ld_shared_f32(sLb + il0 * 4), l1 = ld_shared_f32(sLb + il0 * 4 + 4);
+        float d0 = 0.f, d1 = 0.f;
+        if (kCap) {
+          d0 = ld_shared_f32(sDb + il0 * 4);
+          d1 = ld_shared_f32(sDb + il0 * 4 + 4);
         }
+#pragma unroll
+        for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float l = (e & 1) ? l1 : l0;
+            if (kCap) {
+              const float t = softcap_tanh(a, st[mt][nt][e]);
+              st[mt][nt][e] = fast_exp2(fmaf(t, a.softcap_log2, -l));
+              dpt[mt][nt][e] = (dpt[mt][nt][e] - ((e & 1) ? d1 : d0)) * (1.f - t * t);
+            } else {
+              // One FFMA: exp2(qk * scale * log2(e) - lse2).
+              st[mt][nt][e] = fast_exp2(fmaf(st[mt][nt][e], a.scale_log2, -l));
+            }
+          }
+      }
     }
     // (2) Window / length mask, only on the tiles that need it (a uniform
     // branch: interior tiles skip the compares). Key j is visible to query i
@@ -339,34 +349,48 @@ __global__ void __launch_bounds__(kNWarps * 32, 1) bwd_kernel(const __grid_const
             }
         }
     }
-    // (3) dS^T = P^T (dP^T - D); dropout; dbias; P^T and dS^T to shared memory.
+    // (3) dS^T = P^T (dP^T - D) (kSoftcap: D and the tanh's factor are in dP^T already). The
+    // general variant does all of its per-element work here: logits (capped, bias, masks), P^T,
+    // dropout, dS^T, dbias (the bias comes after the cap: its gradient is dS itself), and the cap's
+    // factor 1 - tanh^2 on dS^T.
 #pragma unroll
     for (int nt = 0; nt < kSdpNT; ++nt) {
       const int il0 = wm * kSdpCols + nt * 8 + 2 * (lane & 3);
-      const float d0 = ld_shared_f32(sDb + il0 * 4), d1 = ld_shared_f32(sDb + il0 * 4 + 4);
+      float d0 = 0.f, d1 = 0.f, l0 = 0.f, l1 = 0.f;
+      if (!kCap) {
+        d0 = ld_shared_f32(sDb + il0 * 4);
+        d1 = ld_shared_f32(sDb + il0 * 4 + 4);
+      }
+      if (kGeneral) {
+        l0 = ld_shared_f32(sLb + il0 * 4);
+        l1 = ld_shared_f32(sLb + il0 * 4 + 4);
+      }
 #pragma unroll
       for (int mt = 0; mt < kSdpMT; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float p = st[mt][nt][e];
-          float dp = dpt[mt][nt][e], pd = p;
-          if (kGeneral && a.dropout) {
+          const float d = (e & 1) ? d1 : d0;
+          if (!kGeneral) {
+            dpt[mt][nt][e] = st[mt][nt][e] * (dpt[mt][nt][e] - d);
+          } else {
             const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
             const int j = n0 + jl, i = mm0 + il0 + (e & 1);
-            const Philox4 r = dropout_draws(seed, offset, bh, i, j >> 2);
-            const int sub = j & 3;
-            const uint32_t x = sub == 0 ? r.x[0] : sub == 1 ? r.x[1] : sub == 2 ? r.x[2] : r.x[3];
-            const bool keep = x >= a.drop_thr;
-            dp = keep ? dp * a.rp_drop : 0.f;
-            pd = keep ? p * a.rp_drop : 0.f;
-          }
-          const float ds = p * (dp - ((e & 1) ? d1 : d0));
-          st[mt][nt][e] = pd;
-          dpt[mt][nt][e] = ds;
-          if (kGeneral && a.dbias != nullptr) {
-            const int jl = jw + mt * 16 + (lane >> 2) + 8 * (e >> 1);
-            const int j = n0 + jl, i = mm0 + il0 + (e & 1);
-            if (i < sq.len_q && j < sq.len_kv) {
+            float g;
+            const float x = general_score(a, st[mt][nt][e], g);
+            const float p = fast_exp2(general_logit<Elem>(a, x, b, h, i, j, sq, vis, edge, slope) - (e & 1 ? l1 : l0));
+            float dp = dpt[mt][nt][e], pd = p;
+            if (a.dropout) {
+              const Philox4 r = dropout_draws(seed, offset, bh, i, j >> 2);
+              const int sub = j & 3;
+              const uint32_t u = sub == 0 ? r.x[0] : sub == 1 ? r.x[1] : sub == 2 ? r.x[2] : r.x[3];
+              const bool keep = u >= a.drop_thr;
+              dp = keep ? dp * a.rp_drop : 0.f;
+              pd = keep ? p * a.rp_drop : 0.f;
+            }
+            const float ds = p * (dp - d);
+            st[mt][nt][e] = pd;
+            dpt[mt][nt][e] = ds * g;
+            if (a.dbias != nullptr && i < sq.len_q && j < sq.len_kv) {
               const int64_t di = b * a.db_sb + h * a.db_sh + i * a.db_si + j * a.db_sj;
               if (a.dbias_direct) {
                 static_cast<Elem*>(a.dbias)[di] = from_float<Elem>(ds);

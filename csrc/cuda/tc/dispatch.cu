@@ -27,7 +27,7 @@ struct TableEntry {
   Dir dir;
   DType dtype;
   int head_dim;
-  bool general;
+  Variant variant;
   KernelFn fn;
 };
 
@@ -52,11 +52,35 @@ bool needs_general(const FwdParams& p) {
   return p.bias.type != BiasType::kNoBias || p.mask.mask.data != nullptr || p.dropout.p > 0.f;
 }
 
-const TableEntry* find_kernel(Dir dir, DType dtype, int head_dim, bool general) {
+// The kernel variant a call needs; a backward that writes dbias needs the general one.
+Variant variant_of(const FwdParams& p, bool dbias) {
+  if (dbias || needs_general(p)) return Variant::kGeneral;
+  return p.softcap > 0 ? Variant::kSoftcap : Variant::kFast;
+}
+
+const char* variant_name(Variant v) {
+  return v == Variant::kGeneral ? "general" : v == Variant::kSoftcap ? "softcap" : "fast";
+}
+
+const TableEntry* find_kernel(Dir dir, DType dtype, int head_dim, Variant variant) {
   for (const TableEntry& e : kTable) {
-    if (e.dir == dir && e.dtype == dtype && e.head_dim == head_dim && e.general == general) return &e;
+    if (e.dir == dir && e.dtype == dtype && e.head_dim == head_dim && e.variant == variant) return &e;
   }
   return nullptr;
+}
+
+// The softcap's factors in the kernels' float (KArgs): scale / softcap and softcap * log2(e). The
+// core admits any cap that is a positive float; these two must be finite floats too.
+struct CapFactors {
+  float scale = 0.f, log2 = 0.f;
+};
+CapFactors cap_factors(const FwdParams& p) {
+  CapFactors c;
+  if (p.softcap > 0) {
+    c.scale = static_cast<float>(p.scale / p.softcap);
+    c.log2 = static_cast<float>(p.softcap * 1.4426950408889634);
+  }
+  return c;
 }
 
 // The engine's own limits (the core has validated the call).
@@ -65,15 +89,21 @@ std::string common_support(const FwdParams& p, const gpu::DeviceAttrs& dev, Dir 
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) {
     return cat("dtype ", dtype_name(pr.dtype), " (tensor-core kernels take float16 and bfloat16)");
   }
-  if (p.softcap > 0) return "softcap (the tensor-core kernels do not cap logits)";
+  if (p.softcap > 0) {
+    const CapFactors c = cap_factors(p);
+    if (!std::isfinite(c.scale) || !std::isfinite(c.log2)) {
+      return cat("softcap ", p.softcap, " with softmax_scale ", p.scale,
+                 " (scale / softcap and softcap * log2(e) must be finite in float32)");
+    }
+  }
   if (dev.major < 8) return cat("compute capability ", dev.major, ".x (tensor-core kernels need sm_80 or newer)");
   const int bucket = head_dim_bucket(pr);
   if (bucket == 0) return cat("head dims d_qk=", pr.d_qk, ", d_v=", pr.d_v, " (at most 256)");
   if (pr.d_qk == 0 || pr.d_v == 0) return "an empty head dim";
-  const bool general = needs_general(p);
-  if (find_kernel(dir, pr.dtype, bucket, general) == nullptr) {
+  const Variant variant = variant_of(p, false);
+  if (find_kernel(dir, pr.dtype, bucket, variant) == nullptr) {
     return cat("no ", dir == Dir::kFwd ? "forward" : "backward", " kernel for dtype ", dtype_name(pr.dtype),
-               ", head-dim bucket ", bucket, ", variant ", general ? "general" : "fast", " in kernels.list");
+               ", head-dim bucket ", bucket, ", variant ", variant_name(variant), " in kernels.list");
   }
   if (pr.b > 65535 || pr.h_q > 65535 || pr.h_kv > 65535) return cat("batch ", pr.b, " or heads ", pr.h_q, " > 65535");
   if (pr.s_q >= kMaxSeq || pr.s_kv >= kMaxSeq || pr.t_q >= kMaxSeq || pr.t_kv >= kMaxSeq) {
@@ -138,6 +168,10 @@ KArgs make_fwd_kargs(const FwdParams& p) {
   a.rng = p.dropout.rng_state;
   a.scale = p.scale;
   a.scale_log2 = p.scale * 1.4426950408889634f;
+  const CapFactors cap = cap_factors(p);
+  a.softcap = static_cast<float>(p.softcap);
+  a.softcap_scale = cap.scale;
+  a.softcap_log2 = cap.log2;
   a.acc_d = head_dim_bucket(pr);
   return a;
 }
@@ -279,7 +313,8 @@ std::string plan_fwd(const FwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
   if (!why.empty()) return why;
   *plan = CudaPlan{};
   plan->engine = CudaEngine::kTensorCore;
-  plan->kernel = static_cast<int>(find_kernel(Dir::kFwd, p.prob.dtype, head_dim_bucket(p.prob), needs_general(p)) - kTable);
+  plan->kernel = static_cast<int>(find_kernel(Dir::kFwd, p.prob.dtype, head_dim_bucket(p.prob), variant_of(p, false)) -
+                                  kTable);
   plan->sm_count = dev.sm_count;
   return "";
 }
@@ -292,8 +327,8 @@ std::string plan_bwd(const BwdParams& p, const gpu::DeviceAttrs& dev, CudaPlan* 
     why = gpu::rows16_problem(*t, name);
     if (!why.empty()) return why;
   }
-  const bool general = needs_general(p.fwd) || p.dbias.data != nullptr;
-  const TableEntry* e = find_kernel(Dir::kBwd, p.fwd.prob.dtype, head_dim_bucket(p.fwd.prob), general);
+  const Variant variant = variant_of(p.fwd, p.dbias.data != nullptr);
+  const TableEntry* e = find_kernel(Dir::kBwd, p.fwd.prob.dtype, head_dim_bucket(p.fwd.prob), variant);
   if (e == nullptr) return "no general backward kernel for a dbias in kernels.list";
   *plan = CudaPlan{};
   plan->engine = CudaEngine::kTensorCore;

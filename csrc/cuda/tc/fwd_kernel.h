@@ -91,10 +91,30 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Logit of element (i, j) before the softmax in the general variant: scale * q.k
-// plus bias or ALiBi, -inf when not visible. Positions are inside the sequence.
+// tanh(scale q.k / softcap) of a capped logit (KArgs::softcap): the logit is softcap times it,
+// and 1 - tanh^2 is the backward's factor for scale q.k. tanhf (a few ulps, also where the argument
+// is small) rather than tanh.approx, whose relative 2^-11 would move a logit of 50 by 0.025, or
+// 1 - 2 / (1 + 2^2x), whose absolute error of a few ulps of 1 grows with the cap.
+__device__ __forceinline__ float softcap_tanh(const KArgs& a, float qk) { return tanhf(qk * a.softcap_scale); }
+
+// The general variant's logit before bias, ALiBi and masks (the CPU engine's order): scale * q.k, or
+// capped; g = its derivative by scale * q.k (the backward's; the forward applies the same rule to a
+// whole tile at a time).
+__device__ __forceinline__ float general_score(const KArgs& a, float qk, float& g) {
+  if (a.softcap > 0.f) {
+    const float t = softcap_tanh(a, qk);
+    g = 1.f - t * t;
+    return a.softcap * t;
+  }
+  g = 1.f;
+  return qk * a.scale;
+}
+
+// Logit of element (i, j) before the softmax in the general variant, in log2 units: x (the score
+// scaled or capped, general_score's rule) plus bias or ALiBi, -inf when not visible. Positions are
+// inside the sequence.
 template <typename Elem>
-__device__ __forceinline__ float general_logit(const KArgs& a, float qk, int b, int h, int i, int j, const SeqInfo& sq,
+__device__ __forceinline__ float general_logit(const KArgs& a, float x, int b, int h, int i, int j, const SeqInfo& sq,
                                                const Visibility<int>& rule, bool check_window, float slope) {
   bool vis = true;
   if (check_window) vis = rule.key_visible(i, j);
@@ -102,7 +122,6 @@ __device__ __forceinline__ float general_logit(const KArgs& a, float qk, int b, 
   if (a.mask != nullptr && inside) {
     vis = vis && a.mask[b * a.mk_sb + h * a.mk_sh + i * a.mk_si + j * a.mk_sj] == 0;
   }
-  float x = qk * a.scale;
   if (a.bias_type == 1 && inside) {
     x += to_float(static_cast<const Elem*>(a.bias)[b * a.bs_sb + h * a.bs_sh + i * a.bs_si + j * a.bs_sj]);
   } else if (a.bias_type == 2) {
@@ -111,8 +130,9 @@ __device__ __forceinline__ float general_logit(const KArgs& a, float qk, int b, 
   return vis ? x * kLog2e : -INFINITY;
 }
 
-template <typename Elem, int kD, int kBlockM, int kBlockN, int kNWarps, int kMinBlocks, bool kGeneral>
+template <typename Elem, int kD, int kBlockM, int kBlockN, int kNWarps, int kMinBlocks, Variant kV>
 __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __grid_constant__ KArgs a) {
+  constexpr bool kGeneral = kV == Variant::kGeneral;
   constexpr int kThreads = kNWarps * 32;
   constexpr int kMT = kBlockM / (16 * kNWarps);  // 16-row mma tiles per warp
   constexpr int kNT = kBlockN / 8;               // 8-column tiles of S
@@ -250,7 +270,13 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][nt][e] *= a.scale_log2;
+          for (int e = 0; e < 4; ++e) {
+            if (kV == Variant::kSoftcap) {
+              s[mi][nt][e] = softcap_tanh(a, s[mi][nt][e]) * a.softcap_log2;
+            } else {
+              s[mi][nt][e] *= a.scale_log2;
+            }
+          }
       if (edge) {
         // Key j is visible to row i iff j < len_kv and t_lo <= j - i <= t_hi;
         // j - i is a per-thread base plus compile-time offsets, so no per-row
@@ -272,6 +298,23 @@ __global__ void __launch_bounds__(kNWarps * 32, kMinBlocks) fwd_kernel(const __g
               }
       }
     } else {
+      // Scaled or capped (general_score's rule), in loops of their own: a per-element choice
+      // between the two costs the d=128 tile its registers (spills).
+      if (a.softcap > 0.f) {
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mi][nt][e] = a.softcap * softcap_tanh(a, s[mi][nt][e]);
+      } else {
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mi][nt][e] *= a.scale;
+      }
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll

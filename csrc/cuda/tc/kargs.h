@@ -12,6 +12,11 @@
 namespace fusedattn {
 namespace tc {
 
+// What a main-kernel instantiation handles (kernels.list's variant column). kFast: windows, causal
+// and padding masks; kSoftcap: kFast with capped logits (FwdParams::softcap); kGeneral: post-scale
+// bias, ALiBi, boolean mask, dropout, dbias and softcap too, each a runtime branch.
+enum class Variant { kFast, kSoftcap, kGeneral };
+
 struct KArgs {
   // q, k, v and the forward output (an output in forward, an input in backward).
   const void* q;
@@ -58,6 +63,10 @@ struct KArgs {
   const int64_t* rng;
 
   float scale, scale_log2;
+  // softcap (FwdParams::softcap; 0: off): logits softcap * tanh(scale q.k / softcap).
+  float softcap;
+  float softcap_scale;  // scale / softcap: tanh's argument per unit of q.k
+  float softcap_log2;   // softcap * log2(e): the capped logit in the softmax's log2 units
 
   // ---- backward only ----
   const void* dout;

@@ -1,7 +1,7 @@
 // Host launchers of the two main kernels for one (dtype, head-dim bucket,
-// variant). Each generated instantiation file (generated/*.cu) compiles one of
-// these, so the heavy kernels build in parallel; dispatch.cu reaches them
-// through the generated table.
+// variant: kargs.h's Variant). Each generated instantiation file
+// (generated/*.cu) compiles one of these, so the heavy kernels build in
+// parallel; dispatch.cu reaches them through the generated table.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,10 +24,10 @@ inline Status launch_status(const char* what) {
   return Status::Unsupported(std::string("fusedattn tensor-core ") + what + " launch failed: " + cudaGetErrorString(e));
 }
 
-template <typename Elem, int kD, bool kGeneral>
+template <typename Elem, int kD, Variant kV>
 Status run_fwd(const KArgs& a, cudaStream_t stream);
 
-template <typename Elem, int kD, bool kGeneral>
+template <typename Elem, int kD, Variant kV>
 Status run_bwd(const KArgs& a, cudaStream_t stream);
 
 }  // namespace tc
@@ -40,11 +40,11 @@ Status run_bwd(const KArgs& a, cudaStream_t stream);
 namespace fusedattn {
 namespace tc {
 
-template <typename Elem, int kD, bool kGeneral>
+template <typename Elem, int kD, Variant kV>
 Status run_fwd(const KArgs& a, cudaStream_t stream) {
-  using T = FwdTile<kD, kGeneral>;
+  using T = FwdTileOf<kD, kV>;
   constexpr int kSmem = (T::kBlockM + 2 * T::kBlockN) * kD * 2;
-  auto kernel = fwd_kernel<Elem, kD, T::kBlockM, T::kBlockN, T::kNWarps, T::kMinBlocks, kGeneral>;
+  auto kernel = fwd_kernel<Elem, kD, T::kBlockM, T::kBlockN, T::kNWarps, T::kMinBlocks, kV>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
     return launch_status("forward (shared memory size)");
   }
@@ -54,12 +54,12 @@ Status run_fwd(const KArgs& a, cudaStream_t stream) {
   return launch_status("forward");
 }
 
-template <typename Elem, int kD, bool kGeneral>
+template <typename Elem, int kD, Variant kV>
 Status run_bwd(const KArgs& a, cudaStream_t stream) {
-  using T = BwdTile<kD, kGeneral>;
+  using T = BwdTileOf<kD, kV>;
   constexpr int kSmem = BwdSmem<kD, T::kBlockM, T::kBlockN>::kBytes;
   auto kernel =
-      bwd_kernel<Elem, kD, T::kBlockM, T::kBlockN, T::kNWarps, T::kSdpWN, T::kDkvWN, T::kDqWM, kGeneral>;
+      bwd_kernel<Elem, kD, T::kBlockM, T::kBlockN, T::kNWarps, T::kSdpWN, T::kDkvWN, T::kDqWM, kV>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
     return launch_status("backward (shared memory size)");
   }

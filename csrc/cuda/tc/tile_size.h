@@ -1,10 +1,13 @@
 // Tile sizes and warp layouts of the tensor-core kernels, one place for every
 // tuning choice. Numbers follow FlashAttention-2's sm80/sm90 choices where our
 // kernels have the same structure; each carries its reason. "fast" is the
-// variant without per-element extras (bias, ALiBi, explicit mask, dropout);
-// "general" takes all of them as runtime branches and trades tile width for
-// the registers those branches need.
+// variant without per-element extras (bias, ALiBi, explicit mask, dropout;
+// its softcap variant, kargs.h's Variant, only caps the logits); "general"
+// takes all of them as runtime branches and trades tile width for the
+// registers those branches need.
 #pragma once
+
+#include "kargs.h"
 
 namespace fusedattn {
 namespace tc {
@@ -52,6 +55,11 @@ template <>
 struct FwdTile<256, true> {
   static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4, kMinBlocks = 2;
 };
+
+// A variant's forward tile. softcap: the fast tiles, except at d=64, where the tanh of
+// every score spills 136 bytes in 128x128 and none in the general variant's 128x64.
+template <int kD, Variant kV>
+using FwdTileOf = FwdTile<kD, kV == Variant::kGeneral || (kV == Variant::kSoftcap && kD == 64)>;
 
 // ---------------------------------------------------------------- backward
 // One block owns kBlockN keys of one kv head and walks the query tiles of
@@ -106,6 +114,11 @@ struct BwdTile<256, G> {
   static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 8;
   static constexpr int kSdpWN = 4, kDkvWN = 2, kDqWM = 2;
 };
+
+// A variant's backward tile: softcap takes the fast tiles (its tanh's factor is folded into dP^T at
+// once, so no extra array of registers stays live).
+template <int kD, Variant kV>
+using BwdTileOf = BwdTile<kD, kV == Variant::kGeneral>;
 
 }  // namespace tc
 }  // namespace fusedattn

@@ -4,6 +4,6 @@
 
 namespace fusedattn {
 namespace tc {
-template Status run_fwd<__nv_bfloat16, 128, true>(const KArgs&, cudaStream_t);
+template Status run_fwd<__nv_bfloat16, 128, Variant::kGeneral>(const KArgs&, cudaStream_t);
 }  // namespace tc
 }  // namespace fusedattn

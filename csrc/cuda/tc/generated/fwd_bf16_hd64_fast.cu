@@ -4,6 +4,6 @@
 
 namespace fusedattn {
 namespace tc {
-template Status run_fwd<__nv_bfloat16, 64, false>(const KArgs&, cudaStream_t);
+template Status run_fwd<__nv_bfloat16, 64, Variant::kFast>(const KArgs&, cudaStream_t);
 }  // namespace tc
 }  // namespace fusedattn
