@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gen_common import sync_generated  # noqa: E402  (csrc/cuda/gen_common.py)
+from gen_common import list_lines, sync_generated, unique_rows  # noqa: E402  (csrc/cuda/gen_common.py)
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "generated"
@@ -78,22 +78,17 @@ class Row:
 def parse():
     """The rows of kernels.list."""
     rows = []
-    for n, line in enumerate((HERE / "kernels.list").read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
+    for n, parts in list_lines(HERE / "kernels.list"):
         ok = (len(parts) in (4, 5) and parts[0] in ENTRIES and parts[1] in DTYPES and parts[2].isdigit() and
               parts[3].isdigit())
         softcap = len(parts) == 5
         if (not ok or (int(parts[2]), int(parts[3])) not in ENTRIES[parts[0]].dims or
                 (softcap and (parts[4] != "softcap" or ENTRIES[parts[0]].templ_d != 2))):
             sys.exit(f"kernels.list:{n}: expected '<entry> fp16|bf16 <d_qk> <d_v> [softcap]' with an entry of "
-                     f"{sorted(ENTRIES)}, head dims it takes and softcap on general entries only, got {line!r}")
+                     f"{sorted(ENTRIES)}, head dims it takes and softcap on general entries only, got "
+                     f"{' '.join(parts)!r}")
         rows.append(Row(parts[0], parts[1], int(parts[2]), int(parts[3]), softcap))
-    if len(set(rows)) != len(rows):
-        sys.exit("kernels.list: duplicate lines")
-    return rows
+    return unique_rows(rows)
 
 
 def files(rows):

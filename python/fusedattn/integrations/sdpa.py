@@ -309,8 +309,8 @@ def _flash_first() -> Optional[List[int]]:
         return None
     if torch.cuda.is_available():
         # torch may settle its CUDA order (cuDNN first on sm_90) at a process's first CUDA SDPA call,
-        # which would undo a reorder made before it (on the H200 some test processes' first SDPA
-        # calls missed fusedattn). One backend choice on a tiny tensor makes that call happen first.
+        # which would undo a reorder made before it: one backend choice on a tiny tensor makes that
+        # call happen first.
         t = torch.zeros(1, 1, 1, 8, device="cuda", dtype=torch.float16)
         torch._fused_sdp_choice(t, t, t)
     previous = [int(b) for b in get()]
