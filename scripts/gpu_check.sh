@@ -281,7 +281,7 @@ if [[ "$TORCH_CUDA_ARCH_LIST" == 9.0* ]] && [ "${GPU_CHECK_HOPPER_BWD:-1}" = "1"
   log="$OUT/test_sm80_bwd.log"
   t0=$(now)
   # shellcheck disable=SC2086
-  FUSEDATTN_HOPPER_BWD=0 FUSEDATTN_TEST_DEVICE=cuda run_pytest "$log" tests/gpu/test_cuda_engine.py ${GPU_CHECK_PYTEST:-}
+  FUSEDATTN_HOPPER_BWD=0 FUSEDATTN_TEST_DEVICE=cuda run_pytest_jobs "$log" tests/gpu/test_cuda_engine.py ${GPU_CHECK_PYTEST:-}
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "tests/gpu engine (FUSEDATTN_HOPPER_BWD=0)" "rc=$rc $(pytest_counts "$log") ($(( $(now) - t0 )) s)"

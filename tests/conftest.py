@@ -54,6 +54,9 @@ EPS = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.flo
 DEVICE = os.environ.get("FUSEDATTN_TEST_DEVICE", "cpu")
 DEVICE_TYPE = DEVICE.split(":")[0]  # "cpu" | "cuda" ("cuda:1" selects a GPU)
 ON_CUDA = DEVICE_TYPE == "cuda"
+# The CUDA engine selector (fusedattn/overrides.h; read once per process): scripts/gpu_check.sh repeats
+# the GPU tests with simt, where tests of which kernel runs do not apply.
+CUDA_ENGINE = os.environ.get("FUSEDATTN_CUDA_ENGINE", "")
 
 
 def run_tests_in_child(test_file, env: Dict[str, str], k_expr: str, timeout: int = 1200):

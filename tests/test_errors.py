@@ -18,7 +18,7 @@ import torch
 
 import fusedattn
 from fusedattn import DotProductAttention, FwdArgs, _ops
-from conftest import ON_CUDA, on_device
+from conftest import DEVICE, ON_CUDA, on_device
 
 I32 = torch.int32
 
@@ -555,9 +555,10 @@ def test_dpa_integer_padding_mask_counts_like_bool():
 
 
 def _strided(t: torch.Tensor) -> torch.Tensor:
-    """The same values as ``t`` in every other element of a larger buffer (stride 2)."""
-    buf = torch.full((2 * t.numel(),), 99, dtype=t.dtype)
-    buf[::2] = t
+    """The same values as ``t`` in every other element of a larger buffer (stride 2), on DEVICE: moving a
+    strided view to another device makes it contiguous."""
+    buf = torch.full((2 * t.numel(),), 99, dtype=t.dtype, device=DEVICE)
+    buf[::2] = t.to(DEVICE)
     return buf[::2]
 
 
@@ -588,12 +589,12 @@ def test_expanded_1d_argument_is_rejected():
     args = FwdArgs(scale=0.25, mask_type="padding")
     cu = torch.tensor([0, 6, 12], dtype=I32)
     with pytest.raises(ValueError, match=r"\bcu_seqlens_kv must be contiguous"):
-        fwd(q, k, v, args, cu_seqlens_q=cu, cu_seqlens_kv=torch.tensor([6], dtype=I32).expand(3))
+        fwd(q, k, v, args, cu_seqlens_q=cu, cu_seqlens_kv=torch.tensor([6], dtype=I32, device=DEVICE).expand(3))
 
 
 def test_strided_alibi_slopes_are_read_by_their_strides():
     q, k, v = qkv()
-    slopes = torch.rand(4)
+    slopes = torch.rand(4, device=DEVICE)
     ref = fwd(q, k, v, alibi_slopes=slopes)[0]
     assert torch.equal(fwd(q, k, v, alibi_slopes=_strided(slopes))[0], ref)
     assert torch.equal(fwd(q, k, v, alibi_slopes=slopes[:1].expand(4))[0],

@@ -18,7 +18,6 @@ Run with ``FUSEDATTN_TEST_DEVICE=cuda pytest tests/gpu`` (scripts/gpu_check.sh).
 from __future__ import annotations
 
 import math
-import os
 import re
 
 import pytest
@@ -108,7 +107,7 @@ def test_cuda_float64(cfg):
 # deviation ~1 (or ~8 with scale 8 / sqrt(d), capped at 30 as Gemma 2 caps at 50), so the caps bend
 # the largest of them and the backward's factor 1 - tanh^2 is far from 1 there.
 
-ENGINE = os.environ.get("FUSEDATTN_CUDA_ENGINE", "")
+ENGINE = C.CUDA_ENGINE
 # On a compute-capability 9.0 device the Hopper path takes some softcap calls before tc does:
 # there these tests run in a child process with FUSEDATTN_CUDA_ENGINE=sm80 (read once per process).
 TC_FIRST = ENGINE == "sm80" or (torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0))

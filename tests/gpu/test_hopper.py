@@ -30,7 +30,7 @@ pytestmark = [
 # (test_hopper_forward_forced_variant).
 # FUSEDATTN_CUDA_ENGINE=simt or sm80 (scripts/gpu_check.sh's second engine pass) keeps calls off the
 # Hopper kernels: the numerics tests still hold, the tests of which kernel runs do not apply.
-HOPPER_ENGINE = os.environ.get("FUSEDATTN_CUDA_ENGINE", "") not in ("simt", "sm80")
+HOPPER_ENGINE = C.CUDA_ENGINE not in ("simt", "sm80")
 needs_hopper_engine = pytest.mark.skipif(not HOPPER_ENGINE, reason="FUSEDATTN_CUDA_ENGINE keeps calls off Hopper")
 
 SHAPES = [(1, 1), (17, 17), (200, 200), (130, 300), (300, 130), (1024, 1024), (2200, 2200), (300, 2300)]
