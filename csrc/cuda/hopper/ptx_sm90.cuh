@@ -94,14 +94,16 @@ __device__ __forceinline__ void tensormap_rebase_smem(uint32_t smap, const void*
   asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 2, %1;\n" ::"r"(smap), "r"(dim2)
                : "memory");
 }
-// Copies a map from shared to global memory and releases it to the tensor-map proxy at gpu scope
-// (every lane of the warp, with the same addresses).
+// A warp's 128-byte map from shared to global memory for later kernels' TMA (every lane, the same
+// addresses): each lane stores 4 bytes, then a tensor-map proxy release at gpu scope (tensormap_acquire
+// on the reading side). Plain stores rather than tensormap.cp_fenceproxy, which compute-sanitizer's
+// initcheck reports as a read of the uninitialised destination.
 __device__ __forceinline__ void tensormap_publish(void* gmap, uint32_t smap) {
-  asm volatile(
-      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n" ::"l"(
-          reinterpret_cast<uint64_t>(gmap)),
-      "r"(smap)
-      : "memory");
+  const uint32_t lane = threadIdx.x & 31u;
+  uint32_t word;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(word) : "r"(smap + 4u * lane) : "memory");
+  static_cast<uint32_t*>(gmap)[lane] = word;
+  asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
 }
 // Before a thread's first TMA through a map another kernel wrote: the tensor-map proxy is not acquired
 // at kernel start.
