@@ -53,6 +53,9 @@
 #                          decode kernel's reads; 9.0 GPUs; its DPROBE lines go to the summary)
 #   GPU_CHECK_STEP_TIMEOUT seconds per pytest run (default 400); a run that dies on a
 #                          signal is re-run from its last test under cuda-gdb for a native backtrace
+#   GPU_CHECK_TIME         seconds the whole check may take (e.g. 560 under the device tool's 600 s
+#                          per call): every step's limit is cut to what is left, so the summary and
+#                          the log archive are written even when the steps do not all fit
 set -uo pipefail
 OUT="${1:?usage: scripts/gpu_check.sh OUTDIR}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,6 +69,13 @@ if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 declare -a SUMMARY=()
 note() { SUMMARY+=("$(printf '%-34s %s' "$1" "$2")"); }
 now() { date +%s; }
+DEADLINE=$(( $(now) + ${GPU_CHECK_TIME:-86400} ))
+# limit SECONDS: SECONDS, or less when GPU_CHECK_TIME leaves less (20 s kept for the summary).
+limit() {
+  local left=$(( DEADLINE - $(now) - 20 ))
+  [ "$left" -lt 1 ] && left=1
+  if [ "$1" -lt "$left" ]; then echo "$1"; else echo "$left"; fi
+}
 
 # ---- environment ---------------------------------------------------------------
 {
@@ -145,7 +155,7 @@ run_hopper_steps() {
       t0=$(now)
       # check2's ping-pong named barriers have no watchdog: a hang costs this limit.
       case "$r" in check) lim=120 ;; check2|check3|checkw3|checkw3s|checkw3p|checkdet) lim=180 ;; *) lim=240 ;; esac
-      timeout "$lim" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
+      timeout "$(limit "$lim")" "$h" "$r" > "$OUT/hopper_${step%-check}_${r}.log" 2>&1
       rc=$?
       [ $rc -ne 0 ] && st=1
       printf 'hopper %s %s\trc=%s %s (%s s)\n' "$step" "$r" "$rc" \
@@ -215,7 +225,7 @@ fi
 # ---- decode probe (9.0 GPUs, opt-in) ----------------------------------------------------
 if [ "${GPU_CHECK_DECODE_PROBE:-0}" = "1" ] && [[ "$TORCH_CUDA_ARCH_LIST" == 9.0* ]]; then
   t0=$(now)
-  { tools/decode_probe/build.sh "$OUT/decode_probe" && timeout 180 "$OUT/decode_probe"; } > "$OUT/decode_probe.log" 2>&1
+  { tools/decode_probe/build.sh "$OUT/decode_probe" && timeout "$(limit 180)" "$OUT/decode_probe"; } > "$OUT/decode_probe.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "decode probe" "rc=$rc $(grep -c '^DPROBE-CHECK .* ok' "$OUT/decode_probe.log") variants checked ok ($(( $(now) - t0 )) s)"
@@ -226,7 +236,7 @@ fi
 if [ -n "${GPU_CHECK_PROFILE:-}" ]; then
   t0=$(now)
   # shellcheck disable=SC2086
-  timeout 300 "$PY" bench/bench_gpu.py --profile ${GPU_CHECK_PROFILE} > "$OUT/profile.log" 2>&1
+  timeout "$(limit 300)" "$PY" bench/bench_gpu.py --profile ${GPU_CHECK_PROFILE} > "$OUT/profile.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   note "bench_gpu.py --profile" "rc=$rc ($(( $(now) - t0 )) s)"
@@ -237,14 +247,14 @@ fi
 # test that was running is re-run under cuda-gdb so the log ends with a native backtrace.
 run_pytest() {
   local log="$1"; shift
-  timeout "${GPU_CHECK_STEP_TIMEOUT:-400}" "$PY" -m pytest -v -rfEs -p no:cacheprovider "$@" > "$log" 2>&1
+  timeout "$(limit "${GPU_CHECK_STEP_TIMEOUT:-400}")" "$PY" -m pytest -v -rfEs -p no:cacheprovider "$@" > "$log" 2>&1
   local rc=$?
   if [ $rc -gt 128 ] && [ $rc -ne 137 ] && command -v cuda-gdb > /dev/null; then
     local last
     last="$(grep -oE "^[^ ]+::[^ ]+" "$log" | tail -1)"
     if [ -n "$last" ]; then
       { echo "== crash (rc=$rc) in $last: cuda-gdb backtrace"
-        timeout 180 cuda-gdb -batch -ex run -ex bt --args "$PY" -m pytest -x -q -p no:cacheprovider "$last" 2>&1 | tail -60
+        timeout "$(limit 180)" cuda-gdb -batch -ex run -ex bt --args "$PY" -m pytest -x -q -p no:cacheprovider "$last" 2>&1 | tail -60
       } >> "$log"
     fi
   fi
@@ -323,7 +333,7 @@ if [ -n "$sanitize" ] && ! command -v compute-sanitizer > /dev/null; then
 elif [ -n "$sanitize" ]; then
   for tool in memcheck racecheck initcheck; do
     t0=$(now)
-    timeout "${GPU_CHECK_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    timeout "$(limit "${GPU_CHECK_SANITIZER_TIMEOUT:-300}")" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu -k "$sanitize" \
       > "$OUT/sanitizer_${tool}.log" 2>&1
     rc=$?
@@ -335,7 +345,7 @@ fi
 
 # ---- benchmarks: the attention grid vs FA2 and cuDNN, decode vs SDPA (BENCH_GPU_ARGS=--quick: d=128 only)
 if [ "${GPU_CHECK_BENCH:-1}" = "1" ] && [ -x bench/run_gpu.sh ]; then
-  bench/run_gpu.sh "$OUT" > "$OUT/bench.log" 2>&1
+  timeout "$(limit 86400)" bench/run_gpu.sh "$OUT" > "$OUT/bench.log" 2>&1
   note "bench/run_gpu.sh" "rc=$?"
 fi
 

@@ -15,16 +15,8 @@ __version__ = "0.1.0"
 from . import config
 from ._ops import FwdArgs
 from .attention import DotProductAttention
-from .flash_attn_interface import (
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-    varlen_attn,
-)
+from . import flash_attn_interface
+from .flash_attn_interface import *  # noqa: F401,F403  (flash-attn's names and varlen_attn: its __all__)
 from .functional import dot_product_attention, scaled_dot_product_attention
 from .inference import InferenceParams
 
@@ -34,14 +26,7 @@ __all__ = [
     "InferenceParams",
     "config",
     "dot_product_attention",
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
-    "varlen_attn",
+    *flash_attn_interface.__all__,
     "__version__",
 ]

@@ -689,23 +689,16 @@ class DotProductAttention(torch.nn.Module):
 
     def _check_head_dims(self, query_layer, key_layer, value_layer) -> None:
         # What the module was built for; the operator checks q/k/v against each other.
-        if query_layer.shape[-2] != self.num_attention_heads:
-            raise ValueError(
-                f"query_layer has {query_layer.shape[-2]} heads, but the module was built with "
-                f"num_attention_heads={self.num_attention_heads}")
-        if query_layer.shape[-1] != self.hidden_size_per_attention_head_k:
-            raise ValueError(
-                f"query_layer has head_dim {query_layer.shape[-1]}, but the module was built with "
-                f"kv_channels {self.hidden_size_per_attention_head_k}")
-        if key_layer.shape[-1] != self.hidden_size_per_attention_head_k:
-            raise ValueError(
-                f"key_layer has head_dim {key_layer.shape[-1]}, but the module was built with "
-                f"kv_channels {self.hidden_size_per_attention_head_k}")
-        if value_layer.shape[-1] != self.hidden_size_per_attention_head_v:
-            raise ValueError(
-                f"value_layer has head_dim {value_layer.shape[-1]}, but the module was built with "
-                f"head_dim_v {self.hidden_size_per_attention_head_v}")
-        if key_layer.shape[-2] != self.num_gqa_groups_per_partition:
-            raise ValueError(
-                f"key_layer/value_layer have {key_layer.shape[-2]} heads, but the module was built "
-                f"with num_gqa_groups={self.num_gqa_groups_per_partition}")
+        built = (
+            (query_layer.shape[-2], self.num_attention_heads, "query_layer has {} heads", "num_attention_heads={}"),
+            (query_layer.shape[-1], self.hidden_size_per_attention_head_k, "query_layer has head_dim {}",
+             "kv_channels {}"),
+            (key_layer.shape[-1], self.hidden_size_per_attention_head_k, "key_layer has head_dim {}", "kv_channels {}"),
+            (value_layer.shape[-1], self.hidden_size_per_attention_head_v, "value_layer has head_dim {}",
+             "head_dim_v {}"),
+            (key_layer.shape[-2], self.num_gqa_groups_per_partition, "key_layer/value_layer have {} heads",
+             "num_gqa_groups={}"),
+        )
+        for got, want, what, setting in built:
+            if got != want:
+                raise ValueError(f"{what.format(got)}, but the module was built with {setting.format(want)}")
