@@ -196,6 +196,9 @@ endif()
 if(_fa_want_cuda AND TARGET _C AND NOT FUSEDATTN_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit REQUIRED)
   target_link_libraries(_C PRIVATE fusedattn_cuda_objects CUDA::cudart_static)
+  # _C was created before CUDA was enabled, so it has no architectures of its own; linking the kernel
+  # objects makes it a CUDA target, which CMake requires to name them.
+  set_target_properties(_C PROPERTIES CUDA_ARCHITECTURES "${FUSEDATTN_CUDA_ARCHS}")
   if(TARGET fusedattn_cuda_hopper)
     target_link_libraries(_C PRIVATE fusedattn_cuda_hopper)
   endif()
