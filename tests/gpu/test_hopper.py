@@ -719,15 +719,14 @@ def test_hopper_softcap_kernels(monkeypatch, dtype, d_qk, d_v, call):
 
 @needs_hopper_engine
 @needs_hopper_bwd
-@pytest.mark.parametrize("softcap", [0.0, 2.0], ids=["plain", "softcap"])
-@pytest.mark.parametrize("dtype,d_qk,d_v", _dims("bwd_general_deterministic"))
+@pytest.mark.parametrize("dtype,d_qk,d_v,softcap",
+                         [(*dims, 0.0) for dims in _dims("bwd_general_deterministic")]
+                         + [(*dims, 2.0) for dims in _dims("bwd_general_deterministic", softcap=True)])
 def test_hopper_general_deterministic(monkeypatch, dtype, d_qk, d_v, softcap):
-    """The bwd_general_deterministic lines: under torch.use_deterministic_algorithms the general
-    backward whose dQ reduce-adds take turns runs (its turn order follows the window's tile ranges),
-    twice bitwise equal (d_softmax_offset too, summed in a fixed order) and matching the float64
-    reference."""
-    if softcap and (dtype, d_qk, d_v) not in _dims("bwd_general_deterministic", softcap=True):
-        pytest.skip("no deterministic softcap kernel at these head dims")
+    """The bwd_general_deterministic lines, with and without softcap: under
+    torch.use_deterministic_algorithms the general backward whose dQ reduce-adds take turns runs (its
+    turn order follows the window's tile ranges), twice bitwise equal (d_softmax_offset too, summed in
+    a fixed order) and matching the float64 reference."""
     mask, windows, brd, _, _ = GENERAL_CALLS["causal_window"]
     case = _case(monkeypatch, dtype, (d_qk, d_v), mask, windows, brd, (2, 700, 700), "learnable", softcap)
     names = _check_deterministic(case)
