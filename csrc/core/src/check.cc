@@ -128,8 +128,7 @@ Status check_fwd_args(const FwdArgs& args, const FwdInputs& in, Problem* prob) {
   if (!q.defined() || !in.k.defined() || !in.v.defined()) {
     return Status::Invalid("q, k and v are required");
   }
-  if (q.dtype != DType::kFloat32 && q.dtype != DType::kFloat16 && q.dtype != DType::kBFloat16 &&
-      q.dtype != DType::kFloat64) {
+  if (float_dtype_bytes(q.dtype) == 0) {
     return Status::Invalid(cat("q must be float16, bfloat16, float32 or float64; got ", dtype_name(q.dtype)));
   }
   if (q.device != DeviceType::kCPU && q.device != DeviceType::kCUDA) {

@@ -15,19 +15,6 @@
 namespace fusedattn {
 namespace {
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
-}
-
-int64_t elem_bytes(DType t) {
-  switch (t) {
-    case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    default: return 0;
-  }
-}
 
 Status same_device(const TensorRef& t, const TensorRef& ref, const char* name) {
   if (t.device != ref.device || t.device_index != ref.device_index) {
@@ -104,7 +91,7 @@ Status check_kv_append(const KvAppendArgs& a) {
   if (!nk.defined() || !a.new_v.defined() || !a.k_cache.defined() || !a.v_cache.defined()) {
     return Status::Invalid("new_k, new_v, k_cache and v_cache are required");
   }
-  if (!is_float(nk.dtype)) {
+  if (float_dtype_bytes(nk.dtype) == 0) {
     return Status::Invalid(cat("new_k must be float16, bfloat16, float32 or float64; got ", dtype_name(nk.dtype)));
   }
   if (nk.device != DeviceType::kCPU && nk.device != DeviceType::kCUDA) {
@@ -252,7 +239,7 @@ Status check_append_data(const KvAppendParams& p, bool attended) {
 
 void copy_new_tokens(const KvAppendParams& p) {
   const PagedKV& pk = p.paged;
-  const int64_t es = elem_bytes(p.dtype);
+  const int64_t es = float_dtype_bytes(p.dtype);
   for (int64_t b = 0; b < p.b; ++b) {
     const int64_t len = kv_new_len(p, b), cached = p.cache_seqlens[b];
     const int64_t row0 = p.new_is_thd ? p.cu_new_lens[b] : 0;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/device.h"
+#include "common/smem.h"
 #include "fusedattn/cat.h"
 
 namespace fusedattn {
@@ -29,26 +30,17 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // skipped (empty problems: no batch entry, no key, no query row of a sequence dim).
 inline bool empty_grid(const dim3& g) { return g.x == 0 || g.y == 0 || g.z == 0; }
 
-// Raises a kernel's dynamic shared-memory limit to `bytes` (once per device
-// and kernel; `done` is the kernel's own flag word), or says why the device
-// cannot give that much. None of these calls synchronises, and after a call's
-// first (eager) run none is a driver call at all, so capture is unaffected.
+// Raises a kernel's dynamic shared-memory limit to `bytes` (once per device and kernel, smem.h), or
+// says why the device cannot give that much.
 template <class Kernel>
 inline Status prepare_smem(Kernel kernel, size_t bytes, const char* what, std::atomic<uint64_t>* done) {
   const DeviceAttrs* dev = nullptr;
   FUSEDATTN_RETURN_IF_ERROR(current_device(&dev));
-  const uint64_t bit = uint64_t(1) << dev->index;  // current_device admits indices below 64
-  if (done->load(std::memory_order_relaxed) & bit) return Status::Ok();
   if (bytes > static_cast<size_t>(dev->smem_optin)) {
     return Status::Unsupported(cat("fusedattn CUDA ", what, " needs ", bytes,
                                    " bytes of shared memory per block; this device allows ", dev->smem_optin));
   }
-  if (bytes > 48 * 1024) {
-    FUSEDATTN_RETURN_IF_ERROR(cuda_error(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), what));
-  }
-  done->fetch_or(bit, std::memory_order_relaxed);
-  return Status::Ok();
+  return cuda_error(raise_smem_once(reinterpret_cast<const void*>(kernel), bytes, done), what);
 }
 
 }  // namespace gpu

@@ -235,7 +235,7 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
     }
   }
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function and kernel
-  return detail::raise_smem_limit(main_kern, L->smem, raised[which]);
+  return gpu::raise_smem_once(main_kern, static_cast<size_t>(L->smem), &raised[which]);
 }
 
 // (Varlen: the prologue,) preprocess, main and postprocess on one stream.

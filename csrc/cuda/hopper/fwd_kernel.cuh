@@ -294,7 +294,7 @@ inline cudaError_t fwd_prepare(FwdLaunch* L, const Sm90Args& a) {
   L->threads = K::kThreads;
   L->kern = fwd_sm90_kernel<Cfg, Sched, Feat>;
   static std::atomic<uint64_t> raised;  // per instantiation: devices whose limit is raised
-  return detail::raise_smem_limit(reinterpret_cast<const void*>(L->kern), L->smem, raised);
+  return gpu::raise_smem_once(reinterpret_cast<const void*>(L->kern), static_cast<size_t>(L->smem), &raised);
 }
 
 inline cudaError_t fwd_launch(const FwdLaunch& L, cudaStream_t stream) {

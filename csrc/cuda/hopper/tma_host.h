@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/smem.h"
 #include "params.h"
 
 namespace fusedattn {
@@ -48,22 +49,6 @@ inline EncodeTiledFn get_encode_fn() {
     if (cudaGetDevice(&dev) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) return nullptr;
   }
   return fn;
-}
-
-// Raises kern's dynamic shared-memory limit to smem on the current device, once per device:
-// the attribute is per device, so a process driving several GPUs sets it on each. `done` is
-// the caller's per-kernel bit set of devices already raised (atomic: launches may come from
-// several host threads). Strictly the attribute belongs to the context: a process that drives
-// one device through two contexts (PyTorch uses only the primary one) would need it per context.
-inline cudaError_t raise_smem_limit(const void* kern, int smem, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;  // devices past 64: set on every call
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
-  e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
-  return e;
 }
 
 // A 16-bit [b, s, hh, d] tensor as a 4-D map with dims (d, hh, s, b); box (64, 1, rows, 1): one

@@ -159,16 +159,6 @@ __global__ void __launch_bounds__(kThreads) kv_append_kernel(const AppendArgs a)
   }
 }
 
-int elem_bytes(DType t) {
-  switch (t) {
-    case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    default: return 0;
-  }
-}
-
 // Rows of h x d elements in 16-byte pieces: unit head-dim stride, 16-byte
 // aligned base and strides, and whole pieces per head.
 bool pieces16(const SeqTensor& t, int64_t d, int es) {
@@ -183,7 +173,7 @@ Status launch_kv_append(const KvAppendParams& params, const StepKeyLens& lens, c
   AppendArgs a;
   a.p = params;
   a.lens = lens;
-  a.es = elem_bytes(params.dtype);
+  a.es = static_cast<int>(float_dtype_bytes(params.dtype));
   if (a.es == 0) return Status::Unsupported(std::string("copy_to_kv_cache: unsupported dtype ") + dtype_name(params.dtype));
   if (params.paged.page_size <= 0) return Status::Invalid("copy_to_kv_cache: page_size must be positive");
   a.k_vec = pieces16(params.new_k, params.d_k, a.es) && pieces16(params.k_cache, params.d_k, a.es);

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "common/host.h"
@@ -45,9 +47,8 @@ Status run_fwd(const KArgs& a, cudaStream_t stream) {
   using T = FwdTileOf<kD, kV>;
   constexpr int kSmem = (T::kBlockM + 2 * T::kBlockN) * kD * 2;
   auto kernel = fwd_kernel<Elem, kD, T::kBlockM, T::kBlockN, T::kNWarps, T::kMinBlocks, kV>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
-    return launch_status("forward (shared memory size)");
-  }
+  static std::atomic<uint64_t> smem_ready{0};
+  FUSEDATTN_RETURN_IF_ERROR(gpu::prepare_smem(kernel, kSmem, "tensor-core forward", &smem_ready));
   const dim3 grid((a.s_q + T::kBlockM - 1) / T::kBlockM, a.h_q, a.b);
   if (gpu::empty_grid(grid)) return Status::Ok();
   kernel<<<grid, T::kNWarps * 32, kSmem, stream>>>(a);
@@ -60,9 +61,8 @@ Status run_bwd(const KArgs& a, cudaStream_t stream) {
   constexpr int kSmem = BwdSmem<kD, T::kBlockM, T::kBlockN>::kBytes;
   auto kernel =
       bwd_kernel<Elem, kD, T::kBlockM, T::kBlockN, T::kNWarps, T::kSdpWN, T::kDkvWN, T::kDqWM, kV>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
-    return launch_status("backward (shared memory size)");
-  }
+  static std::atomic<uint64_t> smem_ready{0};
+  FUSEDATTN_RETURN_IF_ERROR(gpu::prepare_smem(kernel, kSmem, "tensor-core backward", &smem_ready));
   const dim3 grid((a.s_kv + T::kBlockN - 1) / T::kBlockN, a.h_kv, a.b);
   if (gpu::empty_grid(grid)) return Status::Ok();  // no sequence or no key: dq stays zero, thd gaps get zeros
   kernel<<<grid, T::kNWarps * 32, kSmem, stream>>>(a);

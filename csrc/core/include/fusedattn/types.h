@@ -78,6 +78,10 @@ struct TensorRef {
 };
 
 const char* dtype_name(DType t);
+// Bytes per element of a floating dtype; 0 for the others.
+constexpr int64_t float_dtype_bytes(DType t) {
+  return t == DType::kFloat16 || t == DType::kBFloat16 ? 2 : t == DType::kFloat32 ? 4 : t == DType::kFloat64 ? 8 : 0;
+}
 const char* device_name(DeviceType t);
 std::string shape_str(const TensorRef& t);
 
