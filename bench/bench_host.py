@@ -3,7 +3,9 @@
 b=1, h=16, s=128, d=64, causal (bf16 on CUDA, float32 on the CPU). A call this small is bound by the
 host: the time per call of N calls issued back to back (one synchronisation at the end) is the host's
 cost per call. Forward under no_grad, and forward+backward (q, k, v requiring grad; torch.autograd.grad).
-Medians of --repeats loops of --calls calls.
+Each of --repeats rounds times one loop of --calls calls of every implementation, the order rotated
+between rounds; the table gives each one's median and the median over rounds of its ratio to the
+peer's loop in the same round (host timings drift between processes and within one).
 
     python bench/bench_host.py [--device cuda|cpu] [--calls 200] [--repeats 7]
 """
@@ -21,18 +23,22 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import fusedattn
 
 
-def per_call_us(fn, calls, repeats, sync):
-    for _ in range(20):
-        fn()
-    sync()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def per_call_us(fns, calls, repeats, sync):
+    """{name: [us per call, one per round]}: every round times one loop of each fn, order rotated."""
+    names = list(fns)
+    for fn in fns.values():
+        for _ in range(20):
             fn()
-        sync()
-        ts.append(1e6 * (time.perf_counter() - t0) / calls)
-    return statistics.median(ts)
+    sync()
+    ts = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fns[name]()
+            sync()
+            ts[name].append(1e6 * (time.perf_counter() - t0) / calls)
+    return ts
 
 
 def main():
@@ -57,10 +63,9 @@ def main():
     else:
         peers["torch SDPA"] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    print(f"host cost per call, {dev}, {dtype}, b=1 h=16 s=128 d=64 causal, torch {torch.__version__}")
-    print("| implementation | forward us | forward+backward us |")
-    print("|---|---|---|")
-    profiles = {}
+    print(f"host cost per call, {dev}, {dtype}, b=1 h=16 s=128 d=64 causal, torch {torch.__version__}, "
+          f"{a.repeats} rounds of {a.calls} calls")
+    fwds, fbs = {}, {}
     for name, fn in peers.items():
         def fwd(fn=fn):
             with torch.no_grad():
@@ -69,10 +74,20 @@ def main():
         def fb(fn=fn):
             torch.autograd.grad(fn(), (q, k, v), dout)
 
-        print(f"| {name} | {per_call_us(fwd, a.calls, a.repeats, sync):.1f} | "
-              f"{per_call_us(fb, a.calls, a.repeats, sync):.1f} |", flush=True)
-        if a.profile:
-            profiles[name] = fb
+        fwds[name], fbs[name] = fwd, fb
+    t_fwd = per_call_us(fwds, a.calls, a.repeats, sync)
+    t_fb = per_call_us(fbs, a.calls, a.repeats, sync)
+    peer = [name for name in peers if name != "fusedattn"][0]
+
+    def ratio(ts, name):
+        return statistics.median(x / y for x, y in zip(ts[name], ts[peer]))
+
+    print(f"| implementation | forward us | forward+backward us | forward / {peer} | forward+backward / {peer} |")
+    print("|---|---|---|---|---|")
+    for name in peers:
+        print(f"| {name} | {statistics.median(t_fwd[name]):.1f} | {statistics.median(t_fb[name]):.1f} | "
+              f"{ratio(t_fwd, name):.2f} | {ratio(t_fb, name):.2f} |", flush=True)
+    profiles = fbs if a.profile else {}
     for name, fb in profiles.items():
         acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev == "cuda" else [])
         with torch.profiler.profile(activities=acts) as prof:

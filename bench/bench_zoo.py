@@ -25,7 +25,7 @@ do_bench medians (L2 flushed), the median over rounds in the table. TFLOP/s coun
 only: 2 * (d_qk + d_v) FLOPs per pair forward, 3.5x that for forward+backward. A check column gives
 max |out - out_peer| / max |out_peer| of each peer's forward against fusedattn's (bf16 rounding: ~1e-2).
 
-    python bench/bench_zoo.py [--s 4096,8192,16384] [--configs llama3,packed] [--rounds 2] [--out FILE]
+    python bench/bench_zoo.py [--s 4096,8192,16384] [--configs llama3,packed] [--rounds 2] [--out FILE] [--profile]
 """
 
 from __future__ import annotations
@@ -400,6 +400,31 @@ def check(impls):
     return errs
 
 
+def profile_point(cfg: Config, s: int, calls: int = 10):
+    """Each CUDA kernel of every implementation's forward and forward+backward at one point, with its
+    mean duration per call (torch.profiler): where a configuration's time goes."""
+    p = Point(cfg, s)
+    for name, (fwd, fb, _) in callables(p).items():
+        for mode, fn in (("fwd", fwd), ("fb", fb)):
+            if fn is None:
+                continue
+            fn()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+            total = {}
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    total[e.name] = total.get(e.name, 0.0) + e.device_time / calls
+            print(f"  {name} {mode}: {sum(total.values()):.1f} us of kernels per call")
+            for kname, us in sorted(total.items(), key=lambda x: -x[1]):
+                print(f"    {us:9.1f} us  {kname[:150]}")
+    del p
+    torch.cuda.empty_cache()
+
+
 def run_point(cfg: Config, s: int, rounds: int, idle: float):
     p = Point(cfg, s)
     impls = callables(p)
@@ -429,10 +454,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--idle", type=float, default=0.4, help="seconds of idle GPU before each measurement")
     ap.add_argument("--out", default=None, help="append the table to this file")
+    ap.add_argument("--profile", action="store_true",
+                    help="print each implementation's kernels and their durations per point instead of the table")
     a = ap.parse_args()
     wanted = a.configs.split(",")
     cfgs = [c for c in CONFIGS if c.name in wanted or any(PLAIN_OF.get(w) == c.name for w in wanted)]
     ss = [int(x) for x in a.s.split(",")]
+    if a.profile:
+        for cfg in cfgs:
+            for s in ss:
+                print(f"# {cfg.name} s={s}", flush=True)
+                profile_point(cfg, s)
+        return
     results = {}
     for cfg in cfgs:
         for s in ss:
