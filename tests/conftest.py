@@ -632,7 +632,10 @@ def build_case(cfg: Config, device="cpu", dtype=None) -> Case:
                    kv_format=kv_fmt, mask_type=cfg.mask, window_left=wl, window_right=wr,
                    bottom_right_diagonal=cfg.brd, softmax_type=cfg.softmax, dropout_p=cfg.dropout,
                    max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, return_max_logit=cfg.max_logit)
-    dout = randn(*seq_shape(q_side, h_q, d_v))
+    if kind == "bhsd":  # the gradient too, as SDPA's callers hand it (the engines take its strides)
+        dout = randn(b, h_q, s_q, d_v).transpose(1, 2)
+    else:
+        dout = randn(*seq_shape(q_side, h_q, d_v))
     leaves = {n: t.to(device).detach().requires_grad_() for n, t in leaves.items()}
     extra = {n: (t.to(device) if t is not None else None) for n, t in extra.items()}
     if kv_side is q_side and q_side.fmt == "thd":

@@ -265,10 +265,11 @@ def _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs_grad):
     bias, softmax_offset = optionals[0], optionals[1]
     args: FwdArgs = ctx.fwd_args
     need_dbias = bias is not None and needs_grad[3]
-    # A gradient that reaches here broadcast (stride 0, e.g. from out.sum()) or
-    # strided would send the CUDA backward to its slow SIMT engine, and eager and
-    # compiled runs apart (AOTAutograd hands the backward contiguous tangents).
-    if not dout.is_contiguous():
+    # A gradient that reaches here broadcast (stride 0, e.g. from out.sum()) or without a unit head-dim
+    # stride would send the CUDA backward to its slow SIMT engine, and eager and compiled runs apart
+    # (AOTAutograd hands the backward dense tangents). Other strides (a dout stored [b, h, s, d] seen
+    # in bshd) reach the kernels as they are: the engines take any 16-byte row layout.
+    if dout.stride(-1) != 1 or 0 in dout.stride():
         dout = dout.contiguous()
     create_graph = torch.is_grad_enabled()
     with torch.no_grad():

@@ -390,8 +390,9 @@ def _strided_leaf(layout, b, s, h, d, gen):
 @pytest.mark.parametrize("s_q,s_kv", [(200, 200), (130, 300), (300, 130), (17, 1)])
 @pytest.mark.parametrize("layout", ["bhsd", "bs2hd"])
 def test_hopper_backward_strided_inputs_and_unequal_lengths(layout, s_q, s_kv, d, causal):
-    """q/k/v stored [b, h, s, d] (views), k/v packed in one tensor, and s_q != s_kv (top-left causal) run on
-    the Hopper backward, whose tensor maps take the inputs' strides, and match the float64 reference."""
+    """q/k/v and dout stored [b, h, s, d] (views), k/v packed in one tensor, and s_q != s_kv (top-left
+    causal) run on the Hopper backward, whose tensor maps and preprocess take the inputs' strides (no
+    copy of dout), and match the float64 reference."""
     gen = torch.Generator(device="cuda").manual_seed(s_q * 3 + s_kv + d)
     q = _strided_leaf("bhsd" if layout == "bhsd" else "bshd", 2, s_q, 4, d, gen)
     if layout == "bhsd":
@@ -399,10 +400,14 @@ def test_hopper_backward_strided_inputs_and_unequal_lengths(layout, s_q, s_kv, d
     else:
         kv = torch.randn(2, s_kv, 2, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
         k, v = kv[:, :, 0], kv[:, :, 1]
-    dout = torch.randn(2, s_q, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if layout == "bhsd":
+        dout = torch.randn(2, 4, s_q, d, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+    else:
+        dout = torch.randn(2, s_q, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     scale = 1 / math.sqrt(d)
     got, names = _grads_with_kernels(q, k, v, dout, causal, scale)
     assert "bwd_sm90" in names, names[:500]
+    assert "direct_copy" not in names, names[:500]
     want = _reference_grads(q, k, v, dout, causal, scale)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert torch.isfinite(g).all(), f"{name} has non-finite values"

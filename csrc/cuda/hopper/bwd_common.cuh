@@ -467,49 +467,54 @@ __device__ __forceinline__ bool dq_wait_turn(const int* cnt, int turn) {
 template <int D>
 constexpr int kBwdPreRowsPerWarp = 256 / D;
 
-// Per (b, h, row < s_pad): a group of D / 8 lanes reads its row of O and dO (8 elements each per
-// lane, one vector load), zeroes the row's dQ accumulator slice (two 16-byte stores per lane), and
-// sums Dsum across the group by shuffles. s_pad is a multiple of 128, so a warp's rows are all in
-// range or all out (the early return is warp-uniform); rows i >= s in range take part in the
-// shuffles with zeros. bwd_prepare checks the 16-byte alignment this needs. The body of the
-// preprocess kernels. O and dO rows hold DV columns (<= D; the lanes past them read nothing), the
-// accumulator's D. Returns, in the row's first lane, the row's term of d_softmax_offset (learnable
-// softmax: -exp(offset[h] - lse) Dsum, with softmax_offset given; else 0).
+// The preprocess, one kernel for every variant. Per (b, h, row < s_pad): a group of D / 8 lanes
+// reads its row of O and dO (8 elements each per lane, one 16-byte load), zeroes the row's dQ
+// accumulator slice (two 16-byte stores per lane) and sums Dsum across the group by shuffles; rows
+// i >= s take part with zeros. O and dO rows hold DV columns (<= D; the lanes past them read
+// nothing), the accumulator D. O is contiguous in q's format, dO any rows16 strides (bwd_prepare
+// checks the 16-byte alignment). The deterministic mode's n_cnt counters are zeroed here, so every
+// call and CUDA-graph replay starts from turn 0 and ticket 0 without a memset; with the learnable
+// softmax each block writes the sum of its rows' d_softmax_offset terms (-exp(offset[h] - lse)
+// Dsum; its rows lie in one (batch, head)), summed per head in a fixed order by bwd_dsink_kernel,
+// so d_softmax_offset is reproducible in every mode. The launch covers b h s_pad rows exactly (s_pad
+// a multiple of 128): every block is whole, and no thread may leave before the block's barrier.
 struct BwdPreArgs {
   const void *o, *dout;
+  BshdStrides dout_st;  // element strides, resolved (thd: b 0)
   const float* lse;
   float *lse2, *dsum, *dq_acc;
   int b, s, h, s_pad;
-  int* dq_cnt;  // the general deterministic kernel: n_cnt counters to zero (else null)
+  int* dq_cnt;  // the deterministic mode: n_cnt counters to zero (else null)
   long long n_cnt;
   const float* softmax_offset;  // learnable softmax: the offsets, and where each block's sum of the
   float* dsink_part;            // rows' d_softmax_offset terms goes (bwd_sm90_dsink_partials); else null
 };
-template <typename T, int D, int DV = D>
-__device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_, const float* lse, float* lse2,
-                                              float* dsum, float* dq_acc, int b, int s, int h, int s_pad,
-                                              const float* softmax_offset = nullptr) {
+template <typename T, int D, int DV>
+__global__ void __launch_bounds__(256) bwd_pre_kernel(const BwdPreArgs a) {
   constexpr int PER = 8;
   constexpr int LPR = D / PER;  // lanes per row
   static_assert(LPR * kBwdPreRowsPerWarp<D> == 32, "a warp covers whole rows");
-  const T* o = static_cast<const T*>(o_);
-  const T* dout = static_cast<const T*>(dout_);
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n_cnt;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    a.dq_cnt[i] = 0;
+  const T* o = static_cast<const T*>(a.o);
+  const T* dout = static_cast<const T*>(a.dout);
   const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR;
   const long long row = warp * kBwdPreRowsPerWarp<D> + lane / LPR;
-  const long long total = static_cast<long long>(b) * h * s_pad;
-  if (warp * kBwdPreRowsPerWarp<D> >= total) return 0.f;
-  const int i = static_cast<int>(row % s_pad);
-  const long long bh = row / s_pad;
-  const int hh = static_cast<int>(bh % h);
-  const int bb = static_cast<int>(bh / h);
-  const bool valid = i < s;
+  const int i = static_cast<int>(row % a.s_pad);
+  const long long bh = row / a.s_pad;
+  const int hh = static_cast<int>(bh % a.h);
+  const int bb = static_cast<int>(bh / a.h);
+  const bool in_range = row < static_cast<long long>(a.b) * a.h * a.s_pad;  // always, as launched
+  const bool valid = in_range && i < a.s;
   float acc = 0.f;
   if (valid && (DV == D || sub * PER < DV)) {
-    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * DV + sub * PER;
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + base);
-    const uint4 dv = *reinterpret_cast<const uint4*>(dout + base);
+    const size_t ob = ((static_cast<size_t>(bb) * a.s + i) * a.h + hh) * DV + sub * PER;
+    const int64_t db = bb * a.dout_st.b + i * a.dout_st.s + hh * a.dout_st.h + sub * PER;
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + ob);
+    const uint4 dv = *reinterpret_cast<const uint4*>(dout + db);
     T oe[PER], de[PER];
     memcpy(oe, &ov, sizeof(uint4));
     memcpy(de, &dv, sizeof(uint4));
@@ -523,63 +528,30 @@ __device__ __forceinline__ float bwd_pre_rows(const void* o_, const void* dout_,
     }
   }
   if (valid) {
-    const size_t base = ((static_cast<size_t>(bb) * s + i) * h + hh) * D + sub * PER;
-    *reinterpret_cast<float4*>(dq_acc + base) = make_float4(0.f, 0.f, 0.f, 0.f);
-    *reinterpret_cast<float4*>(dq_acc + base + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+    const size_t base = ((static_cast<size_t>(bb) * a.s + i) * a.h + hh) * D + sub * PER;
+    *reinterpret_cast<float4*>(a.dq_acc + base) = make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(a.dq_acc + base + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   float dsink = 0.f;
   if (sub == 0) {
     if (valid) {
-      dsum[row] = acc;
-      const float l = lse[bh * s + i];
-      lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+      a.dsum[row] = acc;
+      const float l = a.lse[bh * a.s + i];
+      a.lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
       // lse -inf: a row no sequence owns (varlen; the sink keeps every other row's finite).
-      if (softmax_offset != nullptr && l != -INFINITY) dsink = -expf(softmax_offset[hh] - l) * acc;
-    } else {
-      dsum[row] = 0.f;
-      lse2[row] = INFINITY;
+      if (a.softmax_offset != nullptr && l != -INFINITY) dsink = -expf(a.softmax_offset[hh] - l) * acc;
+    } else if (in_range) {
+      a.dsum[row] = 0.f;
+      a.lse2[row] = INFINITY;
     }
   }
-  return dsink;
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(256) bwd_pre_kernel(const void* o_, const void* dout_, const float* lse, float* lse2,
-                                                      float* dsum, float* dq_acc, int b, int s, int h, int s_pad) {
-  bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
-}
-
-// The deterministic variant's preprocess: also zeroes the n_cnt dQ turn and ticket counters, so that
-// every call and every CUDA-graph replay starts from turn 0 and ticket 0 without a memset of its own.
-template <typename T, int D>
-__global__ void __launch_bounds__(256)
-    bwd_pre_det_kernel(const void* o_, const void* dout_, const float* lse, float* lse2, float* dsum, float* dq_acc,
-                       int b, int s, int h, int s_pad, int* dq_cnt, long long n_cnt) {
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_cnt;
-       i += static_cast<long long>(gridDim.x) * blockDim.x)
-    dq_cnt[i] = 0;
-  bwd_pre_rows<T, D>(o_, dout_, lse, lse2, dsum, dq_acc, b, s, h, s_pad);
-}
-
-// The general kernels' preprocess: bwd_pre_rows, the deterministic mode's counters zeroed (as
-// bwd_pre_det_kernel), and with the learnable softmax each block's sum of its rows' d_softmax_offset
-// terms (its rows lie in one (batch, head): 8 warps of 256 / D rows, s_pad a multiple of 128), summed
-// per head in a fixed order by bwd_dsink_kernel, so d_softmax_offset is reproducible in every mode.
-// Every block is whole (the launch covers b h s_pad rows exactly), so no warp returns early.
-template <typename T, int D, int DV>
-__global__ void __launch_bounds__(256) bwd_pre_general_kernel(const BwdPreArgs a) {
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n_cnt;
-       i += static_cast<long long>(gridDim.x) * blockDim.x)
-    a.dq_cnt[i] = 0;
-  float t = bwd_pre_rows<T, D, DV>(a.o, a.dout, a.lse, a.lse2, a.dsum, a.dq_acc, a.b, a.s, a.h, a.s_pad,
-                               a.softmax_offset);
   if (a.dsink_part == nullptr) return;
   __shared__ float part[8];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = t;
+  for (int off = 16; off > 0; off >>= 1) dsink += __shfl_xor_sync(0xffffffffu, dsink, off);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = dsink;
   __syncthreads();
   if (threadIdx.x == 0) {
     float sum = 0.f;

@@ -26,27 +26,21 @@ struct BwdLaunch {
   CUtensorMap tq, tk, tv, tdo;
   CUtensorMap tdq;  // fp32 map over p.dq_acc (the reduce-adds' target)
   BwdKParams p;
-  const void *o, *dout;
-  const float* lse;
   void* dq;
   dim3 grid;
   int smem;
   int pre_blocks, post_blocks;
   long long n4;
-  void (*pre)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int) = nullptr;
+  void (*pre)(BwdPreArgs) = nullptr;
+  BwdPreArgs pre_args{};
   void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap) = nullptr;
   void (*post)(const float*, void*, long long, float);
-  // Deterministic mode (else null): launched instead of pre and kern, with the n_cnt turn and ticket
-  // counters.
-  void (*pre_det)(const void*, const void*, const float*, float*, float*, float*, int, int, int, int, int*,
-                  long long) = nullptr;
+  // Deterministic mode (else null): launched instead of kern, with the n_cnt turn and ticket
+  // counters (which the preprocess zeroes).
   void (*kern_det)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, BwdKParams, CUtensorMap, int*) = nullptr;
   int* dq_cnt = nullptr;
   long long n_cnt = 0;
-  // General kernels: their preprocess, launched instead of pre / pre_det, and with the learnable
-  // softmax the d_softmax_offset sum over dsink_per_bh partials per (row batch, head).
-  void (*pre_general)(BwdPreArgs) = nullptr;
-  BwdPreArgs pre_args{};
+  // The learnable softmax: the d_softmax_offset sum over dsink_per_bh partials per (row batch, head).
   float* d_sink = nullptr;
   int dsink_per_bh = 0;
   // Varlen: the prologue that builds the sequences' maps and zero-fills dk, dv where no sequence
@@ -55,6 +49,15 @@ struct BwdLaunch {
   VarlenPrologue pro;
   int sm_count = 0;
 };
+
+// dout's element strides (Sm90BwdArgs's, all zero: contiguous in q's format over the workspace's
+// rows; thd: stride_b 0).
+template <int DV>
+inline BshdStrides bwd_dout_strides(const Sm90BwdArgs& a, const BwdRows& rows, bool thd) {
+  const BshdStrides st = a.do_strides;
+  if (st.b != 0 || st.s != 0 || st.h != 0) return st;
+  return BshdStrides{thd ? 0 : int64_t{rows.s} * a.h * DV, int64_t{a.h} * DV, DV};
+}
 
 // The maps of a call and the rows of its workspace: the whole tensors (b x s_q rows of q), or varlen
 // the templates of its sequences' maps (varlen.cuh) over its rows (bwd_sm90_varlen_rows) and the
@@ -70,7 +73,8 @@ inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows) {
   };
   if constexpr (!VARLEN) {
     const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h, DQK);
-    const detail::MapDesc mdo = desc(a.dout, BshdStrides{}, a.b, a.s_q, a.h, DV);
+    const BshdStrides dst = bwd_dout_strides<DV>(a, rows, false);
+    const detail::MapDesc mdo{a.dout, a.b, a.s_q, a.h, DV, dst.b, dst.s, dst.h};
     const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv, DQK);
     const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv, DV);
     return detail::make_map<T>(&L->tq, mq, Tile::BM) && detail::make_map<T>(&L->tdo, mdo, Tile::BM) &&
@@ -78,12 +82,12 @@ inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows) {
            detail::make_dq_acc_map(&L->tdq, L->p.dq_acc, a.b, a.s_q, a.h, D);
   } else {
     const SeqlenParams& sl = a.seq.seqlens;
-    // thd: one batch of the token dim (stride_b 0); dout contiguous in q's format.
+    // thd: one batch of the token dim (stride_b 0).
     const int s_q = sl.q_is_thd ? static_cast<int>(a.seq.t_q) : a.s_q;
     const int s_kv = sl.kv_is_thd ? static_cast<int>(a.seq.t_kv) : a.s_kv;
-    const int64_t do_sb = sl.q_is_thd ? 0 : int64_t{s_q} * a.h * DV;
+    const BshdStrides dst = bwd_dout_strides<DV>(a, rows, sl.q_is_thd);
     const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, s_q, a.h, DQK);
-    const detail::MapDesc mdo{a.dout, a.b, s_q, a.h, DV, do_sb, int64_t{a.h} * DV, DV};
+    const detail::MapDesc mdo{a.dout, a.b, s_q, a.h, DV, dst.b, dst.s, dst.h};
     const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, s_kv, a.h_kv, DQK);
     const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, s_kv, a.h_kv, DV);
     VarlenPrologue& pro = L->pro;
@@ -181,9 +185,6 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
       DET || GENERAL ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
   if (!bwd_maps<T, D, DQK, DV, VARLEN>(L, a, rows)) return cudaErrorInvalidValue;
   if constexpr (VARLEN) L->pro.maps = const_cast<uint8_t*>(p.seq_maps);
-  L->o = a.o;
-  L->dout = a.dout;
-  L->lse = a.lse;
   L->dq = a.dq;
   L->grid = dim3(n_kt, a.h_kv, a.b);
   const long long n_rows = static_cast<long long>(rows.b) * a.h * rows.s_pad;
@@ -201,38 +202,44 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   const void* main_kern;
   if constexpr (D == 256) {
     L->smem = BwdSmemD256<VARLEN>::kTotal;
-    L->pre = bwd_pre_kernel<T, D>;
     L->kern = which ? bwd_sm90_d256_kernel<T, Causal> : bwd_sm90_d256_kernel<T, NoMask>;
     main_kern = reinterpret_cast<const void*>(L->kern);
   } else if constexpr (DET) {
     L->smem = BwdSmem<D, VARLEN>::kTotal;
-    L->pre_det = bwd_pre_det_kernel<T, D>;
     L->kern_det = which ? bwd_sm90_det_kernel<T, D, Causal> : bwd_sm90_det_kernel<T, D, NoMask>;
     L->dq_cnt = reinterpret_cast<int*>(wsb + (VARLEN ? vws.counters : bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D)));
     L->n_cnt = bwd_sm90_det_counters(a.b, a.s_q, a.h, D);
     main_kern = reinterpret_cast<const void*>(L->kern_det);
   } else {
     L->smem = BwdSmem<D, VARLEN>::kTotal;
-    L->pre = bwd_pre_kernel<T, D>;
     L->kern = which ? bwd_sm90_kernel<T, D, Causal> : bwd_sm90_kernel<T, D, NoMask>;
     main_kern = reinterpret_cast<const void*>(L->kern);
   }
-  if constexpr (GENERAL) {
-    BwdPreArgs& pa = L->pre_args;
-    pa = BwdPreArgs{a.o, a.dout, a.lse, const_cast<float*>(p.lse2), const_cast<float*>(p.dsum), p.dq_acc, rows.b,
-                    rows.s, a.h, rows.s_pad, L->dq_cnt, L->n_cnt, nullptr, nullptr};
-    L->pre_general = bwd_pre_general_kernel<T, D, DV>;
-    if (a.softmax_type == 2 && a.d_softmax_offset != nullptr) {
-      // The partials follow the variant's workspace (params.h's bwd_sm90_dsink_partials), varlen's
-      // their own part.
-      const size_t base = VARLEN ? vws.dsink
-                          : DET  ? bwd_sm90_det_workspace_bytes(a.b, a.s_q, a.h, D)
-                                 : bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D);
-      pa.softmax_offset = a.softmax_offset;
-      pa.dsink_part = reinterpret_cast<float*>(wsb + base);
-      L->d_sink = a.d_softmax_offset;
-      L->dsink_per_bh = rows.s_pad / bwd_sm90_pre_rows_per_block(D);
-    }
+  BwdPreArgs& pa = L->pre_args;
+  pa.o = a.o;
+  pa.dout = a.dout;
+  pa.dout_st = bwd_dout_strides<DV>(a, rows, VARLEN && a.seq.seqlens.q_is_thd);
+  pa.lse = a.lse;
+  pa.lse2 = const_cast<float*>(p.lse2);
+  pa.dsum = const_cast<float*>(p.dsum);
+  pa.dq_acc = p.dq_acc;
+  pa.b = rows.b;
+  pa.s = rows.s;
+  pa.h = a.h;
+  pa.s_pad = rows.s_pad;
+  pa.dq_cnt = L->dq_cnt;
+  pa.n_cnt = L->n_cnt;
+  L->pre = bwd_pre_kernel<T, D, DV>;
+  if (GENERAL && a.softmax_type == 2 && a.d_softmax_offset != nullptr) {
+    // The partials follow the variant's workspace (params.h's bwd_sm90_dsink_partials), varlen's
+    // their own part.
+    const size_t base = VARLEN ? vws.dsink
+                        : DET  ? bwd_sm90_det_workspace_bytes(a.b, a.s_q, a.h, D)
+                               : bwd_sm90_workspace_bytes(a.b, a.s_q, a.h, D);
+    pa.softmax_offset = a.softmax_offset;
+    pa.dsink_part = reinterpret_cast<float*>(wsb + base);
+    L->d_sink = a.d_softmax_offset;
+    L->dsink_per_bh = rows.s_pad / bwd_sm90_pre_rows_per_block(D);
   }
   static std::atomic<uint64_t> raised[2];  // per instantiation of this function and kernel
   return gpu::raise_smem_once(main_kern, static_cast<size_t>(L->smem), &raised[which]);
@@ -245,15 +252,7 @@ inline cudaError_t bwd_launch(const BwdLaunch& L, cudaStream_t stream) {
     const cudaError_t e = varlen_prologue(L.pro, L.sm_count, stream);
     if (e != cudaSuccess) return e;
   }
-  if (L.pre_general)
-    L.pre_general<<<L.pre_blocks, 256, 0, stream>>>(L.pre_args);
-  else if (L.pre_det)
-    L.pre_det<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
-                                                const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad,
-                                                L.dq_cnt, L.n_cnt);
-  else
-    L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.o, L.dout, L.lse, const_cast<float*>(p.lse2),
-                                            const_cast<float*>(p.dsum), p.dq_acc, p.b, p.s_q, p.h, p.s_pad);
+  L.pre<<<L.pre_blocks, 256, 0, stream>>>(L.pre_args);
   if (L.d_sink != nullptr) {
     bwd_dsink_kernel<<<p.h, 32, 0, stream>>>(L.pre_args.dsink_part, L.d_sink, L.pre_args.b, p.h, L.dsink_per_bh);
   }

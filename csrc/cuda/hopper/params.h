@@ -87,13 +87,14 @@ struct BshdStrides {
   int64_t b = 0, s = 0, h = 0;
 };
 
-// One backward call. q, k, v: any BshdStrides whose byte strides are multiples of 16 (the tensor
-// maps take them); o, dout, dq, dk, dv contiguous bshd; lse fp32 [b, h, s_q]. ws: a workspace of
+// One backward call. q, k, v, dout: any BshdStrides whose byte strides are multiples of 16 (the
+// tensor maps and the preprocess's 16-byte loads take them); o, dq, dk, dv contiguous bshd; lse fp32
+// [b, h, s_q]. ws: a workspace of
 // bwd_sm90_workspace_bytes() bytes (bwd_sm90_det_workspace_bytes() when deterministic), 16-byte
 // aligned.
 struct Sm90BwdArgs {
   const void *q, *k, *v, *o, *dout;
-  BshdStrides q_strides, k_strides, v_strides;
+  BshdStrides q_strides, k_strides, v_strides, do_strides;
   const float* lse;
   void *dq, *dk, *dv;
   void* ws;
@@ -114,7 +115,7 @@ struct Sm90BwdArgs {
   float* d_softmax_offset = nullptr;
   double softcap = 0;  // > 0: the softcap kernels' cap
   // Varlen kernels: the sequences (b of them; s_q, s_kv their maximum lengths). q, k, v strides as
-  // FwdParams's (thd: stride_b 0); o, dout, dq contiguous in q's format, dk, dv in k's, lse contiguous
+  // FwdParams's (thd: stride_b 0), dout's as q's; o, dq contiguous in q's format, dk, dv in k's, lse contiguous
   // ([b, h, s_q] or thd [h, t_q]); ws of bwd_sm90_varlen_workspace().
   gpu::SeqExtents seq{};
 };

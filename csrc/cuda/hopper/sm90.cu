@@ -23,9 +23,9 @@
 // SIMT engine.
 //
 // Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
-// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with out, dout
-// and gradients contiguous in their format's bshd or thd (q, k, v keep their
-// strides) and no dbias, on the plain, general or varlen kernel as the forward.
+// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with out and the
+// gradients contiguous in their format's bshd or thd (q, k, v and dout keep
+// their strides) and no dbias, on the plain, general or varlen kernel as the forward.
 // Deterministic mode (torch.use_deterministic_algorithms) runs the listed
 // deterministic kernels (d = 64 and 128: dQ reduce-adds take turns in a fixed
 // order); at d = 256, whose dQ reduce-adds sum in an order that varies from run
@@ -265,21 +265,24 @@ std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
                " (no kernel in hopper/kernels.list)");
   }
   if (p.dbias.data != nullptr) return "dbias";
-  // q, k, v reach the kernel through tensor maps with their own strides (fwd_support checked
-  // them); the pre/post kernels and the dK/dV stores address the rest as contiguous bshd (thd).
+  // q, k, v and dout reach the kernels through tensor maps and 16-byte loads with their own strides
+  // (fwd_support checked q, k, v); the pre/post kernels and the dK/dV stores address the rest as
+  // contiguous bshd (thd).
+  std::string why = gpu::rows16_problem(p.dout, "dout");
+  if (!why.empty()) return why;
   const bool q_thd = f.seqlens.q_is_thd, kv_thd = f.seqlens.kv_is_thd;
   for (const auto& [t, name, d] : {std::tuple<const SeqTensor*, const char*, int64_t>{&f.out, "out", pr.d_v},
-                                   {&p.dout, "dout", pr.d_v}, {&p.dq, "dq", pr.d_qk}}) {
+                                   {&p.dq, "dq", pr.d_qk}}) {
     if (!contiguous_rows(*t, q_thd, pr.s_q, pr.h_q, d)) return cat(name, " is not contiguous bshd or thd");
   }
   for (const auto& [t, name, d] :
        {std::tuple<const SeqTensor*, const char*, int64_t>{&p.dk, "dk", pr.d_qk}, {&p.dv, "dv", pr.d_v}}) {
     if (!contiguous_rows(*t, kv_thd, pr.s_kv, pr.h_kv, d)) return cat(name, " is not contiguous bshd or thd");
   }
-  // TMA (q, k, v, dout) and the preprocess's vector loads (out, dout) need 16-byte aligned bases;
-  // a misaligned view goes to the sm80-class backward instead of failing the launch.
-  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.out, "out"}, {&p.dout, "dout"},
-                                {&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}}) {
+  // The preprocess's vector loads (out) and the stores need 16-byte aligned bases; a misaligned view
+  // goes to the sm80-class backward instead of failing the launch.
+  for (const auto& [t, name] : {std::pair<const SeqTensor*, const char*>{&f.out, "out"}, {&p.dq, "dq"},
+                                {&p.dk, "dk"}, {&p.dv, "dv"}}) {
     if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return cat(name, " is not 16-byte aligned");
   }
   if (q_thd ? (f.lse_stride_s != 1 || f.lse_stride_h != pr.t_q)
@@ -299,6 +302,7 @@ Status run_bwd_kernels(const BwdParams& p, void* ws, int sm_count, cudaStream_t 
   a.q_strides = BshdStrides{f.q.stride_b, f.q.stride_s, f.q.stride_h};  // (thd: stride_b 0)
   a.k_strides = BshdStrides{f.k.stride_b, f.k.stride_s, f.k.stride_h};
   a.v_strides = BshdStrides{f.v.stride_b, f.v.stride_s, f.v.stride_h};
+  a.do_strides = BshdStrides{p.dout.stride_b, p.dout.stride_s, p.dout.stride_h};
   a.o = f.out.data;
   a.dout = p.dout.data;
   a.lse = f.lse;
