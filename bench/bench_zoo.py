@@ -503,7 +503,8 @@ def main():
                              + f" | {best} | {ratio:.2f} | {'met' if ok else 'below'} (>= {bar}) |")
     caption = (f"TFLOP/s (visible pairs), bf16, b*s = {TOKENS}, {a.rounds} rounds rotated, {a.idle} s idle before "
                f"each measurement; peer cells carry their forward's max relative difference to fusedattn's output. "
-               f"Bar met at {met} of {total} points. Command: `python bench/bench_zoo.py --s {a.s} --rounds {a.rounds}`")
+               f"Bar met at {met} of {total} points. Command: `python bench/bench_zoo.py --configs {a.configs} --s {a.s} "
+               f"--rounds {a.rounds}`")
     write_table("Model zoo", caption, lines, a.out)
 
 
