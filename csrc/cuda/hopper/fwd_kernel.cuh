@@ -65,11 +65,12 @@ struct FwdTraits : Cfg {
   // not 16 and 256).
   static constexpr int QKW = (DQK + 15) / 16 * 16, QW = (DQK + 63) / 64 * 64, VW = (DV + 63) / 64 * 64;
   static constexpr int kThreads = 128 * (NCONS + 1), kConsumerWarps = 4 * NCONS;
-  // setmaxnreg within the CTA's pool (ptx_sm90.cuh's launch_regs): the producer takes 24, or 40 for
-  // general masks (their key-tile ranges: ptxas spills the producer at 24; with two consumers every
-  // count from 25 to 40 leaves them 232), the consumers what the pool has left.
+  // setmaxnreg within the CTA's pool (ptx_sm90.cuh's launch_regs): the producer takes 24, or for
+  // general masks (their key-tile ranges: ptxas spills the producer at 24) 40 with two consumers
+  // (every count from 25 to 40 leaves them 232) and 32 with three (160 each, as the plain kernel's),
+  // the consumers what the pool has left.
   static constexpr int kLaunchRegs = launch_regs(kThreads);
-  static constexpr int kProducerRegs = Feat::GENERAL ? 40 : 24;
+  static constexpr int kProducerRegs = Feat::GENERAL ? (NCONS == 3 ? 32 : 40) : 24;
   static constexpr int kConsumerRegs = ((NCONS + 1) * kLaunchRegs - kProducerRegs) / NCONS / 8 * 8;
   static constexpr bool QREG = fwd_q_in_registers(D, BN, NCONS, Sched::kPersistent);
   // A persistent CTA's consumers release each Q slot for the producer's next tiles.
@@ -363,12 +364,16 @@ cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t st
   return fwd_run(fwd_prepare_persistent<T, 64, 3>, a, stream);
 }
 // The general kernel (features.h) for head dims DQK, DV, on the tile of features.h's tile_head_dim:
-// persistent, two consumers, the tiles longest first (snake).
+// persistent, tuning.h's consumer count (its tiles without SKIP, which general masks lack), the
+// tiles longest first (snake).
 template <typename T, int DQK, int DV, bool SOFTCAP>
 inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
   constexpr int D = tile_head_dim(DQK, DV);
+  constexpr int NCONS = general_fwd_consumers(D, SOFTCAP);
+  using Tile = FwdTileConfig<D, NCONS, true>;
+  using Cfg = FwdConfig<T, D, NCONS, Tile::BN, Tile::STAGES, Tile::PP, false>;
   using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
-  return fwd_prepare<FwdConfigFor<T, D, 2, true>, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
+  return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
 }
 template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream) {
