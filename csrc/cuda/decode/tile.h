@@ -10,7 +10,13 @@
 // results meet in shared memory at the end (the split-KV combine inside the
 // block), and the blocks' partials in decode_combine_kernel (split-KV across
 // blocks).
-//
+#pragma once
+
+#include <cstddef>
+
+namespace fusedattn {
+namespace decode {
+
 // Why these numbers:
 // - BN = 64 keys per tile: a tile of d=128 K + V is 32 KB, a few microseconds
 //   of one SM's share of HBM bandwidth; that keeps the pipeline shallow and
@@ -24,13 +30,6 @@
 //   tiles = 128 KB in flight, 2 for M=64 to fit 227 KB.
 // - The epilogue's fp32 O of all warps (64 rows x (D + 8)) reuses the stage
 //   buffers; the 8-float row padding keeps its float2 stores conflict-free.
-#pragma once
-
-#include <cstddef>
-
-namespace fusedattn {
-namespace decode {
-
 constexpr int kThreads = 128;
 constexpr int kWarps = 4;
 constexpr int kBlockN = 64;        // keys per tile

@@ -1,10 +1,31 @@
-// The Hopper backward's main kernel at d = 256 (bwd_common.cuh has the shared roles and the
-// overall design; same contract, workspace and pre / post kernels as d = 64 / 128).
-//
-// Why a separate kernel: at d = 256 a 64-key x 256 fp32 dK accumulator alone
-// is 128 registers per consumer thread (dV another 128), so the d = 64/128
-// partition (each consumer owns 64 keys and the full head dim) cannot fit.
-//
+// The Hopper backward's main kernel at d = 256 (bwd_common.cuh has the shared roles; same contract,
+// workspace and pre / post kernels as d = 64 / 128). A separate kernel because at d = 256 a 64-key
+// fp32 dK accumulator alone is 128 registers per consumer thread (dV another 128), so the d = 64 /
+// 128 partition (each consumer owns 64 keys and the whole head dim) cannot fit: here the two
+// consumers split each iteration's GEMMs and the head dim (the steps are described at
+// BwdConsumerD256).
+#pragma once
+
+#include "bwd_common.cuh"
+
+namespace fusedattn {
+namespace hopper {
+
+// Two P and two dS tiles, no staging (the dQ_parts are staged in the dead Q and dO tiles).
+template <bool VARLEN = false>
+using BwdSmemD256 = BwdSmemLayout<256, 4, false, VARLEN>;
+static_assert(BwdSmemD256<>::BM == 64 && BwdSmemD256<>::BN == 64, "one wgmma M tile of queries and of keys");
+
+namespace d256 {
+
+// Byte offset, inside a [64 rows][64] 16-bit block with the 128B swizzle, of the
+// element pair (row, 8j + 2qd .. +1).
+__device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
+  return static_cast<uint32_t>(row * 128 + (((j ^ row) & 7) << 4) + 4 * qd);
+}
+
+}  // namespace d256
+
 // One CTA per (key tile of BN = 64 keys, kv head, batch), 384 threads; query
 // tiles of BM = 64 rows stream through a 2-stage TMA ring exactly as at d = 64 / 128
 // (producer WG0, setmaxnreg.dec 24; full barrier complete_tx,
@@ -34,8 +55,9 @@
 //       wait_group 0; each warp releases the stage.
 //   Epilogue: WG cw stores dK[:, half] * scale, dV[:, half] (plain stores).
 //
-// dQ by TMA reduce-add: shared memory has no room for 64 KB of fp32 staging, but a stage's Q and dO tiles are 32 KB each, exactly one consumer's 64 x 128 fp32
-// dQ_part, and are dead once the iteration's wgmmas have read them. Each consumer writes four
+// dQ by TMA reduce-add: shared memory has no room for 64 KB of fp32 staging, but a stage's Q and dO
+// tiles are 32 KB each, exactly one consumer's 64 x 128 fp32 dQ_part, and are dead once the
+// iteration's wgmmas have read them. Each consumer writes four
 // [64][32] fp32 boxes (128B swizzle, stage_dq_part) and fences; rows >= s_q are out of bounds of
 // the map and skipped by the cp.reduce.async.bulk.tensor adds.
 //   cw 0 waits for both consumers' dV (barrier 3: cw 1 arrives after its wait_group 1), stages in
@@ -72,28 +94,6 @@
 // 128B swizzle, chunk c at c * rows * 128), loaded by 4 TMA boxes (64, 1,
 // rows, 1); a K-major k16 step at d-offset 16k reads chunk k/4 at +32(k%4) B,
 // an MN-major N = 128 half starts at chunk 2cw with LBO = rows * 128.
-#pragma once
-
-#include "bwd_common.cuh"
-
-namespace fusedattn {
-namespace hopper {
-
-// Two P and two dS tiles, no staging (the dQ_parts are staged in the dead Q and dO tiles).
-template <bool VARLEN = false>
-using BwdSmemD256 = BwdSmemLayout<256, 4, false, VARLEN>;
-static_assert(BwdSmemD256<>::BM == 64 && BwdSmemD256<>::BN == 64, "one wgmma M tile of queries and of keys");
-
-namespace d256 {
-
-// Byte offset, inside a [64 rows][64] 16-bit block with the 128B swizzle, of the
-// element pair (row, 8j + 2qd .. +1).
-__device__ __forceinline__ uint32_t swz_pair(int row, int j, int qd) {
-  return static_cast<uint32_t>(row * 128 + (((j ^ row) & 7) << 4) + 4 * qd);
-}
-
-}  // namespace d256
-
 template <typename T, class Feat>
 struct BwdConsumerD256 {
   using Smem = BwdSmemD256<Feat::VARLEN>;

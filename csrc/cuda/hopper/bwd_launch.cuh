@@ -12,6 +12,7 @@
 
 #include "bwd_kernel.cuh"
 #include "bwd_kernel_d256.cuh"
+#include "bwd_prepost.cuh"
 #include "features.h"
 #include "kernels.h"
 #include "params.h"

@@ -2,29 +2,6 @@
 // rings, and a consumer warpgroup's pass over one work tile (S = Q K^T, mask, online softmax,
 // O += P V, epilogue). fwd_kernel.cuh composes them with a tile scheduler.
 //
-// Rings: K and V have separate full barriers (one arrival plus the TMA transaction bytes) and empty
-// barriers (one arrival per consumer warp), STAGES slots each, so a K slot is refilled once its S
-// GEMM is done in every consumer while the V of the same tile may still be read. Ring positions
-// count key tiles (Sched::Pos; a persistent CTA counts over its whole life, so nothing is
-// re-initialised between tiles): slot it % STAGES, phase (it / STAGES) & 1. Q has QBUF slots; a
-// persistent kernel's consumers release a slot after their last S GEMM of the tile (or once Q is in
-// registers), and its producer waits for that before loading the next tile's Q into it.
-//
-// Producer order per tile: Q, K_0 (a one-tile CTA's Q slot is always free), or K_0, Q (persistent:
-// K_0's slot frees as soon as an earlier S GEMM is done, Q's only after the previous tile's last
-// S); then per key tile n: K_{n+1}, V_n. Consumer iteration n needs K_n and V_{n-1}, both earlier in
-// this order, and its releases never wait on a later load: between the S wait and the K release a
-// consumer waits only on its own warpgroup (the vote) and its own GEMMs. So no wait cycle
-// (tools/hopper's protocol models check it).
-//
-// A consumer warpgroup owns 64 query rows. Per tile: S_0 alone (first_step); then per n >= 1 in its
-// turn S_n and O += P_{n-1} V_{n-1} as two wgmma groups, S_n's softmax on the CUDA cores while the
-// PV group runs (steady_step); then PV_last alone (last_step). With PP the consumer warpgroups take
-// turns to issue their GEMMs (a rotation on named barriers 1..NCONS: consumer c waits on 1 + c and
-// passes to 1 + (c + 1) % NCONS), so one's softmax runs under the others' GEMMs. The turns form one
-// sequence over the CTA's life: each consumer takes n_blocks + 1 turns per tile, the last consumer
-// hands consumer 0 the first turn and skips the pass of its very last turn, so every barrier ends
-// balanced with at most one pending arrival.
 // Waits are bounded (mbar_wait): the producer traps; a consumer thread that gave up skips its later
 // waits but keeps every turn and arrival, and reports it at the end of the CTA (fwd_kernel.cuh:
 // ptx_sm90.cuh's timeout_vote, on which the producer's first warp traps), so the launch fails
@@ -41,6 +18,14 @@
 namespace fusedattn {
 namespace hopper {
 
+// Rings: K and V have separate full barriers (one arrival plus the TMA transaction bytes) and empty
+// barriers (one arrival per consumer warp), STAGES slots each, so a K slot is refilled once its S
+// GEMM is done in every consumer while the V of the same tile may still be read. Ring positions
+// count key tiles (Sched::Pos; a persistent CTA counts over its whole life, so nothing is
+// re-initialised between tiles): slot it % STAGES, phase (it / STAGES) & 1. Q has QBUF slots; a
+// persistent kernel's consumers release a slot after their last S GEMM of the tile (or once Q is in
+// registers), and its producer waits for that before loading the next tile's Q into it.
+//
 // The mbarriers, eight bytes each from bar0: qf[QBUF], qe[QBUF] (Q_EMPTY only), kf[STAGES],
 // vf[STAGES], ke[STAGES], ve[STAGES].
 template <int QBUF, int STAGES, bool Q_EMPTY>
@@ -71,6 +56,13 @@ struct FwdBarriers {
 };
 
 // ------------------------------------------------------------------ producer
+// Producer order per tile: Q, K_0 (a one-tile CTA's Q slot is always free), or K_0, Q (persistent:
+// K_0's slot frees as soon as an earlier S GEMM is done, Q's only after the previous tile's last
+// S); then per key tile n: K_{n+1}, V_n. Consumer iteration n needs K_n and V_{n-1}, both earlier in
+// this order, and its releases never wait on a later load: between the S wait and the K release a
+// consumer waits only on its own warpgroup (the vote) and its own GEMMs. So no wait cycle
+// (tools/hopper's protocol models check it).
+//
 // Where the producer loads: the tensor maps and the slots' first addresses.
 struct FwdProducerIo {
   const CUtensorMap *tmQ, *tmK, *tmV;
@@ -127,6 +119,15 @@ __device__ __forceinline__ void produce_tile(const FwdProducerIo& a, const Bars&
 }
 
 // ------------------------------------------------------------------ consumer
+// A consumer warpgroup owns 64 query rows. Per tile: S_0 alone (first_step); then per n >= 1 in its
+// turn S_n and O += P_{n-1} V_{n-1} as two wgmma groups, S_n's softmax on the CUDA cores while the
+// PV group runs (steady_step); then PV_last alone (last_step). With PP the consumer warpgroups take
+// turns to issue their GEMMs (a rotation on named barriers 1..NCONS: consumer c waits on 1 + c and
+// passes to 1 + (c + 1) % NCONS), so one's softmax runs under the others' GEMMs. The turns form one
+// sequence over the CTA's life: each consumer takes n_blocks + 1 turns per tile, the last consumer
+// hands consumer 0 the first turn and skips the pass of its very last turn, so every barrier ends
+// balanced with at most one pending arrival.
+//
 // The turn rotation's named barriers 1..NCONS (0 is __syncthreads). cw is uniform per warpgroup,
 // so each branch is taken by whole warps; immediate ids let ptxas count the barriers.
 template <int NCONS>

@@ -145,7 +145,7 @@ inline size_t bwd_sm90_det_workspace_bytes(int b, int s_q, int h, int d) {
          static_cast<size_t>(bwd_sm90_det_counters(b, s_q, h, d)) * sizeof(int);
 }
 
-// The learnable softmax's d_softmax_offset partial sums: one per preprocess block (bwd_common.cuh:
+// The learnable softmax's d_softmax_offset partial sums: one per preprocess block (bwd_prepost.cuh:
 // 8 warps of 256 / d rows each, within one (batch, head)), after the bytes of the variants above.
 inline int bwd_sm90_pre_rows_per_block(int d) { return 8 * (256 / d); }
 inline long long bwd_sm90_dsink_partials(int b, int s_q, int h, int d) {

@@ -3,33 +3,7 @@
 // this directory on its own, for that target alone); without it the dispatch
 // never asks. The kernels are found in the table generated from kernels.list
 // (kernels.h's kKernelRows): a call is taken only where its kernel is listed.
-//
-// Forward, on by default. Plain calls (no mask, or top-left causal; a
-// bottom-right causal mask too when s_q = s_kv, where the diagonals coincide)
-// run one of four variants of fwd_kernel.cuh (one tile per CTA ("v2"),
-// persistent, and at d = 64 three-consumer and persistent three-consumer),
-// chosen per call by tuning.h; FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h)
-// forces one (the three-consumer ones only where d = 64) for A/B timing and for
-// the tests. Calls with a sliding window, a bottom-right diagonal with
-// s_q != s_kv, or off-by-one / learnable softmax run the general kernel
-// (features.h), as do head dims and softcap the plain kernels do not have;
-// calls with per-sequence lengths (thd on either side, or cu_seqlens with a
-// padding mask) its varlen form (varlen.cuh), with any of those settings but a
-// window or a bottom-right diagonal (below). All
-// take fp16 / bf16 on a compute-capability 9.0 device, the listed head dims,
-// bshd / sbhd / thd / packed layouts (unit head-dim stride, 16-byte aligned rows
-// and strides), and no bias, ALiBi, dropout, explicit mask, max_logit or KV
-// cache. Every other call goes on to the sm80-class tensor-core kernels or the
-// SIMT engine.
-//
-// Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
-// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with out and the
-// gradients contiguous in their format's bshd or thd (q, k, v and dout keep
-// their strides) and no dbias, on the plain, general or varlen kernel as the forward.
-// Deterministic mode (torch.use_deterministic_algorithms) runs the listed
-// deterministic kernels (d = 64 and 128: dQ reduce-adds take turns in a fixed
-// order); at d = 256, whose dQ reduce-adds sum in an order that varies from run
-// to run, it goes to the sm80-class backward, as does everything else.
+// fwd_support and bwd_support state, with a reason, every call the path refuses.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -189,6 +163,24 @@ Status run_kernel(const FwdParams& p, const CudaPlan& plan, const CudaLaunch& la
 
 // Why a call is not taken ("" when it is), naming the setting: the path's own limits (the core has
 // validated the call).
+//
+// Forward, on by default. Plain calls (no mask, or top-left causal; a
+// bottom-right causal mask too when s_q = s_kv, where the diagonals coincide)
+// run one of four variants of fwd_kernel.cuh (one tile per CTA ("v2"),
+// persistent, and at d = 64 three-consumer and persistent three-consumer),
+// chosen per call by tuning.h; FUSEDATTN_HOPPER_FWD (fusedattn/overrides.h)
+// forces one (the three-consumer ones only where d = 64) for A/B timing and for
+// the tests. Calls with a sliding window, a bottom-right diagonal with
+// s_q != s_kv, or off-by-one / learnable softmax run the general kernel
+// (features.h), as do head dims and softcap the plain kernels do not have;
+// calls with per-sequence lengths (thd on either side, or cu_seqlens with a
+// padding mask) its varlen form (varlen.cuh), with any of those settings but a
+// window or a bottom-right diagonal (below). All
+// take fp16 / bf16 on a compute-capability 9.0 device, the listed head dims,
+// bshd / sbhd / thd / packed layouts (unit head-dim stride, 16-byte aligned rows
+// and strides), and no bias, ALiBi, dropout, explicit mask, max_logit or KV
+// cache. Every other call goes on to the sm80-class tensor-core kernels or the
+// SIMT engine.
 std::string fwd_support(const FwdParams& p, const gpu::DeviceAttrs& dev) {
   const Problem& pr = p.prob;
   if (pr.dtype != DType::kFloat16 && pr.dtype != DType::kBFloat16) return cat("dtype ", dtype_name(pr.dtype));
@@ -253,6 +245,14 @@ bool contiguous_rows(const SeqTensor& t, bool thd, int64_t s, int64_t h, int64_t
          t.stride_b == (thd ? 0 : s * h * d);
 }
 
+// Backward (bwd_common.cuh; dQ by TMA reduce-add), on by default
+// (FUSEDATTN_HOPPER_BWD=off turns it off): the forward's calls with out and the
+// gradients contiguous in their format's bshd or thd (q, k, v and dout keep
+// their strides) and no dbias, on the plain, general or varlen kernel as the forward.
+// Deterministic mode (torch.use_deterministic_algorithms) runs the listed
+// deterministic kernels (d = 64 and 128: dQ reduce-adds take turns in a fixed
+// order); at d = 256, whose dQ reduce-adds sum in an order that varies from run
+// to run, it goes to the sm80-class backward, as does everything else.
 std::string bwd_support(const BwdParams& p, const gpu::DeviceAttrs& dev) {
   if (!overrides().hopper_bwd) return "the Hopper backward is off (FUSEDATTN_HOPPER_BWD=off)";
   const FwdParams& f = p.fwd;

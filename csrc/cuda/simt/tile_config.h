@@ -2,7 +2,11 @@
 // bucket). Head dims are bucketed to 64 / 128 / 256 (the bucket of
 // max(d_qk, d_v)); register arrays are sized by the bucket, loops run to the
 // real head dims.
-//
+#pragma once
+
+namespace fusedattn {
+namespace simt {
+
 // Thread layout (see fwd_kernel.cuh / bwd_kernel.cuh): a score tile [BQ x BK]
 // is spread over NT threads as TX = BK / VS threads along keys (VS consecutive
 // keys each, so one Philox call serves a thread's keys) and TY = NT / TX along
@@ -22,11 +26,6 @@
 //   d=256 drops to 32 x 32 to fit smem with 2 blocks/SM on H100/H200.
 // - Backward holds K^T and V^T of its key tile for the whole block plus a Q /
 //   dO tile, so its tiles are smaller than the forward's.
-#pragma once
-
-namespace fusedattn {
-namespace simt {
-
 template <int NT_, int BQ_, int BK_, int VS_>
 struct TileShape {
   static constexpr int NT = NT_, BQ = BQ_, BK = BK_, VS = VS_;

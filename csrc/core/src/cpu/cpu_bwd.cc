@@ -13,15 +13,6 @@
 //             that a broadcast bias shares.
 //   The two passes recompute P and dP twice (7 instead of 5 GEMMs) but
 //   expose per-tile parallelism.
-// Both read float panels staged once per chunk of (batch, kv head) pairs:
-// Q, dO, lse and D = rowsum(dO * O) per query head; K^T, K and V^T per key
-// tile. For fp64 the staged lse (stored in fp32 by contract) is computed again
-// in double with one pass over the keys, so gradients are fp64-accurate.
-// NaN (docs/robustness.md), as in torch's math backward: a row whose lse or D
-// is NaN has NaN dq and dbias rows and NaN dk for every key of its (batch, kv
-// head); dv is NaN for every key when its lse is NaN, and at the features where
-// its dO is NaN. The tiles reach only the keys the row sees, so a final pass
-// writes the rest.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -40,6 +31,10 @@ namespace {
 
 inline int64_t ntiles(int64_t len, int64_t blk) { return (len + blk - 1) / blk; }
 
+// The two schedules read float panels staged once per chunk of (batch, kv head) pairs:
+// Q, dO, lse and D = rowsum(dO * O) per query head; K^T, K and V^T per key
+// tile. For fp64 the staged lse (stored in fp32 by contract) is computed again
+// in double with one pass over the keys, so gradients are fp64-accurate.
 template <class T>
 struct BwdRun {
   using A = typename Elem<T>::Acc;
@@ -167,7 +162,11 @@ struct BwdRun {
     }
   }
 
-  // The NaN rule of the header comment for the pair's rows (after its gradients are written).
+  // NaN (docs/robustness.md), as in torch's math backward: a row whose lse or D
+  // is NaN has NaN dq and dbias rows and NaN dk for every key of its (batch, kv
+  // head); dv is NaN for every key when its lse is NaN, and at the features where
+  // its dO is NaN. The tiles reach only the keys the row sees, so this final pass
+  // writes the rest, for the pair's rows after their gradients are written.
   void write_nan_rows(const PairPanels& pp) const {
     const SeqExtent& e = c.lay.seq[pp.b];
     const int64_t bq = c.lay.q_thd ? 0 : pp.b, bk = c.lay.kv_thd ? 0 : pp.b;
