@@ -186,11 +186,15 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
         const bool ktail = c.mask.has_key_tail((n_blk + 1) * BN);
         // General masks: any score of a tile the window cuts (keys past s_kv included).
         const bool partial = c.mask.template tile_partial<BM, BN>(m * BM, n_blk * BN);
+        const uint32_t kspan = Mask::GENERAL ? c.mask.key_span() : 0u;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int ql = row_l + 8 * hf;
           const int q = m * BM + ql;
           const float l2 = Ls[ql];
+          // General masks: the row's base for mask.cuh's one-compare test.
+          const uint32_t qbase = Mask::GENERAL ? c.mask.query_base(q) : 0u;
+          const bool row_out = Mask::VARLEN && q >= c.mask.s_q;
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -201,7 +205,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
               if constexpr (Feat::SOFTCAP) sv = softcap_tanh(sv, p.softcap_k2);
               bool hid = false;  // varlen: P = 0 outright (a row past the sequence has another's lse2)
               if constexpr (Mask::GENERAL) {
-                if (partial && c.mask.hidden(q, key)) {
+                if (partial && (row_out || key >= c.mask.s_kv || static_cast<uint32_t>(key) - qbase > kspan)) {
                   sv = -INFINITY;
                   hid = Mask::VARLEN;
                 }
