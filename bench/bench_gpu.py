@@ -66,7 +66,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from fusedattn._ops import FwdArgs, attention
-from bench_timing import median_event_ms
+from bench_timing import cuda_kernel_times, median_event_ms
 
 
 def tflops(ms, flops):
@@ -370,18 +370,7 @@ def profile_point(d, s, causal, calls=20):
     impls = point_impls(d, s, causal)
     flush = torch.empty(256 << 20, device="cuda", dtype=torch.int8)
 
-    def kernel_times(body, n):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
-                body()
-            torch.cuda.synchronize()
-        total = {}
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                total.setdefault(e.name, []).append(e.device_time)
-        return total
-
-    flush_names = set(kernel_times(lambda: flush.add_(1), 2))
+    flush_names = set(cuda_kernel_times(lambda: flush.add_(1), 2))
     print(f"## profile d={d} s={s} causal={'yes' if causal else 'no'}")
     for name in ("fusedattn", "cudnn"):
         for mode, fn in zip(("fwd", "f+b"), impls[name]):
@@ -393,7 +382,7 @@ def profile_point(d, s, causal, calls=20):
                 flush.add_(1)
                 fn()
 
-            total = {n: ts for n, ts in kernel_times(body, calls).items() if n not in flush_names}
+            total = {n: ts for n, ts in cuda_kernel_times(body, calls).items() if n not in flush_names}
             per_call = {n: sum(ts) / calls for n, ts in total.items()}
             kern_us = sum(per_call.values())
             wall_us = 1e3 * time_ms(fn)

@@ -1,4 +1,4 @@
-"""CUDA-event timing shared by the GPU benchmarks (bench_gpu.py, bench_decode.py)."""
+"""CUDA timing shared by the GPU benchmarks (bench_gpu.py, bench_decode.py, bench_zoo.py)."""
 
 from __future__ import annotations
 
@@ -18,3 +18,17 @@ def median_event_ms(body, reps):
         e.synchronize()
         ts.append(a.elapsed_time(e))
     return statistics.median(ts)
+
+
+def cuda_kernel_times(body, n):
+    """{kernel name: [microseconds of each launch]} of the CUDA kernels n runs of body() launch
+    (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            body()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times.setdefault(e.name, []).append(e.device_time)
+    return times

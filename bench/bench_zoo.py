@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench_gpu import time_ms, tflops, write_table
+from bench_timing import cuda_kernel_times
 from fusedattn._ops import FwdArgs, attention
 
 try:
@@ -410,14 +411,7 @@ def profile_point(cfg: Config, s: int, calls: int = 10):
                 continue
             fn()
             torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(calls):
-                    fn()
-                torch.cuda.synchronize()
-            total = {}
-            for e in prof.events():
-                if e.device_type == torch.autograd.DeviceType.CUDA:
-                    total[e.name] = total.get(e.name, 0.0) + e.device_time / calls
+            total = {k: sum(ts) / calls for k, ts in cuda_kernel_times(fn, calls).items()}
             print(f"  {name} {mode}: {sum(total.values()):.1f} us of kernels per call")
             for kname, us in sorted(total.items(), key=lambda x: -x[1]):
                 print(f"    {us:9.1f} us  {kname[:150]}")

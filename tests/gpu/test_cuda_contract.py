@@ -117,8 +117,8 @@ def test_deterministic_backward_is_bitwise_reproducible(name):
     prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         torch.use_deterministic_algorithms(True)
-        if C.CUDA_ENGINE == "simt":  # its dQ is summed with atomics: strict determinism must refuse it
-            with pytest.raises(RuntimeError, match="SIMT engine.*does not have a deterministic implementation"):
+        if C.CUDA_ENGINE == "simt":
+            with pytest.raises(RuntimeError, match=C.SIMT_NOT_DETERMINISTIC):
                 _grads(q, k, v, args, dout, **kw)
             return
         first = _grads(q, k, v, args, dout, **kw)

@@ -451,8 +451,8 @@ def test_hopper_backward_kernel_runs(d, kernel):
 def test_hopper_backward_deterministic(s, d, causal):
     """Under torch.use_deterministic_algorithms (strict) the backward's gradients are bitwise equal
     across runs and match the float64 reference; at d = 64 / 128 the Hopper kernel whose dQ
-    reduce-adds take turns runs, at d = 256 (no deterministic variant) the sm80-class backward takes the call. Forced onto the
-    SIMT engine, the call raises instead."""
+    reduce-adds take turns runs, at d = 256 (no deterministic variant) the sm80-class backward takes the
+    call. Forced onto the SIMT engine, the call raises instead."""
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     q = torch.randn(2, s, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     k, v = (torch.randn(2, s, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
@@ -462,8 +462,8 @@ def test_hopper_backward_deterministic(s, d, causal):
     prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         torch.use_deterministic_algorithms(True)
-        if C.CUDA_ENGINE == "simt":  # its dQ is summed with atomics: strict determinism must refuse it
-            with pytest.raises(RuntimeError, match="SIMT engine.*does not have a deterministic implementation"):
+        if C.CUDA_ENGINE == "simt":
+            with pytest.raises(RuntimeError, match=C.SIMT_NOT_DETERMINISTIC):
                 _grads_with_kernels(q, k, v, dout, causal, scale)
             return
         first, names = _grads_with_kernels(q, k, v, dout, causal, scale)

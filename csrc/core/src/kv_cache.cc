@@ -15,7 +15,6 @@
 namespace fusedattn {
 namespace {
 
-
 Status same_device(const TensorRef& t, const TensorRef& ref, const char* name) {
   if (t.device != ref.device || t.device_index != ref.device_index) {
     return Status::Invalid(cat(name, " must be on new_k's device (", device_name(ref.device), ":", ref.device_index,

@@ -51,15 +51,6 @@ struct BwdLaunch {
   int sm_count = 0;
 };
 
-// dout's element strides (Sm90BwdArgs's, all zero: contiguous in q's format over the workspace's
-// rows; thd: stride_b 0).
-template <int DV>
-inline BshdStrides bwd_dout_strides(const Sm90BwdArgs& a, const BwdRows& rows, bool thd) {
-  const BshdStrides st = a.do_strides;
-  if (st.b != 0 || st.s != 0 || st.h != 0) return st;
-  return BshdStrides{thd ? 0 : int64_t{rows.s} * a.h * DV, int64_t{a.h} * DV, DV};
-}
-
 // The maps of a call and the rows of its workspace: the whole tensors (b x s_q rows of q), or varlen
 // the templates of its sequences' maps (varlen.cuh) over its rows (bwd_sm90_varlen_rows) and the
 // prologue's map specs.
@@ -69,13 +60,12 @@ inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows) {
   // The maps' head dims are the problem's: the columns up to D read as zeros. Strides all zero:
   // contiguous.
   auto desc = [](const void* ptr, BshdStrides st, int b, int s, int h, int d) {
-    if (st.b == 0 && st.s == 0 && st.h == 0) st = BshdStrides{int64_t{s} * h * d, int64_t{h} * d, d};
+    st = st.or_contiguous(s, h, d);
     return detail::MapDesc{ptr, b, s, h, d, st.b, st.s, st.h};
   };
   if constexpr (!VARLEN) {
     const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h, DQK);
-    const BshdStrides dst = bwd_dout_strides<DV>(a, rows, false);
-    const detail::MapDesc mdo{a.dout, a.b, a.s_q, a.h, DV, dst.b, dst.s, dst.h};
+    const detail::MapDesc mdo = desc(a.dout, a.do_strides, a.b, a.s_q, a.h, DV);
     const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv, DQK);
     const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv, DV);
     return detail::make_map<T>(&L->tq, mq, Tile::BM) && detail::make_map<T>(&L->tdo, mdo, Tile::BM) &&
@@ -86,7 +76,7 @@ inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows) {
     // thd: one batch of the token dim (stride_b 0).
     const int s_q = sl.q_is_thd ? static_cast<int>(a.seq.t_q) : a.s_q;
     const int s_kv = sl.kv_is_thd ? static_cast<int>(a.seq.t_kv) : a.s_kv;
-    const BshdStrides dst = bwd_dout_strides<DV>(a, rows, sl.q_is_thd);
+    const BshdStrides dst = a.do_strides.or_contiguous(rows.s, a.h, DV, sl.q_is_thd);
     const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, s_q, a.h, DQK);
     const detail::MapDesc mdo{a.dout, a.b, s_q, a.h, DV, dst.b, dst.s, dst.h};
     const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, s_kv, a.h_kv, DQK);
@@ -219,7 +209,7 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   BwdPreArgs& pa = L->pre_args;
   pa.o = a.o;
   pa.dout = a.dout;
-  pa.dout_st = bwd_dout_strides<DV>(a, rows, VARLEN && a.seq.seqlens.q_is_thd);
+  pa.dout_st = a.do_strides.or_contiguous(rows.s, a.h, DV, VARLEN && a.seq.seqlens.q_is_thd);
   pa.lse = a.lse;
   pa.lse2 = const_cast<float*>(p.lse2);
   pa.dsum = const_cast<float*>(p.dsum);

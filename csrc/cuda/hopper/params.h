@@ -85,6 +85,11 @@ struct Sm90Args {
 // Element strides of a [b, s, h, d] tensor with a unit head-dim stride; all zero means contiguous.
 struct BshdStrides {
   int64_t b = 0, s = 0, h = 0;
+  // These strides, or where all are zero those of a contiguous [., s_len, h_len, d] tensor (thd: b 0).
+  BshdStrides or_contiguous(int64_t s_len, int64_t h_len, int64_t d, bool thd = false) const {
+    if (b != 0 || s != 0 || h != 0) return *this;
+    return BshdStrides{thd ? 0 : s_len * h_len * d, h_len * d, d};
+  }
 };
 
 // One backward call. q, k, v, dout: any BshdStrides whose byte strides are multiples of 16 (the
