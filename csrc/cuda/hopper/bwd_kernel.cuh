@@ -67,6 +67,13 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
   // This thread's key rows (accumulator fragment rows) inside the tile: key_l, key_l + 8.
   const int key_l = cw * 64 + warp * 16 + r0;
   const int key_g = n_blk * BN + key_l;
+  // General masks: the thread's two keys' bases for mask.cuh's one-compare test.
+  uint32_t kbase[2] = {0u, 0u}, kspan = 0u;
+  if constexpr (Mask::GENERAL) {
+    kbase[0] = c.mask.key_base(key_g);
+    kbase[1] = c.mask.key_base(key_g + 8);
+    kspan = c.mask.key_span();
+  }
   const float sl2 = Feat::SOFTCAP ? p.softcap_log2 : p.scale_log2;  // softmax.cuh's softcap_scores
 
   float dk[D / 2], dv[D / 2];
@@ -156,7 +163,10 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
           g = 1.f - sv * sv;
         }
         if constexpr (Mask::GENERAL) {
-          if (partial && c.mask.hidden(m * BM + 8 * j + 2 * qd + e, key_g + 8 * hf)) {
+          const int q = m * BM + 8 * j + 2 * qd + e;
+          bool hidden = kbase[hf] - static_cast<uint32_t>(q) > kspan;
+          if constexpr (Mask::VARLEN) hidden = hidden || q >= c.mask.s_q;
+          if (partial && hidden) {
             if constexpr (Mask::VARLEN) {
               g = 0.f;
               return 0.f;

@@ -112,6 +112,11 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
   constexpr int DCH = D / 64;  // 64-wide chunks per row
   constexpr int DH = D / 2;    // head-dim columns of dK, dV, dQ per consumer
   static_assert(DH == 128 && DCH == 4, "two 64-wide chunks per consumer half");
+  // The problem's head dims (192 / 128 on this tile): S contracts over d_qk and dP over d_v only
+  // (their k-steps, as the forward's QKW), and a consumer whose dV half lies past d_v issues no dV
+  // GEMM (its dv stays 0 and is not stored).
+  constexpr int DQK = Feat::template DQK_OF<D>, DVP = Feat::template DV_OF<D>;
+  constexpr int KS_S = (DQK + 15) / 16, KS_P = (DVP + 15) / 16;
 
   const auto& sh = c.sh;
   const uint32_t sbase = c.sbase, sK = sh.sK, sV = sh.sV, sQ0 = sh.sQ0, sdO0 = sh.sdO0;
@@ -158,12 +163,18 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
       wgmma_fence();
+      const auto score_gemm = [&](auto steps) {
 #pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        const uint32_t a_addr = sA + (k / 4) * (BM * 128) + (k % 4) * 32;
-        const uint32_t b_addr = sB + (k / 4) * (BN * 128) + (k % 4) * 32;
-        Wgmma<BN, F16>::ss(acc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
-      }
+        for (int k = 0; k < decltype(steps)::value; ++k) {
+          const uint32_t a_addr = sA + (k / 4) * (BM * 128) + (k % 4) * 32;
+          const uint32_t b_addr = sB + (k / 4) * (BN * 128) + (k % 4) * 32;
+          Wgmma<BN, F16>::ss(acc, make_smem_desc(a_addr, 16, 1024), make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
+        }
+      };
+      if (cw == 0)
+        score_gemm(std::integral_constant<int, KS_S>{});
+      else
+        score_gemm(std::integral_constant<int, KS_P>{});
       wgmma_commit();
       // cw 0: release the previous tile's stage while these wgmmas run: its reduces have had the dK
       // wgmmas' time to read the staging tile (at cw 0's idle wait before barrier 2 the dO refill
@@ -186,11 +197,15 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
         const bool ktail = c.mask.has_key_tail((n_blk + 1) * BN);
         // General masks: any score of a tile the window cuts (keys past s_kv included).
         const bool partial = c.mask.template tile_partial<BM, BN>(m * BM, n_blk * BN);
+        const uint32_t kspan = Mask::GENERAL ? c.mask.key_span() : 0u;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int ql = row_l + 8 * hf;
           const int q = m * BM + ql;
           const float l2 = Ls[ql];
+          // General masks: the row's base for mask.cuh's one-compare test.
+          const uint32_t qbase = Mask::GENERAL ? c.mask.query_base(q) : 0u;
+          const bool row_out = Mask::VARLEN && q >= c.mask.s_q;
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -201,7 +216,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
               if constexpr (Feat::SOFTCAP) sv = softcap_tanh(sv, p.softcap_k2);
               bool hid = false;  // varlen: P = 0 outright (a row past the sequence has another's lse2)
               if constexpr (Mask::GENERAL) {
-                if (partial && c.mask.hidden(q, key)) {
+                if (partial && (row_out || key >= c.mask.s_kv || static_cast<uint32_t>(key) - qbase > kspan)) {
                   sv = -INFINITY;
                   hid = Mask::VARLEN;
                 }
@@ -222,15 +237,18 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
 #pragma unroll
       for (int i = 0; i < DH / 2; ++i) reg_fence(dv[i]);
       wgmma_fence();
+      if (DVP > DH || cw == 0) {
 #pragma unroll
-      for (int t = 0; t < BM / 16; ++t) {
-        // A = P^T (M = 64 keys, K = queries 16t..16t+15), M-major: rows 16t.. of sP.
-        // B = dO (K = queries, N = d 128cw..), MN-major: chunks 2cw, 2cw+1.
-        const uint32_t a_addr = sP + t * (16 * 128);
-        const uint32_t b_addr = sdO + (2 * cw) * (BM * 128) + t * (16 * 128);
-        WgmmaTT<DH, F16>::ss(dv, make_smem_desc(a_addr, BN * 128, 1024), make_smem_desc(b_addr, BM * 128, 1024), 1);
+        for (int t = 0; t < BM / 16; ++t) {
+          // A = P^T (M = 64 keys, K = queries 16t..16t+15), M-major: rows 16t.. of sP.
+          // B = dO (K = queries, N = d 128cw..), MN-major: chunks 2cw, 2cw+1.
+          const uint32_t a_addr = sP + t * (16 * 128);
+          const uint32_t b_addr = sdO + (2 * cw) * (BM * 128) + t * (16 * 128);
+          WgmmaTT<DH, F16>::ss(dv, make_smem_desc(a_addr, BN * 128, 1024), make_smem_desc(b_addr, BM * 128, 1024),
+                               1);
+        }
       }
-      wgmma_commit();
+      wgmma_commit();  // (an empty group where the half issues none: the group counts stay the same)
 
       // ---------------- (d) dS = P (dP - Dsum) -> sdS [query][key] (cw 1)
       if (cw == 1) {

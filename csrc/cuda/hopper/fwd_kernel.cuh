@@ -58,12 +58,19 @@ struct FwdTraits : Cfg {
   static constexpr bool kPersistent = Sched::kPersistent;
   static constexpr bool F16 = std::is_same<T, __half>::value;
   static constexpr int BM = 64 * NCONS;
+  // The widths the GEMMs and buffers take (the tile's D for the plain kernels): S = Q K^T contracts
+  // over QKW = DQK rounded up to a k-step (16), Q and K are stored QW = DQK rounded up to a 128-byte
+  // chunk (64) wide, and O, V and the PV GEMM's N are VW = DV rounded up to a chunk, so a head dim
+  // below the tile's pays for its own columns only (192 / 128: 12 k-steps of S and N = 128 of O,
+  // not 16 and 256).
+  static constexpr int QKW = (DQK + 15) / 16 * 16, QW = (DQK + 63) / 64 * 64, VW = (DV + 63) / 64 * 64;
   static constexpr int kThreads = 128 * (NCONS + 1), kConsumerWarps = 4 * NCONS;
-  // setmaxnreg within the CTA's pool (ptx_sm90.cuh's launch_regs): the producer takes 24, or 40 for
-  // general masks (their key-tile ranges: ptxas spills the producer at 24; with two consumers every
-  // count from 25 to 40 leaves them 232), the consumers what the pool has left.
+  // setmaxnreg within the CTA's pool (ptx_sm90.cuh's launch_regs): the producer takes 24, or for
+  // general masks (their key-tile ranges: ptxas spills the producer at 24) 40 with two consumers
+  // (every count from 25 to 40 leaves them 232) and 32 with three (160 each, as the plain kernel's),
+  // the consumers what the pool has left.
   static constexpr int kLaunchRegs = launch_regs(kThreads);
-  static constexpr int kProducerRegs = Feat::GENERAL ? 40 : 24;
+  static constexpr int kProducerRegs = Feat::GENERAL ? (NCONS == 3 ? 32 : 40) : 24;
   static constexpr int kConsumerRegs = ((NCONS + 1) * kLaunchRegs - kProducerRegs) / NCONS / 8 * 8;
   static constexpr bool QREG = fwd_q_in_registers(D, BN, NCONS, Sched::kPersistent);
   // A persistent CTA's consumers release each Q slot for the producer's next tiles.
@@ -74,17 +81,17 @@ struct FwdTraits : Cfg {
   // A consumer thread's rows: computed once per CTA with two consumers, per tile with three
   // (consume_tile).
   static constexpr bool kRowsHeld = NCONS == 2;
-  static constexpr int kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  static constexpr int kQBytes = BM * QW * 2, kKBytes = BN * QW * 2, kVBytes = BN * VW * 2;
   static constexpr int kSmemLimit = 232448;  // 227 KB of dynamic shared memory per block
   static constexpr int total(int qbuf) {
-    return qbuf * kQBytes + 2 * STAGES * kKVBytes +
+    return qbuf * kQBytes + STAGES * (kKBytes + kVBytes) +
            ((8 * ((Q_EMPTY ? 2 : 1) * qbuf + 4 * STAGES) + 127) / 128) * 128 + 1024;  // + alignment slack
   }
   // Persistent: two Q slots where they fit (the next tile's Q is loaded while this one runs).
   static constexpr int QBUF = Sched::kPersistent && total(2) <= kSmemLimit ? 2 : 1;
   using Bars = FwdBarriers<QBUF, STAGES, Q_EMPTY>;
   static constexpr int kKOffset = QBUF * kQBytes;
-  static constexpr int kBarOffset = kKOffset + 2 * STAGES * kKVBytes;
+  static constexpr int kBarOffset = kKOffset + STAGES * (kKBytes + kVBytes);
   static constexpr int kTotal = total(QBUF);
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(tile_head_dim(DQK, DV) == D, "the problem's head dims belong to this tile");
@@ -113,7 +120,7 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched, Feat>::kThreads, 1)
   const uint32_t sraw = smem_u32(smem_raw);
   const uint32_t sQ0 = (sraw + 1023u) & ~1023u;
   const uint32_t sK0 = sQ0 + K::kKOffset;
-  const uint32_t sV0 = sK0 + K::STAGES * K::kKVBytes;
+  const uint32_t sV0 = sK0 + K::STAGES * K::kKBytes;
   const typename K::Bars bars{sQ0 + K::kBarOffset};
 
   const int tid = threadIdx.x;
@@ -357,12 +364,16 @@ cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t st
   return fwd_run(fwd_prepare_persistent<T, 64, 3>, a, stream);
 }
 // The general kernel (features.h) for head dims DQK, DV, on the tile of features.h's tile_head_dim:
-// persistent, two consumers, the tiles longest first (snake).
+// persistent, tuning.h's consumer count (its tiles without SKIP, which general masks lack), the
+// tiles longest first (snake).
 template <typename T, int DQK, int DV, bool SOFTCAP>
 inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
   constexpr int D = tile_head_dim(DQK, DV);
+  constexpr int NCONS = general_fwd_consumers(D, SOFTCAP);
+  using Tile = FwdTileConfig<D, NCONS, true>;
+  using Cfg = FwdConfig<T, D, NCONS, Tile::BN, Tile::STAGES, Tile::PP, false>;
   using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
-  return fwd_prepare<FwdConfigFor<T, D, 2, true>, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
+  return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
 }
 template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream) {

@@ -71,33 +71,33 @@ struct FwdProducerIo {
 
 // One work tile's loads (the order in the header; key tile n of the work is the mask's w.n_first + n);
 // kv: the ring position of its first key tile, j:
-// the CTA's local tile index (Q slot j % QBUF). D / 64 boxes of 128-byte rows per load; BM-row Q
+// the CTA's local tile index (Q slot j % QBUF). QW / 64 (V: VW / 64) boxes of 128-byte rows per load; BM-row Q
 // boxes (rows past s_q are zero-filled and still counted in the transaction bytes), BN-row K / V.
 template <class K, class Bars>
 __device__ __forceinline__ void produce_tile(const FwdProducerIo& a, const Bars& bars, const FwdWork& w,
                                              typename K::Pos kv, uint32_t j) {
   using Pos = typename K::Pos;
-  constexpr int D = K::D, BM = K::BM, BN = K::BN, STAGES = K::STAGES, QBUF = K::QBUF;
-  constexpr int DCH = D / 64;  // 128-byte chunks per row
-  constexpr uint32_t kQBytes = K::kQBytes, kKVBytes = K::kKVBytes;
+  constexpr int BM = K::BM, BN = K::BN, STAGES = K::STAGES, QBUF = K::QBUF;
+  constexpr int QCH = K::QW / 64, VCH = K::VW / 64;  // 128-byte chunks per row of Q / K and of V
+  constexpr uint32_t kQBytes = K::kQBytes, kKBytes = K::kKBytes, kVBytes = K::kVBytes;
   auto load_k = [&](int n) {
     const Pos it = kv + n;
     const Pos s = it % STAGES;
     mbar_wait<true>(bars.ke(s), ((it / STAGES) & 1u) ^ 1u);  // fresh barrier: parity 1 passes at once
-    mbar_arrive_expect_tx(bars.kf(s), kKVBytes);
+    mbar_arrive_expect_tx(bars.kf(s), kKBytes);
 #pragma unroll
-    for (int c = 0; c < DCH; ++c)
-      tma_load_4d(a.sK0 + s * kKVBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
+    for (int c = 0; c < QCH; ++c)
+      tma_load_4d(a.sK0 + s * kKBytes + c * BN * 128, a.tmK, bars.kf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
                   w.batch);
   };
   auto load_v = [&](int n) {
     const Pos it = kv + n;
     const Pos s = it % STAGES;
     mbar_wait<true>(bars.ve(s), ((it / STAGES) & 1u) ^ 1u);
-    mbar_arrive_expect_tx(bars.vf(s), kKVBytes);
+    mbar_arrive_expect_tx(bars.vf(s), kVBytes);
 #pragma unroll
-    for (int c = 0; c < DCH; ++c)
-      tma_load_4d(a.sV0 + s * kKVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
+    for (int c = 0; c < VCH; ++c)
+      tma_load_4d(a.sV0 + s * kVBytes + c * BN * 128, a.tmV, bars.vf(s), c * 64, w.head_kv, (w.n_first + n) * BN,
                   w.batch);
   };
   // Tensor-map dims are (d, h, s, b): coordinates (d0, head, seq, batch).
@@ -106,7 +106,7 @@ __device__ __forceinline__ void produce_tile(const FwdProducerIo& a, const Bars&
     if (K::Q_EMPTY) mbar_wait<true>(bars.qe(qs), ((j / QBUF) & 1u) ^ 1u);
     mbar_arrive_expect_tx(bars.qf(qs), kQBytes);
 #pragma unroll
-    for (int c = 0; c < DCH; ++c)
+    for (int c = 0; c < QCH; ++c)
       tma_load_4d(a.sQ0 + qs * kQBytes + c * BM * 128, a.tmQ, bars.qf(qs), c * 64, w.head, w.m_blk * BM, w.batch);
   };
   if (!K::Q_EMPTY) load_q();
@@ -149,16 +149,16 @@ __device__ __forceinline__ void pass_turn(int cw) {
     bar_arrive_imm<1, 256>();
 }
 
-// S = Q K^T for this warpgroup's 64 rows: D / 16 k-steps, K-major A and B. Q from shared memory
+// S = Q K^T for this warpgroup's 64 rows: QKW / 16 k-steps, K-major A and B. Q from shared memory
 // (chunks of BM rows), or from registers (qa: load_q_frags) when QREG.
 template <class K, int QK>
 __device__ __forceinline__ void issue_s(float (&sacc)[K::BN / 2], const uint32_t (&qa)[QK][4], uint32_t sQ,
                                        uint32_t sK, int cw) {
-  constexpr int D = K::D, BM = K::BM, BN = K::BN;
+  constexpr int BM = K::BM, BN = K::BN;
 #pragma unroll
-  for (int k = 0; k < D / 16; ++k) {
+  for (int k = 0; k < K::QKW / 16; ++k) {
     if constexpr (K::QREG) {
-      static_assert(QK == D / 16, "one A fragment per k-step");
+      static_assert(QK == K::QKW / 16, "one A fragment per k-step");
       const uint32_t b_addr = sK + (k / 4) * (BN * 128) + (k % 4) * 32;
       Wgmma<BN, K::F16>::rs_k(sacc, qa[k], make_smem_desc(b_addr, 16, 1024), k > 0 ? 1 : 0);
     } else {
@@ -169,9 +169,9 @@ __device__ __forceinline__ void issue_s(float (&sacc)[K::BN / 2], const uint32_t
   }
 }
 
-// This warpgroup's Q rows as A fragments, k-step k in qa[k], from the 128-byte-swizzled Q tile
-// ([D / 64] chunks of [BM rows][64], 16-byte unit u of row r at unit u ^ (r % 8)). Lane l reads
-// row l % 8 (+ 8 for the matrices 1 and 3) and 16-byte unit 2 (k % 4) + l / 16 of its chunk.
+// This warpgroup's Q rows as A fragments, k-step k < D / 16 in qa[k], from the 128-byte-swizzled Q
+// tile (chunks of [BM rows][64], 16-byte unit u of row r at unit u ^ (r % 8)). Lane l reads row l % 8
+// (+ 8 for the matrices 1 and 3) and 16-byte unit 2 (k % 4) + l / 16 of its chunk.
 template <int D, int BM>
 __device__ __forceinline__ void load_q_frags(uint32_t (&qa)[D / 16][4], uint32_t sQ, int cw, int warp, int lane) {
   const int r8 = lane & 7;
@@ -186,13 +186,13 @@ __device__ __forceinline__ void load_q_frags(uint32_t (&qa)[D / 16][4], uint32_t
 // O += P V as one committed wgmma group, its register operands O and P fenced first: BN / 16
 // k-steps of 16 keys, V MN-major (d chunks BN * 128 bytes apart).
 template <class K>
-__device__ __forceinline__ void commit_pv(float (&o)[K::D / 2], uint32_t (&pa)[K::BN / 16][4], uint32_t sV) {
+__device__ __forceinline__ void commit_pv(float (&o)[K::VW / 2], uint32_t (&pa)[K::BN / 16][4], uint32_t sV) {
   fence_regs(o);
   fence_regs(pa);
   wgmma_fence();
 #pragma unroll
   for (int t = 0; t < K::BN / 16; ++t)
-    Wgmma<K::D, K::F16>::rs(o, pa[t], make_smem_desc(sV + t * (16 * 128), K::BN * 128, 1024), 1);
+    Wgmma<K::VW, K::F16>::rs(o, pa[t], make_smem_desc(sV + t * (16 * 128), K::BN * 128, 1024), 1);
   wgmma_commit();
 }
 
@@ -201,7 +201,7 @@ __device__ __forceinline__ void commit_pv(float (&o)[K::D / 2], uint32_t (&pa)[K
 template <class K>
 struct FwdRegs {
   float (&sacc)[K::BN / 2];
-  float (&o)[K::D / 2];
+  float (&o)[K::VW / 2];
   uint32_t (&pa)[K::BN / 16][4];
   float (&row_m)[2];
   float (&row_l)[2];
@@ -232,7 +232,7 @@ __device__ __forceinline__ void first_step(const FwdStep<K>& st, const Bars& bar
   if (K::PP) wait_turn<K::NCONS>(st.cw);
   fence_regs(r.sacc);
   wgmma_fence();
-  issue_s(st.sK0 + s * K::kKVBytes);
+  issue_s(st.sK0 + s * K::kKBytes);
   wgmma_commit();
   if (K::PP) pass_turn<K::NCONS>(st.cw);
   wgmma_wait<0>();
@@ -266,20 +266,20 @@ __device__ __forceinline__ void steady_step(const FwdStep<K>& st, const Bars& ba
   if (K::PP) wait_turn<K::NCONS>(st.cw);
   fence_regs(r.sacc);
   wgmma_fence();
-  issue_s(st.sK0 + s * K::kKVBytes);
+  issue_s(st.sK0 + s * K::kKBytes);
   wgmma_commit();
   // O is not an operand of any wgmma in flight: rescale it for tile n-1.
-  rescale_o<K::D>(r.o, r.corr);
+  rescale_o<K::VW>(r.o, r.corr);
   wait_full(bars.vf(sp), php);
   __syncwarp();
-  commit_pv<K>(r.o, r.pa, st.sV0 + sp * K::kKVBytes);
+  commit_pv<K>(r.o, r.pa, st.sV0 + sp * K::kVBytes);
   if (K::PP) pass_turn<K::NCONS>(st.cw);
 
   wgmma_wait<1>();  // group A (S_n) complete; B may still run
   fence_regs(r.sacc);
   softmax_steady<K::BN, K::NCONS>(
       r.sacc, r.row_m, r.row_l, r.corr, st.sl2, st.cw,
-      [&] { issue_s(st.sK0 + (warp_uniform_here(st.it) % STAGES) * K::kKVBytes); }, mask);
+      [&] { issue_s(st.sK0 + (warp_uniform_here(st.it) % STAGES) * K::kKBytes); }, mask);
   __syncwarp();
   if (st.lane == 0) {
     mbar_arrive(bars.ke(s));
@@ -317,10 +317,10 @@ __device__ __forceinline__ void skip_step(const FwdStep<K>& st, const Bars& bars
   wait_full(bars.kf(s), ph);  // K_n unused: waited so that the arrival below lands in its phase
   __syncwarp();
   if (K::PP) wait_turn<K::NCONS>(st.cw);
-  rescale_o<K::D>(r.o, r.corr);
+  rescale_o<K::VW>(r.o, r.corr);
   wait_full(bars.vf(sp), php);
   __syncwarp();
-  commit_pv<K>(r.o, r.pa, st.sV0 + sp * K::kKVBytes);
+  commit_pv<K>(r.o, r.pa, st.sV0 + sp * K::kVBytes);
   if (K::PP) pass_turn<K::NCONS>(st.cw);
   __syncwarp();
   if (st.lane == 0) mbar_arrive(bars.ke(s));
@@ -347,8 +347,8 @@ __device__ __forceinline__ void last_step(const FwdStep<K>& st, const Bars& bars
   wait_full(bars.vf(s), (st.it / K::STAGES) & 1u);
   __syncwarp();
   if (K::PP) wait_turn<K::NCONS>(st.cw);
-  rescale_o<K::D>(r.o, r.corr);
-  commit_pv<K>(r.o, r.pa, st.sV0 + s * K::kKVBytes);
+  rescale_o<K::VW>(r.o, r.corr);
+  commit_pv<K>(r.o, r.pa, st.sV0 + s * K::kVBytes);
   if (K::PP && pass) pass_turn<K::NCONS>(st.cw);
   wgmma_wait<0>();
   fence_regs(r.o);
@@ -382,7 +382,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
                                              const FwdConsumerIo<K>& io, const Bars& bars, const ConsumerThread& th,
                                              float (&sacc)[K::BN / 2], bool& timed_out, bool last_tile) {
   using Pos = typename K::Pos;
-  constexpr int D = K::D, BM = K::BM, BN = K::BN;
+  constexpr int BM = K::BM, BN = K::BN, VW = K::VW;
   // The thread's rows: two consumers take them from the CTA start (th, io); three consumers (160
   // registers a thread) derive them again per tile rather than hold them across the tile loop.
   constexpr bool kHeld = K::kRowsHeld;
@@ -402,11 +402,11 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   // The key tiles this warpgroup's rows see (SKIP), at least 1: S_0 is always computed.
   const int n_eff = K::SKIP ? mask.template n_key_tiles_of_rows<BN>(wg_row0, n_blocks) : n_blocks;
 
-  float o[D / 2];
+  float o[VW / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < VW / 2; ++i) o[i] = 0.f;
   uint32_t pa[BN / 16][4];
-  uint32_t qa[K::QREG ? D / 16 : 1][4];
+  uint32_t qa[K::QREG ? K::QKW / 16 : 1][4];
   float row_m[2] = {-INFINITY, -INFINITY};  // running max, log2-scaled domain
   float row_l[2] = {0.f, 0.f};              // running sum (this thread's columns only)
   float corr[2] = {1.f, 1.f};               // O rescale owed to the last softmax
@@ -421,7 +421,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
     // Q lives in registers from here, so its slot is free at once: the producer can issue the next
     // tile's Q a whole tile earlier than after this tile's last S GEMM.
     __syncwarp();
-    load_q_frags<D, BM>(qa, io.sQ, cw, warp, lane);
+    load_q_frags<K::QKW, BM>(qa, io.sQ, cw, warp, lane);
     __syncwarp();
     if (lane == 0) mbar_arrive(io.q_empty);
   }
@@ -453,8 +453,8 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   // The rows to store: the sequence's (varlen: from its first token), else the call's s_q.
   OutRows rows{0, p.s_q};
   if constexpr (K::VARLEN) rows = OutRows{gpu::seq_span(p.seq, w.batch).tok_q, w.len_q};
-  fwd_store_rows<typename K::T, D, K::DV, K::GENERAL, K::VARLEN>(p, o, row_m, row_l, row_base, w.batch, w.head, qd,
-                                                                 rows);
+  fwd_store_rows<typename K::T, VW, K::DV, K::GENERAL, K::VARLEN>(p, o, row_m, row_l, row_base, w.batch, w.head, qd,
+                                                                  rows);
 }
 
 }  // namespace hopper

@@ -22,7 +22,7 @@ import pathlib
 import sys
 
 SS_N = (64, 80, 128)
-RS_N = (64, 128, 256)
+RS_N = (64, 128, 192, 256)
 RSK_N = (128,)
 TT_N = (64, 128)
 NT_N = (128,)

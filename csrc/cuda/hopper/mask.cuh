@@ -147,15 +147,26 @@ struct TileMask {
   __device__ __forceinline__ bool above_diagonal(int q, int key) const { return CAUSAL && key > q; }
   // Backward, kMaskGeneral (the fixed kinds test the diagonal and the key tail apart, and get false
   // here): whether the tile of queries [q0, q0 + BM) and keys [k0, k0 + BN) needs its scores masked
-  // one by one, and whether one score is hidden.
+  // one by one.
   template <int BM, int BN>
   __device__ __forceinline__ bool tile_partial(int q0, int k0) const {
     if constexpr (VARLEN) return !visibility().tile_all_visible(q0, BM, k0, BN);
     return GENERAL && !visibility().keys_all_visible(q0, q0 + BM - 1, k0, BN);
   }
-  __device__ __forceinline__ bool hidden(int q, int key) const {
-    if constexpr (VARLEN) return !visibility().visible(q, key);
-    return GENERAL && !visibility().key_visible(q, key);
+  // Backward, kMaskGeneral, the same rule as one compare per score: query q sees key `key` iff
+  // key_base(key) - q <= key_span() in uint32_t arithmetic (Visibility's offset bounds on key - q;
+  // varlen: and q < s_q), a key past s_kv getting a base that no row meets; or, with the query
+  // fixed instead (d = 256's S tiles), iff key - query_base(q) <= key_span() and key < s_kv.
+  __device__ __forceinline__ uint32_t key_base(int key) const {
+    if (key >= s_kv) return 0xC0000000u;
+    return static_cast<uint32_t>(key) - static_cast<uint32_t>(visibility().offset_lo());
+  }
+  __device__ __forceinline__ uint32_t query_base(int q) const {
+    return static_cast<uint32_t>(q) + static_cast<uint32_t>(visibility().offset_lo());
+  }
+  __device__ __forceinline__ uint32_t key_span() const {
+    const Visibility<int> vis = visibility();
+    return static_cast<uint32_t>(vis.offset_hi()) - static_cast<uint32_t>(vis.offset_lo());
   }
 
   // Forward: key tile n (BN keys) of S in a consumer thread's accumulator fragment (rows row_base
@@ -165,6 +176,8 @@ struct TileMask {
   __device__ __forceinline__ void apply(float (&sacc)[BN / 2], int n, int row_base, int wg_row0, int qd) const {
     const Visibility<int> vis = visibility();
     if (!vis.keys_all_visible(wg_row0, wg_row0 + 63, n * BN, BN)) {
+      // General masks: the run-time window by the one-compare test.
+      const uint32_t span = GENERAL ? key_span() : 0u;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -173,7 +186,9 @@ struct TileMask {
           for (int e = 0; e < 2; ++e) {
             const int col = n * BN + 8 * j + 2 * qd + e;
             const int row = row_base + 8 * hf;
-            if (!vis.key_visible(row, col)) sacc[4 * j + 2 * hf + e] = -INFINITY;
+            const bool seen = GENERAL ? col < s_kv && static_cast<uint32_t>(col) - query_base(row) <= span
+                                      : vis.key_visible(row, col);
+            if (!seen) sacc[4 * j + 2 * hf + e] = -INFINITY;
           }
         }
       }

@@ -105,6 +105,11 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   return FwdVariant::kPersistent;
 }
 
+// The general forward's consumer warpgroups: three at d = 64, where the plain kernels' three-consumer
+// tiles win (a K / V tile serves 1.5x the rows), two elsewhere. Not with softcap: its tanh keeps more
+// live registers than three consumers' 160 each (ptxas spills).
+constexpr int general_fwd_consumers(int d, bool softcap) { return d == 64 && !softcap ? 3 : 2; }
+
 // ---------------------------------------------------------------- persistent causal order
 // Which causal tile order the persistent kernels take (tile_scheduler.cuh's kTilesSnake and
 // kTilesSnakeHeadMajor; non-causal calls have one tile length and one order).
