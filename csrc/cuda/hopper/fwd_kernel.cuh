@@ -371,7 +371,7 @@ inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
   constexpr int D = tile_head_dim(DQK, DV);
   constexpr int NCONS = general_fwd_consumers(D, SOFTCAP);
   using Tile = FwdTileConfig<D, NCONS, true>;
-  using Cfg = FwdConfig<T, D, NCONS, Tile::BN, Tile::STAGES, Tile::PP, false>;
+  using Cfg = FwdConfig<T, D, NCONS, general_fwd_bn(D, DV, Tile::BN), Tile::STAGES, Tile::PP, false>;
   using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
   return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
 }

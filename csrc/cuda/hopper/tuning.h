@@ -109,6 +109,9 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
 // tiles win (a K / V tile serves 1.5x the rows), two elsewhere. Not with softcap: its tanh keeps more
 // live registers than three consumers' 160 each (ptxas spills).
 constexpr int general_fwd_consumers(int d, bool softcap) { return d == 64 && !softcap ? 3 : 2; }
+// The general forward's key tile: the tile's, except d_v <= 128 on the 256 tile (192 / 128, MLA),
+// whose O takes 64 registers instead of 128, so 128-key tiles fit beside it as at d = 128 (S 64 + P 32).
+constexpr int general_fwd_bn(int d, int dv, int bn) { return d == 256 && dv <= 128 ? 128 : bn; }
 
 // ---------------------------------------------------------------- persistent causal order
 // Which causal tile order the persistent kernels take (tile_scheduler.cuh's kTilesSnake and
