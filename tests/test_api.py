@@ -359,3 +359,25 @@ def test_attention_eager_autograd_equals_operator_autograd(dtype):
     assert torch.equal(out, out2)
     for name, g, w in zip(("dq", "dk", "dv", "dbias", "d_softmax_offset"), got, want):
         assert torch.equal(g, w), name
+
+
+def test_sdpa_autograd_graph_has_only_the_attention_node():
+    """The SDPA wrapper's [b, h, s, d] tensors reach the operator as bshd views inside its
+    autograd.Function: out's node is the attention's own, straight onto q, k and v (no transpose
+    nodes, which cost host time per call), and its gradients equal torch's."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 9, 16, generator=gen) for _ in range(3))
+    leaves = [on_device(t).requires_grad_() for t in (q, k, v)]
+    out = fusedattn.scaled_dot_product_attention(*leaves, is_causal=True)
+    assert type(out.grad_fn).__name__ == "_AttentionBackward"
+    nexts = [fn for fn, _ in out.grad_fn.next_functions if fn is not None]
+    assert [type(fn).__name__ for fn in nexts] == ["AccumulateGrad"] * 3
+    assert [fn.variable for fn in nexts] == leaves
+    assert out.shape == (2, 4, 9, 16) and out.transpose(1, 2).is_contiguous()
+    dout = torch.randn(2, 4, 9, 16, generator=gen)
+    got = torch.autograd.grad(out, leaves, on_device(dout))
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(_torch_sdpa(*ref_leaves, is_causal=True), ref_leaves, dout)
+    for name, g, w in zip("qkv", got, want):
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(to_host(g), w, rtol=1e-5, atol=1e-5)

@@ -272,7 +272,7 @@ def _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs_grad):
     if dout.stride(-1) != 1 or 0 in dout.stride():
         dout = dout.contiguous()
     create_graph = torch.is_grad_enabled()
-    with torch.no_grad():
+    with torch._C._AutoDispatchBelowAutograd():  # the bwd operator has no autograd: skip its fallback
         dq, dk, dv, dbias, d_off = _bwd_op(args, dout, q, k, v, out, lse, rng_state, optionals, need_dbias)
     d_off = d_off.to(softmax_offset.dtype) if softmax_offset is not None and needs_grad[4] else None
     grads = (dq, dk, dv, (dbias if need_dbias else None), d_off)
@@ -306,14 +306,44 @@ def _backward(ctx, dout, _dlse, _drng, _dmax_logit):
 torch.library.register_autograd("fusedattn::fwd", _backward, setup_context=_setup_context)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where the caller keeps the heads: q, k, v given (``heads_first``) and out wanted
+    (``out_heads_first``) as [b, h, s, d] while the operator, in bshd, sees their
+    transpose(1, 2) views (no copy)."""
+
+    heads_first: bool = False
+    out_heads_first: bool = False
+
+    def operator_view(self, q, k, v):
+        return (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if self.heads_first else (q, k, v)
+
+    def user_out(self, out):
+        return out.transpose(1, 2) if self.out_heads_first else out
+
+    def operator_out(self, dout):
+        return dout.transpose(1, 2) if self.out_heads_first else dout
+
+    def user_grads(self, grads):
+        """(dq, dk, dv, *rest) from the operator's layout to the caller's."""
+        if not self.heads_first:
+            return grads
+        return (*(g.transpose(1, 2) if g is not None else None for g in grads[:3]), *grads[3:])
+
+
+OPERATOR_LAYOUT = Layout()
+
+
 def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_mask=None,
               alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_kv=None,
-              cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, page_table=None):
+              cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, page_table=None,
+              layout: Layout = OPERATOR_LAYOUT):
     """Differentiable attention over q/k/v in their formats (heads not merged).
 
     With ``page_table`` (int32 ``[b, max_pages_per_seq]``), k and v are KV-cache
     page pools ``[num_pages, page_size, h_kv, d]`` and ``cu_seqlens_kv`` holds the
-    cache lengths (inference only: no backward).
+    cache lengths (inference only: no backward). ``layout`` takes bshd calls whose
+    tensors the caller keeps [b, h, s, d].
 
     Returns ``(out, max_logit)``: out in q's format with head dim d_v, and the
     per-head max logit ``[h_q]`` (fp32) when ``args.return_max_logit``, else None.
@@ -326,12 +356,15 @@ def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_ma
     # that need gradients take _Attention, the others call the kernel below the Autograd key: both
     # skip the registration's Python wrapper, which only redispatches (lower host cost).
     if torch.compiler.is_compiling():
-        out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
+        out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, *layout.operator_view(q, k, v), optionals)
+        out = layout.user_out(out)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, *optionals)):
-        out, max_logit = _Attention.apply(args, page_table, rng_state, q, k, v, *optionals)
+        out, max_logit = _Attention.apply(args, page_table, rng_state, layout, q, k, v, *optionals)
     else:
         with torch._C._AutoDispatchBelowAutograd():
-            out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
+            out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, *layout.operator_view(q, k, v),
+                                                 optionals)
+            out = layout.user_out(out)
     return out, (max_logit if args.return_max_logit else None)
 
 
@@ -354,24 +387,33 @@ class _Attention(torch.autograd.Function):
     registration (register_autograd above), without the per-call cost torch's generic
     wrapper adds (it rebuilds the 25-argument schema's defaults on every call, about half
     of a small call's host time). The backward's kernels wait for the host to reach them,
-    so host time per step is GPU idle time on short sequences."""
+    so host time per step is GPU idle time on short sequences. With ``layout.heads_first``
+    the [b, h, s, d] inputs are seen as bshd here, not by autograd: no transpose node in the
+    graph and none to run in the backward."""
 
     @staticmethod
-    def forward(ctx, args, page_table, rng_state, q, k, v, *optionals):
+    def forward(ctx, args, page_table, rng_state, layout, q, k, v, *optionals):
+        ctx.set_materialize_grads(False)  # no zeros made for max_logit's (never used) gradient
         with torch._C._AutoDispatchBelowAutograd():  # this Function is the call's autograd
+            q, k, v = layout.operator_view(q, k, v)
             out, lse, rng_out, max_logit = _fwd_op(args, page_table, rng_state, q, k, v, optionals)
+            user_out = layout.user_out(out)
         ctx.mark_non_differentiable(max_logit)
         ctx.save_for_backward(q, k, v, out, lse, rng_out, *optionals)
         ctx.fwd_args = args
         ctx.paged = page_table is not None
-        return out, max_logit
+        ctx.layout = layout
+        return user_out, max_logit
 
     @staticmethod
     def backward(ctx, dout, _dmax_logit):
+        needs = ctx.needs_input_grad[4:]  # after args, page_table, rng_state, layout
+        if dout is None:  # out took no part in what was differentiated
+            return (None,) * len(ctx.needs_input_grad)
         q, k, v, out, lse, rng_state, *optionals = ctx.saved_tensors
-        needs = ctx.needs_input_grad[3:]  # after args, page_table, rng_state
-        grads = _grads(ctx, dout, q, k, v, out, lse, rng_state, optionals, needs)
-        return (None, None, None, *grads, *([None] * (len(needs) - len(grads))))
+        layout = ctx.layout
+        grads = _grads(ctx, layout.operator_out(dout), q, k, v, out, lse, rng_state, optionals, needs)
+        return (None, None, None, None, *layout.user_grads(grads), *([None] * (len(needs) - len(grads))))
 
 
 # ---------------------------------------------------------------------------

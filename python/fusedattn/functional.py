@@ -10,6 +10,8 @@ from . import _checks, _ops
 from ._gate import eager_fallback_gate, needs_eager
 from .attention import MaskArg, _attention_forward, _build_fwd_args, _default_scale, _unpack_packed_qkv
 
+_HEADS_FIRST = _ops.Layout(heads_first=True, out_heads_first=True)
+
 __all__ = ["scaled_dot_product_attention", "dot_product_attention"]
 
 
@@ -125,9 +127,7 @@ def scaled_dot_product_attention(
         bottom_right_diagonal=None, softmax_type="vanilla", scale=scale, dropout_p=dropout_p,
         max_seqlen_q=None, max_seqlen_kv=None, return_max_logit=False,
     )
-    out, _ = _ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                            args, bias=bias, attn_mask=mask)
-    out = out.transpose(1, 2)
+    out, _ = _ops.attention(query, key, value, args, bias=bias, attn_mask=mask, layout=_HEADS_FIRST)
     return out.squeeze(0) if unbatched else out
 
 

@@ -53,7 +53,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     s_kv, d]`` -> ``(attn_output [b, s_q, h_q, d_v], None)``."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     d_v = value.shape[-1]
-    q, k, v = (_pad_head_dim(t.transpose(1, 2)) for t in (query, key, value))
+    # [b, h, s, d] seen as bshd by the operator's autograd (no transpose nodes); out comes back bshd.
+    q, k, v = (_pad_head_dim(t) for t in (query, key, value))
+    layout = _ops.Layout(heads_first=True)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** (-0.5)
     tensors = {}
     if s_aux is not None:
@@ -67,7 +69,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             raise ValueError(f"cu_seq_lens_q/cu_seq_lens_k describe sequences packed into one row; the batch has "
                              f"{q.shape[0]} rows")
         fmt = "thd"
-        q, k, v = q[0], k[0], v[0]
+        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
+        layout = _ops.OPERATOR_LAYOUT
         tensors.update(cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_kv=cu_k.to(torch.int32))
         max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
         max_q = max_q if isinstance(max_q, int) else None  # a tensor would need a host read
@@ -81,7 +84,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         else:
             mask_type = "no_mask"
             tensors["bias"] = attention_mask.to(q.dtype)
-    elif causal and q.shape[1] > 1:
+    elif causal and query.shape[2] > 1:
         mask_type = "causal"
         window = _window(sliding_window, causal)
     else:
@@ -91,7 +94,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         softmax_type="learnable" if s_aux is not None else "vanilla", scale=scale, dropout_p=float(dropout),
         max_seqlen_q=max_q, max_seqlen_kv=max_k, return_max_logit=False)
     args = args.replace(**softcap_fields(softcap))
-    out, _ = _ops.attention(q, k, v, args, **tensors)
+    out, _ = _ops.attention(q, k, v, args, layout=layout, **tensors)
     if out.shape[-1] != d_v:
         out = out[..., :d_v]
     if fmt == "thd":
