@@ -8,12 +8,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/ptx.cuh"  // smem_u32, fast_exp2
+
 namespace fusedattn {
 namespace hopper {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using gpu::fast_exp2;  // ex2.approx(-inf) = +0, which the masked-out logits rely on
+using gpu::smem_u32;
 
 // ---------------------------------------------------------------- mbarrier
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -196,12 +197,6 @@ __device__ __forceinline__ float fast_rcp(float x) {
 __device__ __forceinline__ float fast_log2(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 
