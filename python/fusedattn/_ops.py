@@ -9,6 +9,7 @@ disagree about a call.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,13 +356,12 @@ def attention(q, k, v, args: FwdArgs, *, bias=None, softmax_offset=None, attn_ma
     # autograd.Function given one tensor twice, as self-attention's q, k, v often are). Eager calls
     # that need gradients take _Attention, the others call the kernel below the Autograd key: both
     # skip the registration's Python wrapper, which only redispatches (lower host cost).
-    if torch.compiler.is_compiling():
-        out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, *layout.operator_view(q, k, v), optionals)
-        out = layout.user_out(out)
-    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, *optionals)):
+    compiling = torch.compiler.is_compiling()
+    if not compiling and torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                         for t in (q, k, v, *optionals)):
         out, max_logit = _Attention.apply(args, page_table, rng_state, layout, q, k, v, *optionals)
     else:
-        with torch._C._AutoDispatchBelowAutograd():
+        with contextlib.nullcontext() if compiling else torch._C._AutoDispatchBelowAutograd():
             out, _lse, _rng, max_logit = _fwd_op(args, page_table, rng_state, *layout.operator_view(q, k, v),
                                                  optionals)
             out = layout.user_out(out)
