@@ -164,7 +164,7 @@ __device__ __forceinline__ void BwdConsumer<T, D, Feat, DET>::consume(const BwdC
         }
         if constexpr (Mask::GENERAL) {
           const int q = m * BM + 8 * j + 2 * qd + e;
-          bool hidden = kbase[hf] - static_cast<uint32_t>(q) > kspan;
+          bool hidden = !Mask::seen_from_key(kbase[hf], q, kspan);
           if constexpr (Mask::VARLEN) hidden = hidden || q >= c.mask.s_q;
           if (partial && hidden) {
             if constexpr (Mask::VARLEN) {

@@ -216,7 +216,7 @@ __device__ __forceinline__ void BwdConsumerD256<T, Feat>::consume(const BwdCtx<S
               if constexpr (Feat::SOFTCAP) sv = softcap_tanh(sv, p.softcap_k2);
               bool hid = false;  // varlen: P = 0 outright (a row past the sequence has another's lse2)
               if constexpr (Mask::GENERAL) {
-                if (partial && (row_out || key >= c.mask.s_kv || static_cast<uint32_t>(key) - qbase > kspan)) {
+                if (partial && (row_out || !c.mask.seen_from_query(qbase, key, kspan))) {
                   sv = -INFINITY;
                   hid = Mask::VARLEN;
                 }

@@ -168,6 +168,13 @@ struct TileMask {
     const Visibility<int> vis = visibility();
     return static_cast<uint32_t>(vis.offset_hi()) - static_cast<uint32_t>(vis.offset_lo());
   }
+  // The test itself, key-fixed (kbase = key_base(key)) and query-fixed (qbase = query_base(q)).
+  static __device__ __forceinline__ bool seen_from_key(uint32_t kbase, int q, uint32_t span) {
+    return kbase - static_cast<uint32_t>(q) <= span;
+  }
+  __device__ __forceinline__ bool seen_from_query(uint32_t qbase, int key, uint32_t span) const {
+    return key < s_kv && static_cast<uint32_t>(key) - qbase <= span;
+  }
 
   // Forward: key tile n (BN keys) of S in a consumer thread's accumulator fragment (rows row_base
   // and row_base + 8 of a warpgroup whose 64 rows start at wg_row0; columns 8j + 2qd + e): scores the
@@ -186,8 +193,7 @@ struct TileMask {
           for (int e = 0; e < 2; ++e) {
             const int col = n * BN + 8 * j + 2 * qd + e;
             const int row = row_base + 8 * hf;
-            const bool seen = GENERAL ? col < s_kv && static_cast<uint32_t>(col) - query_base(row) <= span
-                                      : vis.key_visible(row, col);
+            const bool seen = GENERAL ? seen_from_query(query_base(row), col, span) : vis.key_visible(row, col);
             if (!seen) sacc[4 * j + 2 * hf + e] = -INFINITY;
           }
         }
