@@ -90,12 +90,12 @@ struct OutRows {
 // softmax_offset[head]) joins the normaliser: l' = l 2^(m - mt) + 2^(sink - mt), mt = max(m, sink)
 // (log2 units), so a row without a visible key has lse = the sink logit and a zero output. VARLEN: such
 // a row stores exact zeros (its masked key tile may be a sequence's only, read where it has no keys).
+// vec16: rows_16b_aligned of the output (the caller's, once per CTA).
 template <typename T, int D, int DV, bool GENERAL, bool VARLEN = false>
 __device__ __forceinline__ void fwd_store_rows(const KParams& p, const float (&o)[D / 2], const float (&row_m)[2],
                                                const float (&row_l)[2], int row_base, int batch, int head, int qd,
-                                               const OutRows& rows) {
+                                               const OutRows& rows, bool vec16) {
   T* out = reinterpret_cast<T*>(p.o);
-  const bool vec16 = rows_16b_aligned<T>(p.o, p.o_sb, p.o_ss, p.o_sh);
   const bool sink = GENERAL && p.softmax_type != 0;
   const float sink2 = GENERAL && p.softmax_type == 2 ? p.softmax_offset[head] * 1.4426950408889634f : 0.f;
 #pragma unroll

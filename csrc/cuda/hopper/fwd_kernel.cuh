@@ -50,6 +50,7 @@ using FwdConfigFor = FwdConfig<T, D, NCONS, FwdTileConfig<D, NCONS, CAUSAL>::BN,
 template <class Cfg, class Sched, class Feat>
 struct FwdTraits : Cfg {
   using T = typename Cfg::T;
+  using Scheduler = Sched;
   using Pos = typename Sched::Pos;
   using Mask = TileMask<Feat::MASK, Feat::VARLEN>;
   static constexpr bool GENERAL = Feat::GENERAL, SOFTCAP = Feat::SOFTCAP, VARLEN = Feat::VARLEN;
@@ -179,7 +180,11 @@ __global__ void __launch_bounds__(FwdTraits<Cfg, Sched, Feat>::kThreads, 1)
   // The thread's first row: fixed for a one-tile CTA; a persistent CTA adds each tile's first row.
   const int row0 = sched.template fixed_row0<BM>() + cw * 64 + warp * 16 + (lane >> 2);
   const int wg_row0 = sched.template fixed_row0<BM>() + cw * 64;
-  const ConsumerThread th{cw, warp, lane, qd, row0};
+  // O's alignment once per CTA, in a uniform register: tested in the tile loop it reloads O's strides
+  // from the parameter bank every tile, and held as a bool it takes a vector register (the d = 256
+  // general kernels then spill).
+  const uint32_t o_vec16 = warp_uniform_here(rows_16b_aligned<typename K::T>(p.o, p.o_sb, p.o_ss, p.o_sh));
+  const ConsumerThread th{cw, warp, lane, qd, row0, o_vec16};
   // The last consumer hands consumer 0 the first turn of the CTA.
   if (K::PP && cw == K::NCONS - 1) pass_turn<K::NCONS>(cw);
   float sacc[BN / 2];

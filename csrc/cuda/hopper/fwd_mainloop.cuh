@@ -358,9 +358,11 @@ __device__ __forceinline__ void last_step(const FwdStep<K>& st, const Bars& bars
 
 // A consumer thread's place: its warpgroup cw (query rows [64 cw, 64 cw + 64) of each tile), warp,
 // lane, quad lane qd, and its first row (accumulator fragment rows 16 warp + lane / 4 and + 8 of
-// the warpgroup's slice; relative to the tile for a persistent CTA).
+// the warpgroup's slice; relative to the tile for a persistent CTA); o_vec16: nonzero when O's rows
+// start on 16-byte boundaries (fwd_store_rows's vector stores).
 struct ConsumerThread {
   int cw, warp, lane, qd, row0;
+  uint32_t o_vec16;
 };
 
 // Where one consumer warpgroup's pass over a tile reads: the Q slot (address, full barrier and
@@ -453,8 +455,9 @@ __device__ __forceinline__ void consume_tile(const KParams& p, const typename K:
   // The rows to store: the sequence's (varlen: from its first token), else the call's s_q.
   OutRows rows{0, p.s_q};
   if constexpr (K::VARLEN) rows = OutRows{gpu::seq_span(p.seq, w.batch).tok_q, w.len_q};
-  fwd_store_rows<typename K::T, VW, K::DV, K::GENERAL, K::VARLEN>(p, o, row_m, row_l, row_base, w.batch, w.head, qd,
-                                                                  rows);
+  const OutCoords at = K::Scheduler::out_coords(w, p);
+  fwd_store_rows<typename K::T, VW, K::DV, K::GENERAL, K::VARLEN>(p, o, row_m, row_l, row_base, at.batch, at.head, qd,
+                                                                  rows, th.o_vec16 != 0);
 }
 
 }  // namespace hopper

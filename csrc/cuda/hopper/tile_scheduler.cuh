@@ -42,11 +42,16 @@ __device__ __forceinline__ ChunkedTile chunked_tile(int tiles, int groups, int c
 
 // A forward work tile: query tile m_blk of (head, batch), its K / V head, and the key tiles it
 // runs, [n_first, n_first + n_blocks) (the mask's key_tiles, n_blocks >= 1; n_first is 0 but for
-// general masks). Every consumer warpgroup of a CTA runs all of them. VarlenScheduler's tiles also
-// carry their sequence's lengths.
+// general masks). Every consumer warpgroup of a CTA runs all of them. The persistent schedulers'
+// tiles also carry hb = batch * h + head, VarlenScheduler's their sequence's lengths.
 struct FwdWork {
   int m_blk, head, batch, head_kv, n_blocks, n_first;
+  int hb;
   int len_q, len_kv;
+};
+// Where the consumers store a tile: its batch and head, from each scheduler's out_coords.
+struct OutCoords {
+  int batch, head;
 };
 // The key tiles of query tile m_blk into w.
 template <int BM, int BN, class Mask>
@@ -93,6 +98,7 @@ struct OneTileScheduler {
   __device__ __forceinline__ int fixed_row0() const {
     return w.m_blk * BM;
   }
+  __device__ __forceinline__ static OutCoords out_coords(const FwdWork& w, const KParams&) { return {w.batch, w.head}; }
   // f(work, j, last): j the CTA's local tile index (the Q slot ring), last whether it is its last.
   template <int BM, int BN, class Mask, class F>
   __device__ __forceinline__ void for_each(const KParams&, const Mask&, F&& f) const {
@@ -147,10 +153,21 @@ struct PersistentScheduler {
       r.m_blk = t - hb * n_m;
       if (CAUSAL) r.m_blk = n_m - 1 - r.m_blk;  // head-major causal: the head's longest tile first
     }
-    r.batch = hb / p.h;
-    r.head = hb - r.batch * p.h;
+    r.hb = hb;
+    const OutCoords c = split_hb(hb, p);
+    r.batch = c.batch;
+    r.head = c.head;
     r.head_kv = r.head / group;
     return r;
+  }
+  __device__ __forceinline__ static OutCoords split_hb(int hb, const KParams& p) {
+    const int batch = hb / p.h;
+    return {batch, hb - batch * p.h};
+  }
+  // The consumers divide hb where they store the tile (coords' batch and head are unused in them,
+  // so its division is dropped): it then runs under the tile's last PV GEMM, not between two tiles.
+  __device__ __forceinline__ static OutCoords out_coords(const FwdWork& w, const KParams& p) {
+    return split_hb(w.hb, p);
   }
   template <int BM, int BN, class Mask>
   __device__ __forceinline__ FwdWork decode(int t, const KParams& p, const Mask& mask) const {
@@ -196,6 +213,8 @@ struct VarlenScheduler : PersistentScheduler<true, ORDER> {
     static_cast<Base&>(s) = Base::template make<BM, BN>(p, mask);
     return s;
   }
+  // The tile's sequence is read at its start (decode), so its batch is there already.
+  __device__ __forceinline__ static OutCoords out_coords(const FwdWork& w, const KParams&) { return {w.batch, w.head}; }
   template <int BM>
   __device__ __forceinline__ bool runs(int t, const KParams& p) const {
     const FwdWork w = this->coords(t, p);
