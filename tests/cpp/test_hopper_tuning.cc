@@ -1,6 +1,7 @@
 // The Hopper forward's host-side choices (csrc/cuda/hopper/tuning.h, torch- and CUDA-free): the
 // persistent kernel's tile-balance model against tools/hopper/v3_protocol_model.py's balance()
-// on the shapes measured on the H200, and the schedule and variant each of those shapes gets.
+// on the shapes measured on the H200, the schedule and variant each of those shapes gets, and the
+// general forward's consumer count by its band.
 #include <cmath>
 #include <cstdio>
 
@@ -11,8 +12,11 @@ namespace {
 
 using fusedattn::hopper::choose_causal_chunk;
 using fusedattn::hopper::choose_fwd_variant;
+using fusedattn::hopper::band_keys_per_row;
 using fusedattn::hopper::choose_v3_schedule;
 using fusedattn::hopper::FwdVariant;
+using fusedattn::hopper::general_fwd_consumers;
+using fusedattn::hopper::GeneralBand;
 using fusedattn::hopper::V3Grid;
 using fusedattn::hopper::V3Schedule;
 using fusedattn::hopper::v3_snake_imbalance;
@@ -103,11 +107,35 @@ void test_causal_chunk() {
   CHECK(choose_causal_chunk(int64_t{1} << 20, int64_t{1} << 12, 132) == 1);  // past int
 }
 
+// The general forward's consumer count at d = 64: key tiles counted by hand for 128- and 192-row
+// tiles of 128-key tiles (rows r0 = 128 m, or 192 m alternating between 0 and 64 past a key tile).
+void test_general_consumers() {
+  // Window 128 (gpt-oss, keys i - 127 .. i): 2 key tiles per 128 rows, 3 per 192 rows.
+  const GeneralBand w128{127, 0, 0};
+  CHECK(band_keys_per_row(w128, 128, 128) == 256.0);
+  CHECK(band_keys_per_row(w128, 192, 128) == 384.0);
+  CHECK(general_fwd_consumers(64, false, w128, 128) == 2);
+  // Window 4096 (Mistral): 33 against 34 key tiles, which three consumers' rate covers.
+  const GeneralBand w4k{4095, 0, 0};
+  CHECK(band_keys_per_row(w4k, 128, 128) == 33 * 128.0);
+  CHECK(band_keys_per_row(w4k, 192, 128) == 34 * 128.0);
+  CHECK(general_fwd_consumers(64, false, w4k, 128) == 3);
+  // The diagonal shifts the band against the key tiles: 64 keys on, window 127 spans 3 tiles at 128 rows.
+  CHECK(band_keys_per_row(GeneralBand{127, 0, 64}, 128, 128) == 384.0);
+  CHECK(band_keys_per_row(GeneralBand{127, 0, 64 - 128 * 5}, 128, 128) == 384.0);  // the same alignment
+  // Unbounded on a side (causal, or no left window): three; other head dims and softcap: two.
+  CHECK(general_fwd_consumers(64, false, GeneralBand{-1, 0, 0}, 128) == 3);
+  CHECK(general_fwd_consumers(64, false, GeneralBand{127, -1, 0}, 128) == 3);
+  CHECK(general_fwd_consumers(64, true, GeneralBand{-1, 0, 0}, 128) == 2);
+  CHECK(general_fwd_consumers(128, false, GeneralBand{-1, 0, 0}, 128) == 2);
+}
+
 }  // namespace
 
 int main() {
   test_model_and_schedule();
   test_variants();
   test_causal_chunk();
+  test_general_consumers();
   return fa_test::finish("test_hopper_tuning");
 }

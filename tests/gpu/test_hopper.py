@@ -702,6 +702,19 @@ def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
     assert _features_of(names, "fwd_sm90_kernel") == {2} and _features_of(names, bwd_kernel) == {2}, names[:800]
 
 
+@needs_hopper_engine
+@needs_hopper_bwd
+@pytest.mark.parametrize("call,consumers", [("learnable_window", 2), ("sliding", 2), ("learnable_causal", 3)])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_hopper_general_consumers_by_band(monkeypatch, dtype, call, consumers):
+    """d = 64: the general forward runs two consumer warpgroups (128-row tiles) on a narrow band, where
+    three's 192-row tiles would compute a third key tile per row, and three on long rows (tuning.h's
+    general_fwd_consumers); either matches the float64 reference."""
+    names = _check_with_kernels(_case(monkeypatch, dtype, (64, 64), *GENERAL_CALLS[call]))
+    got = {int(n) for n in re.findall(r"fwd_sm90_kernel<[^()]*?FwdConfig<[^,<>]+, 64, (\d),", names)}
+    assert got == {consumers}, names[:800]
+
+
 # Softcap lines: scores of standard deviation ~1 (scale 1 / sqrt(d)) capped at 2 or 3, so the cap bites
 # on the largest of them (the backward's factor 1 - tanh^2 far from 1), with a window or causal.
 SOFTCAP_CALLS = {

@@ -369,16 +369,28 @@ cudaError_t run_fwd_three_consumer_persistent(const Sm90Args& a, cudaStream_t st
   return fwd_run(fwd_prepare_persistent<T, 64, 3>, a, stream);
 }
 // The general kernel (features.h) for head dims DQK, DV, on the tile of features.h's tile_head_dim:
-// persistent, tuning.h's consumer count (its tiles without SKIP, which general masks lack), the
-// tiles longest first (snake).
-template <typename T, int DQK, int DV, bool SOFTCAP>
-inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
+// persistent, NCONS consumers (their tiles without SKIP, which general masks lack), the tiles longest
+// first (snake).
+template <typename T, int DQK, int DV, bool SOFTCAP, int NCONS>
+inline cudaError_t fwd_prepare_general_on(FwdLaunch* L, const Sm90Args& a) {
   constexpr int D = tile_head_dim(DQK, DV);
-  constexpr int NCONS = general_fwd_consumers(D, SOFTCAP);
   using Tile = FwdTileConfig<D, NCONS, true>;
   using Cfg = FwdConfig<T, D, NCONS, general_fwd_bn(D, DV, Tile::BN), Tile::STAGES, Tile::PP, false>;
   using Feat = GeneralFeatures<DQK == D ? 0 : DQK, DV == D ? 0 : DV, SOFTCAP>;
   return fwd_prepare<Cfg, PersistentScheduler<true, kTilesSnake>, Feat>(L, a);
+}
+// ... on tuning.h's consumer count for the call's band.
+template <typename T, int DQK, int DV, bool SOFTCAP>
+inline cudaError_t fwd_prepare_general(FwdLaunch* L, const Sm90Args& a) {
+  constexpr int D = tile_head_dim(DQK, DV);
+  if constexpr (general_fwd_may_take_three(D, SOFTCAP)) {
+    static_assert(FwdTileConfig<D, 3, true>::BN == FwdTileConfig<D, 2, true>::BN, "one key tile for both counts");
+    const KParams& p = a.out;
+    const GeneralBand band{p.window_left, p.window_right, p.bottom_right ? int64_t{p.s_kv} - p.s_q : 0};
+    if (general_fwd_consumers(D, SOFTCAP, band, FwdTileConfig<D, 3, true>::BN) == 3)
+      return fwd_prepare_general_on<T, DQK, DV, SOFTCAP, 3>(L, a);
+  }
+  return fwd_prepare_general_on<T, DQK, DV, SOFTCAP, 2>(L, a);
 }
 template <typename T, int DQK, int DV, bool SOFTCAP>
 cudaError_t run_fwd_general(const Sm90Args& a, cudaStream_t stream) {

@@ -105,10 +105,41 @@ inline FwdVariant choose_fwd_variant(int d, bool causal, int64_t s_kv) {
   return FwdVariant::kPersistent;
 }
 
-// The general forward's consumer warpgroups: three at d = 64, where the plain kernels' three-consumer
-// tiles win (a K / V tile serves 1.5x the rows), two elsewhere. Not with softcap: its tanh keeps more
-// live registers than three consumers' 160 each (ptxas spills).
-constexpr int general_fwd_consumers(int d, bool softcap) { return d == 64 && !softcap ? 3 : 2; }
+// The general forward's consumer warpgroups: two, or three at d = 64, where the plain kernels'
+// three-consumer tiles run about 10% more score pairs per second (a K / V tile serves 1.5x the rows;
+// +7 to +13% at s >= 4k). Not with softcap: its tanh keeps more live registers than three consumers'
+// 160 each (ptxas spills).
+constexpr bool general_fwd_may_take_three(int d, bool softcap) { return d == 64 && !softcap; }
+
+// A general call's band of keys around the diagonal: row i sees keys [i + diag - wl, i + diag + wr]
+// (fusedattn/visibility.h; -1 unbounded).
+struct GeneralBand {
+  int64_t wl = -1, wr = -1, diag = 0;
+};
+
+// Keys per query row that BM-row tiles of BN-key tiles compute under a band bounded on both sides,
+// averaged over the tiles' alignments to the key tiles (lcm(BM, BN) rows), sequence ends ignored:
+// every row of a tile computes all keys of every key tile the tile's band touches.
+inline double band_keys_per_row(const GeneralBand& band, int bm, int bn) {
+  int64_t period = bm;
+  while (period % bn != 0) period += bm;
+  const int64_t diag = ((band.diag % bn) + bn) % bn;
+  const int64_t r_first = period * ((band.wl + period - 1) / period + 1);  // rows whose keys start past 0
+  int64_t tiles = 0;
+  for (int64_t r0 = r_first; r0 < r_first + period; r0 += bm) {
+    tiles += (r0 + bm - 1 + diag + band.wr) / bn - (r0 + diag - band.wl) / bn + 1;
+  }
+  return static_cast<double>(tiles) * bn * bm / static_cast<double>(period);
+}
+
+// Three consumers unless the band is narrow: a 192-row tile's band spans 64 more keys than a 128-row
+// one's, which on a window of 128 (gpt-oss) means three key tiles per row instead of two; three win
+// once their rate covers the extra keys.
+inline int general_fwd_consumers(int d, bool softcap, const GeneralBand& band, int bn) {
+  if (!general_fwd_may_take_three(d, softcap)) return 2;
+  if (band.wl < 0 || band.wr < 0) return 3;  // unbounded on a side: long rows
+  return band_keys_per_row(band, 192, bn) < 1.10 * band_keys_per_row(band, 128, bn) ? 3 : 2;
+}
 // The general forward's key tile: the tile's, except d_v <= 128 on the 256 tile (192 / 128, MLA),
 // whose O takes 64 registers instead of 128, so 128-key tiles fit beside it as at d = 128 (S 64 + P 32).
 constexpr int general_fwd_bn(int d, int dv, int bn) { return d == 256 && dv <= 128 ? 128 : bn; }
