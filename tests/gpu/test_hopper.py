@@ -704,7 +704,7 @@ def test_hopper_general_kernels(monkeypatch, dtype, d_qk, d_v, call):
 
 @needs_hopper_engine
 @needs_hopper_bwd
-@pytest.mark.parametrize("call,consumers", [("learnable_window", 2), ("sliding", 2), ("learnable_causal", 3)])
+@pytest.mark.parametrize("call,consumers", [("learnable_window", 2), ("causal_window", 2), ("learnable_causal", 3)])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_hopper_general_consumers_by_band(monkeypatch, dtype, call, consumers):
     """d = 64: the general forward runs two consumer warpgroups (128-row tiles) on a narrow band, where
