@@ -54,7 +54,24 @@ CpuIsa selected_isa() {
 }  // namespace
 #endif
 
-Status run_fwd_cpu(const FwdParams& params, const Executor& exec) {
+namespace {
+
+// A call too small to repay a fork and join of the executor's pool per parallel phase runs on the
+// calling thread: below `phases` times the executor's serial_macs() multiply-adds of QK^T and PV over
+// the whole problem (masks ignored; thd counts every sequence at max_seqlen). The forward has one
+// such phase, the backward about four.
+constexpr int64_t kFwdPhases = 1, kBwdPhases = 4;
+
+const Executor& executor_for(const Problem& pr, const Executor& pool, int64_t phases) {
+  static const SerialExecutor serial;
+  const double macs = static_cast<double>(pr.b) * pr.h_q * pr.s_q * pr.s_kv * (pr.d_qk + pr.d_v);
+  return macs < static_cast<double>(pool.serial_macs()) * phases ? serial : pool;
+}
+
+}  // namespace
+
+Status run_fwd_cpu(const FwdParams& params, const Executor& pool) {
+  const Executor& exec = executor_for(params.prob, pool, kFwdPhases);
 #if FUSEDATTN_CPU_X86_COPIES
   switch (selected_isa()) {
     case CpuIsa::kAvx512: return cpu::avx512::run_fwd(params, exec);
@@ -65,7 +82,8 @@ Status run_fwd_cpu(const FwdParams& params, const Executor& exec) {
   return cpu::base::run_fwd(params, exec);
 }
 
-Status run_bwd_cpu(const BwdParams& params, const Executor& exec) {
+Status run_bwd_cpu(const BwdParams& params, const Executor& pool) {
+  const Executor& exec = executor_for(params.fwd.prob, pool, kBwdPhases);
 #if FUSEDATTN_CPU_X86_COPIES
   switch (selected_isa()) {
     case CpuIsa::kAvx512: return cpu::avx512::run_bwd(params, exec);

@@ -20,6 +20,9 @@ class Executor {
   virtual ~Executor() = default;
   virtual void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) const = 0;
   virtual int num_threads() const = 0;
+  // Work (multiply-adds of one parallel phase) below which handing items to this executor costs more
+  // than it saves, so the engine runs them on the calling thread; 0: always hand them over.
+  virtual int64_t serial_macs() const { return 0; }
 };
 
 class SerialExecutor final : public Executor {
