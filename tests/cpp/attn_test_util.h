@@ -58,10 +58,12 @@ inline int finish(const char* name) {
 }
 
 // ---- executor ---------------------------------------------------------------------
+// n threads; `serial_macs` as Executor's (0: every call is handed over); calls() counts parallel_for.
 class ThreadExecutor final : public Executor {
  public:
-  explicit ThreadExecutor(int n) : n_(n) {}
+  explicit ThreadExecutor(int n, int64_t serial_macs = 0) : n_(n), serial_macs_(serial_macs) {}
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) const override {
+    ++calls_;
     if (n <= 0) return;
     const int64_t t = std::min<int64_t>(n_, n);
     std::vector<std::thread> th;
@@ -70,9 +72,13 @@ class ThreadExecutor final : public Executor {
     for (auto& x : th) x.join();
   }
   int num_threads() const override { return n_; }
+  int64_t serial_macs() const override { return serial_macs_; }
+  int calls() const { return calls_; }
 
  private:
   int n_;
+  int64_t serial_macs_;
+  mutable int calls_ = 0;
 };
 
 // ---- element encode/decode (independent of the engine's) -------------------------

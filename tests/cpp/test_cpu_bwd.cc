@@ -259,6 +259,27 @@ void test_determinism() {
   CHECK(x.d_offset == y.d_offset);
 }
 
+// The backward's limit is four times the executor's serial_macs() (its phases each pay the fork and
+// join): 16384 MACs run on the calling thread under 4097, on the threads under 4096; the same bytes.
+void test_serial_small_calls() {
+  Config cfg = base("serial_small");
+  cfg.b = 1; cfg.sq = 16; cfg.skv = 16; cfg.hq = 2; cfg.hkv = 2; cfg.dqk = 16; cfg.dv = 16;  // 16384 MACs
+  Case a = build_case(cfg), b = build_case(cfg);
+  FwdParams fa = fwd_params(a);
+  CHECK(run_fwd_cpu(fa, SerialExecutor{}).ok());
+  b.out.bytes = a.out.bytes;
+  b.lse = a.lse;
+  BwdParams pa = bwd_params(a, true), pb = bwd_params(b, true);
+  const ThreadExecutor above(2, 4097), at(2, 4096);
+  CHECK(run_bwd_cpu(pa, above).ok());
+  CHECK(above.calls() == 0);
+  CHECK(run_bwd_cpu(pb, at).ok());
+  CHECK(at.calls() > 0);
+  CHECK(a.dq.bytes == b.dq.bytes);
+  CHECK(a.dk.bytes == b.dk.bytes);
+  CHECK(a.dv.bytes == b.dv.bytes);
+}
+
 }  // namespace
 
 int main() {
@@ -266,5 +287,6 @@ int main() {
   test_matrix(SerialExecutor{});
   test_matrix(ThreadExecutor(2));
   test_determinism();
+  test_serial_small_calls();
   return finish("test_cpu_bwd");
 }

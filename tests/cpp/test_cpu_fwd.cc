@@ -222,6 +222,22 @@ void test_determinism() {
   CHECK(a.max_logit == b.max_logit);
 }
 
+// A call below the executor's serial_macs() (b h s_q s_kv (d_qk + d_v) multiply-adds, one phase) runs
+// on the calling thread, one at it on the executor's threads; the bytes are the same.
+void test_serial_small_calls() {
+  Config cfg = base("serial_small");
+  cfg.b = 1; cfg.sq = 16; cfg.skv = 16; cfg.hq = 2; cfg.hkv = 2; cfg.dqk = 16; cfg.dv = 16;  // 16384 MACs
+  Case a = build_case(cfg), b = build_case(cfg);
+  FwdParams pa = fwd_params(a), pb = fwd_params(b);
+  const ThreadExecutor above(2, 16385), at(2, 16384);
+  CHECK(run_fwd_cpu(pa, above).ok());
+  CHECK(above.calls() == 0);
+  CHECK(run_fwd_cpu(pb, at).ok());
+  CHECK(at.calls() > 0);
+  CHECK(a.out.bytes == b.out.bytes);
+  CHECK(a.lse == b.lse);
+}
+
 void test_errors() {
   Config cfg = base("errors");
   cfg.b = 3; cfg.sq = 8; cfg.skv = 8; cfg.lens_q = {4, 2, 3}; cfg.lens_kv = {4, 4, 4};
@@ -268,6 +284,7 @@ int main() {
   test_paged(ThreadExecutor(2));
   test_large_values();
   test_determinism();
+  test_serial_small_calls();
   test_errors();
   return finish("test_cpu_fwd");
 }
