@@ -223,16 +223,24 @@ void test_matrix(const Executor& exec) {
   }
 }
 
+// Two cases of one configuration with the same forward outputs (out, lse), so that two backward runs
+// can be compared byte for byte.
+void twin_cases(const Config& cfg, Case* a, Case* b) {
+  *a = build_case(cfg);
+  *b = build_case(cfg);
+  FwdParams fa = fwd_params(*a);
+  CHECK(run_fwd_cpu(fa, SerialExecutor{}).ok());
+  b->out.bytes = a->out.bytes;
+  b->lse = a->lse;
+}
+
 void test_determinism() {
   Config cfg = base("determinism");
   cfg.b = 2; cfg.sq = 200; cfg.skv = 233; cfg.hq = 4; cfg.hkv = 2; cfg.dqk = 32; cfg.dv = 32;
   cfg.wr = 0; cfg.p_drop = 0.1f; cfg.bias = BiasType::kPostScaleBias; cfg.bias_b1 = true; cfg.bias_h1 = true;
   cfg.softmax = SoftmaxType::kLearnable;
-  Case a = build_case(cfg), b = build_case(cfg);
-  FwdParams fa = fwd_params(a);
-  CHECK(run_fwd_cpu(fa, SerialExecutor{}).ok());
-  b.out.bytes = a.out.bytes;
-  b.lse = a.lse;
+  Case a, b;
+  twin_cases(cfg, &a, &b);
   BwdParams pa = bwd_params(a, true), pb = bwd_params(b, true);
   CHECK(run_bwd_cpu(pa, SerialExecutor{}).ok());
   CHECK(run_bwd_cpu(pb, ThreadExecutor(3)).ok());
@@ -245,11 +253,8 @@ void test_determinism() {
   // Without dbias, 4 (batch, kv head) pairs: serial runs the fused schedule,
   // 3 threads the two-pass one; both sum in the same order.
   cfg.bias = BiasType::kNoBias;
-  Case x = build_case(cfg), y = build_case(cfg);
-  FwdParams fx = fwd_params(x);
-  CHECK(run_fwd_cpu(fx, SerialExecutor{}).ok());
-  y.out.bytes = x.out.bytes;
-  y.lse = x.lse;
+  Case x, y;
+  twin_cases(cfg, &x, &y);
   BwdParams px = bwd_params(x, true), py = bwd_params(y, true);
   CHECK(run_bwd_cpu(px, SerialExecutor{}).ok());
   CHECK(run_bwd_cpu(py, ThreadExecutor(3)).ok());
@@ -264,11 +269,8 @@ void test_determinism() {
 void test_serial_small_calls() {
   Config cfg = base("serial_small");
   cfg.b = 1; cfg.sq = 16; cfg.skv = 16; cfg.hq = 2; cfg.hkv = 2; cfg.dqk = 16; cfg.dv = 16;  // 16384 MACs
-  Case a = build_case(cfg), b = build_case(cfg);
-  FwdParams fa = fwd_params(a);
-  CHECK(run_fwd_cpu(fa, SerialExecutor{}).ok());
-  b.out.bytes = a.out.bytes;
-  b.lse = a.lse;
+  Case a, b;
+  twin_cases(cfg, &a, &b);
   BwdParams pa = bwd_params(a, true), pb = bwd_params(b, true);
   const ThreadExecutor above(2, 4097), at(2, 4096);
   CHECK(run_bwd_cpu(pa, above).ok());
