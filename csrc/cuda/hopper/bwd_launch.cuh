@@ -53,9 +53,10 @@ struct BwdLaunch {
 
 // The maps of a call and the rows of its workspace: the whole tensors (b x s_q rows of q), or varlen
 // the templates of its sequences' maps (varlen.cuh) over its rows (bwd_sm90_varlen_rows) and the
-// prologue's map specs.
+// prologue's map specs. dout_st: dout's strides over those rows (bwd_prepare's, which the preprocess
+// reads too).
 template <typename T, int D, int DQK, int DV, bool VARLEN>
-inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows) {
+inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows, const BshdStrides& dout_st) {
   using Tile = BwdTile<D>;
   // The maps' head dims are the problem's: the columns up to D read as zeros. Strides all zero:
   // contiguous.
@@ -65,7 +66,7 @@ inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows) {
   };
   if constexpr (!VARLEN) {
     const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, a.s_q, a.h, DQK);
-    const detail::MapDesc mdo = desc(a.dout, a.do_strides, a.b, a.s_q, a.h, DV);
+    const detail::MapDesc mdo{a.dout, a.b, a.s_q, a.h, DV, dout_st.b, dout_st.s, dout_st.h};
     const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, a.s_kv, a.h_kv, DQK);
     const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, a.s_kv, a.h_kv, DV);
     return detail::make_map<T>(&L->tq, mq, Tile::BM) && detail::make_map<T>(&L->tdo, mdo, Tile::BM) &&
@@ -76,9 +77,8 @@ inline bool bwd_maps(BwdLaunch* L, const Sm90BwdArgs& a, const BwdRows& rows) {
     // thd: one batch of the token dim (stride_b 0).
     const int s_q = sl.q_is_thd ? static_cast<int>(a.seq.t_q) : a.s_q;
     const int s_kv = sl.kv_is_thd ? static_cast<int>(a.seq.t_kv) : a.s_kv;
-    const BshdStrides dst = a.do_strides.or_contiguous(rows.s, a.h, DV, sl.q_is_thd);
     const detail::MapDesc mq = desc(a.q, a.q_strides, a.b, s_q, a.h, DQK);
-    const detail::MapDesc mdo{a.dout, a.b, s_q, a.h, DV, dst.b, dst.s, dst.h};
+    const detail::MapDesc mdo{a.dout, a.b, s_q, a.h, DV, dout_st.b, dout_st.s, dout_st.h};
     const detail::MapDesc mk = desc(a.k, a.k_strides, a.b, s_kv, a.h_kv, DQK);
     const detail::MapDesc mv = desc(a.v, a.v_strides, a.b, s_kv, a.h_kv, DV);
     VarlenPrologue& pro = L->pro;
@@ -174,7 +174,9 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   // plain one.
   p.causal_chunk =
       DET || GENERAL ? 1 : causal_chunk_for(a.causal, a.causal_chunk, n_kt, int64_t{a.h_kv} * a.b, a.sm_count);
-  if (!bwd_maps<T, D, DQK, DV, VARLEN>(L, a, rows)) return cudaErrorInvalidValue;
+  // dout's strides over the workspace's rows (all zero: contiguous in q's format; thd: stride_b 0).
+  const BshdStrides dout_st = a.do_strides.or_contiguous(rows.s, a.h, DV, VARLEN && a.seq.seqlens.q_is_thd);
+  if (!bwd_maps<T, D, DQK, DV, VARLEN>(L, a, rows, dout_st)) return cudaErrorInvalidValue;
   if constexpr (VARLEN) L->pro.maps = const_cast<uint8_t*>(p.seq_maps);
   L->dq = a.dq;
   L->grid = dim3(n_kt, a.h_kv, a.b);
@@ -209,7 +211,7 @@ inline cudaError_t bwd_prepare(BwdLaunch* L, const Sm90BwdArgs& a) {
   BwdPreArgs& pa = L->pre_args;
   pa.o = a.o;
   pa.dout = a.dout;
-  pa.dout_st = a.do_strides.or_contiguous(rows.s, a.h, DV, VARLEN && a.seq.seqlens.q_is_thd);
+  pa.dout_st = dout_st;
   pa.lse = a.lse;
   pa.lse2 = const_cast<float*>(p.lse2);
   pa.dsum = const_cast<float*>(p.dsum);
